@@ -1,0 +1,36 @@
+"""A growable float32 buffer: appends in amortised O(1), views without copies."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["AudioBuffer"]
+
+
+class AudioBuffer:
+    def __init__(self, initial: int = 16000) -> None:
+        self._data = np.zeros(max(1, initial), np.float32)
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def append(self, samples: np.ndarray) -> None:
+        need = self._size + len(samples)
+        if need > len(self._data):
+            grown = np.zeros(max(need, 2 * len(self._data)), np.float32)
+            grown[: self._size] = self._data[: self._size]
+            self._data = grown
+        self._data[self._size : need] = samples
+        self._size = need
+
+    def view(self, end: int | None = None) -> np.ndarray:
+        """The first ``end`` samples (all by default), as a read-only view."""
+        stop = self._size if end is None else max(0, min(end, self._size))
+        view = self._data[:stop]
+        view.flags.writeable = False
+        return view
+
+    def copy(self, start: int = 0, end: int | None = None) -> np.ndarray:
+        stop = self._size if end is None else max(0, min(end, self._size))
+        return self._data[max(0, start) : stop].copy()

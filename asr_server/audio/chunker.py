@@ -1,0 +1,220 @@
+"""The chunker: smoothed VAD frames in, utterance boundaries out.
+
+An utterance opens on the first speech frame (with up to ``preroll_ms`` of
+the audio before it, so a soft first syllable is not clipped) and ends when:
+
+* ``endpoint_ms`` of trailing silence has passed (reason ``endpoint``); the
+  utterance keeps ``tail_ms`` of that silence and drops the rest;
+* it reaches ``max_utterance_s``: it is cut at the quietest recent frame
+  and the next utterance continues from there (reason ``max_length``);
+* the caller ends it (``finalize`` or ``end_of_stream``).
+
+Before an endpoint there is always an :class:`UtterancePaused` once the
+trailing silence reaches ``tail_ms``: the audio up to its ``end`` is exactly
+what the final will hold if the speaker does not resume, so a decode can
+start early (see :mod:`asr_server.decoding.incremental`).
+
+All positions are sample indices at 16 kHz from the start of the stream.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .decode import MODEL_RATE
+from .vad import FRAME_SAMPLES, VadFrame
+
+__all__ = [
+    "EndReason",
+    "ChunkerOptions",
+    "UtteranceStarted",
+    "UtteranceAudio",
+    "UtterancePaused",
+    "UtteranceEnded",
+    "ChunkEvent",
+    "Chunker",
+]
+
+
+class EndReason(str, enum.Enum):
+    ENDPOINT = "endpoint"
+    MAX_LENGTH = "max_length"
+    FINALIZE = "finalize"
+    END_OF_STREAM = "end_of_stream"
+
+
+@dataclass(frozen=True)
+class ChunkerOptions:
+    endpoint_ms: int = 500
+    max_utterance_s: float = 20.0
+    preroll_ms: int = 300
+    tail_ms: int = 200
+    # The max-length cut looks for the quietest frame in this last share of the utterance.
+    cut_search_fraction: float = 0.3
+
+    @property
+    def endpoint_samples(self) -> int:
+        return self.endpoint_ms * MODEL_RATE // 1000
+
+    @property
+    def tail_samples(self) -> int:
+        return min(self.tail_ms, self.endpoint_ms) * MODEL_RATE // 1000
+
+    @property
+    def max_samples(self) -> int:
+        return int(self.max_utterance_s * MODEL_RATE)
+
+
+@dataclass(frozen=True)
+class UtteranceStarted:
+    utterance: int
+    start: int
+    # Where speech was detected; equals ``start`` for a continuation after a max-length cut.
+    speech_at: int
+    continuation: bool = False
+
+
+@dataclass(frozen=True)
+class UtteranceAudio:
+    """Audio appended to the open utterance, contiguous with what came before."""
+
+    utterance: int
+    samples: np.ndarray
+    voiced: int = 0  # how many of these samples the VAD called speech
+
+
+@dataclass(frozen=True)
+class UtterancePaused:
+    utterance: int
+    end: int
+
+
+@dataclass(frozen=True)
+class UtteranceEnded:
+    utterance: int
+    end: int
+    reason: EndReason
+
+
+ChunkEvent = UtteranceStarted | UtteranceAudio | UtterancePaused | UtteranceEnded
+
+
+class _State(enum.Enum):
+    IDLE = "idle"
+    SPEECH = "speech"
+
+
+class Chunker:
+    """Feed :class:`VadFrame` lists; get :data:`ChunkEvent` lists back."""
+
+    def __init__(self, options: ChunkerOptions = ChunkerOptions()) -> None:
+        self.options = options
+        self._state = _State.IDLE
+        self._preroll: deque[VadFrame] = deque(maxlen=max(1, options.preroll_ms * MODEL_RATE // 1000 // FRAME_SAMPLES))
+        self._utterance = 0
+        self._start = 0
+        self._position = 0
+        self._last_speech_end = 0
+        self._silence = 0
+        self._paused = False
+        self._energy: list[tuple[int, float]] = []  # (frame start, rms) of the open utterance
+
+    @property
+    def in_speech(self) -> bool:
+        return self._state is _State.SPEECH
+
+    @property
+    def next_utterance(self) -> int:
+        return self._utterance
+
+    def feed(self, frames: list[VadFrame]) -> list[ChunkEvent]:
+        events: list[ChunkEvent] = []
+        for frame in frames:
+            self._position = frame.end
+            if self._state is _State.IDLE:
+                self._idle_frame(frame, events)
+            else:
+                self._speech_frame(frame, events)
+        return events
+
+    def end(self, reason: EndReason) -> list[ChunkEvent]:
+        """Close the open utterance now (client ``finalize`` or end of stream)."""
+        if self._state is _State.IDLE:
+            return []
+        end = min(self._last_speech_end + self.options.tail_samples, self._position)
+        return [self._close(end, reason)]
+
+    def _idle_frame(self, frame: VadFrame, events: list[ChunkEvent]) -> None:
+        if not frame.speech:
+            self._preroll.append(frame)
+            return
+        earlier = list(self._preroll)
+        self._preroll.clear()
+        self._state = _State.SPEECH
+        self._start = earlier[0].start if earlier else frame.start
+        self._energy = [(f.start, _rms(f.samples)) for f in earlier]
+        self._last_speech_end = frame.end
+        self._silence = 0
+        self._paused = False
+        speech_at = frame.onset if frame.onset is not None else frame.start
+        events.append(UtteranceStarted(self._utterance, self._start, max(self._start, speech_at)))
+        audio = np.concatenate([f.samples for f in earlier] + [frame.samples])
+        events.append(UtteranceAudio(self._utterance, audio, voiced=len(frame.samples)))
+        self._energy.append((frame.start, _rms(frame.samples)))
+
+    def _speech_frame(self, frame: VadFrame, events: list[ChunkEvent]) -> None:
+        opts = self.options
+        events.append(UtteranceAudio(self._utterance, frame.samples, voiced=len(frame.samples) if frame.speech else 0))
+        self._energy.append((frame.start, _rms(frame.samples)))
+        if frame.speech:
+            self._last_speech_end = frame.end
+            self._silence = 0
+            self._paused = False
+        else:
+            self._silence += len(frame.samples)
+        if self._silence >= opts.endpoint_samples:
+            events.append(self._close(self._last_speech_end + opts.tail_samples, EndReason.ENDPOINT))
+            return
+        if self._silence >= opts.tail_samples and not self._paused:
+            self._paused = True
+            events.append(UtterancePaused(self._utterance, self._last_speech_end + opts.tail_samples))
+        if frame.end - self._start >= opts.max_samples:
+            self._cut(events)
+
+    def _cut(self, events: list[ChunkEvent]) -> None:
+        cut = self._quietest_point()
+        events.append(UtteranceEnded(self._utterance, cut, EndReason.MAX_LENGTH))
+        self._utterance += 1
+        self._start = cut
+        self._energy = [(s, e) for s, e in self._energy if s >= cut]
+        self._last_speech_end = max(self._last_speech_end, cut)
+        self._paused = False
+        events.append(UtteranceStarted(self._utterance, cut, cut, continuation=True))
+
+    def _quietest_point(self) -> int:
+        """Start of the quietest frame (3-frame smoothed) in the recent part of the utterance."""
+        frames = self._energy
+        first = max(1, int(len(frames) * (1 - self.options.cut_search_fraction)))
+        best_at, best = frames[-1][0], float("inf")
+        for i in range(first, len(frames)):
+            window = [e for _, e in frames[max(0, i - 1) : i + 2]]
+            level = sum(window) / len(window)
+            if level < best:
+                best_at, best = frames[i][0], level
+        return best_at
+
+    def _close(self, end: int, reason: EndReason) -> UtteranceEnded:
+        event = UtteranceEnded(self._utterance, end, reason)
+        self._utterance += 1
+        self._state = _State.IDLE
+        self._preroll.clear()
+        self._energy = []
+        return event
+
+
+def _rms(samples: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))

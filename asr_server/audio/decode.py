@@ -1,0 +1,290 @@
+"""Bytes in, 16 kHz float32 audio out, one row per channel.
+
+Two decoders share one output shape, ``np.ndarray`` of shape
+``(channels, samples)`` at :data:`MODEL_RATE`:
+
+* :class:`PcmDecoder` for raw encodings (PCM s16/f32, G.711 mu-law/A-law).
+  A plain object: ``feed(bytes)`` returns audio at once, ``flush()`` at the end.
+* :class:`ContainerDecoder` for ogg/webm/wav/mp3/flac. PyAV's demuxers want a
+  file they can block on, so it decodes in whatever thread calls
+  :meth:`ContainerDecoder.frames` while another thread feeds bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections import deque
+from typing import Iterator
+
+import av
+import numpy as np
+
+from ..errors import AudioFormatMismatch, InvalidAudio
+
+__all__ = ["MODEL_RATE", "PcmDecoder", "ContainerDecoder", "Resampler", "layout_for", "mulaw_to_float", "alaw_to_float"]
+
+MODEL_RATE = 16000
+
+_LAYOUTS = {1: "mono", 2: "stereo", 3: "3.0", 4: "quad", 5: "5.0", 6: "5.1", 7: "6.1", 8: "7.1"}
+
+
+def layout_for(channels: int) -> str:
+    """An FFmpeg channel layout with ``channels`` channels (no remixing is implied)."""
+    return _LAYOUTS[channels]
+
+
+def _mulaw_table() -> np.ndarray:
+    # ITU-T G.711 mu-law expansion of every byte value.
+    codes = ~np.arange(256, dtype=np.int32) & 0xFF
+    sign = codes & 0x80
+    exponent = (codes >> 4) & 0x07
+    mantissa = codes & 0x0F
+    magnitude = (((mantissa << 3) + 0x84) << exponent) - 0x84
+    return (np.where(sign, -magnitude, magnitude) / 32768.0).astype(np.float32)
+
+
+def _alaw_table() -> np.ndarray:
+    # ITU-T G.711 A-law expansion of every byte value (even bits inverted).
+    codes = np.arange(256, dtype=np.int32) ^ 0x55
+    sign = codes & 0x80
+    exponent = (codes >> 4) & 0x07
+    mantissa = codes & 0x0F
+    magnitude = np.where(
+        exponent == 0,
+        (mantissa << 4) + 8,
+        ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0),
+    )
+    return (np.where(sign, magnitude, -magnitude) / 32768.0).astype(np.float32)
+
+
+_MULAW = _mulaw_table()
+_ALAW = _alaw_table()
+
+
+def mulaw_to_float(data: bytes) -> np.ndarray:
+    return _MULAW[np.frombuffer(data, dtype=np.uint8)]
+
+
+def alaw_to_float(data: bytes) -> np.ndarray:
+    return _ALAW[np.frombuffer(data, dtype=np.uint8)]
+
+
+class Resampler:
+    """Streaming resampler from ``rate`` to 16 kHz keeping every channel apart."""
+
+    def __init__(self, rate: int, channels: int) -> None:
+        self.rate = rate
+        self.channels = channels
+        self._layout = layout_for(channels)
+        self._swr = None if rate == MODEL_RATE else av.AudioResampler(format="fltp", layout=self._layout, rate=MODEL_RATE)
+
+    def feed(self, planar: np.ndarray) -> np.ndarray:
+        """Resample ``(channels, n)`` float32 audio; the output may lag a little."""
+        if self._swr is None:
+            return planar
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planar, dtype=np.float32), format="fltp", layout=self._layout)
+        frame.sample_rate = self.rate
+        return self._collect(self._swr.resample(frame))
+
+    def flush(self) -> np.ndarray:
+        if self._swr is None:
+            return np.zeros((self.channels, 0), np.float32)
+        return self._collect(self._swr.resample(None))
+
+    def _collect(self, frames: list[av.AudioFrame]) -> np.ndarray:
+        if not frames:
+            return np.zeros((self.channels, 0), np.float32)
+        return np.concatenate([f.to_ndarray() for f in frames], axis=1).astype(np.float32, copy=False)
+
+
+class PcmDecoder:
+    """Raw interleaved samples to 16 kHz planar float.
+
+    Frames may split samples anywhere: a partial sample is kept for the next
+    :meth:`feed`. Call :meth:`flush` once at the end of the stream.
+    """
+
+    _WIDTH = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}
+
+    def __init__(self, encoding: str, sample_rate: int, channels: int) -> None:
+        if encoding not in self._WIDTH:
+            raise ValueError(f"not a raw encoding: {encoding}")
+        self.encoding = encoding
+        self.channels = channels
+        self._block = self._WIDTH[encoding] * channels
+        self._carry = b""
+        self._resampler = Resampler(sample_rate, channels)
+        self.input_samples = 0  # per channel, at the input rate
+
+    def feed(self, data: bytes) -> np.ndarray:
+        data = self._carry + data
+        usable = len(data) - len(data) % self._block
+        self._carry = data[usable:]
+        if usable == 0:
+            return np.zeros((self.channels, 0), np.float32)
+        samples = self._to_float(data[:usable])
+        if not np.all(np.isfinite(samples)):
+            raise InvalidAudio("pcm_f32le audio contains NaN or infinite samples")
+        planar = samples.reshape(-1, self.channels).T
+        self.input_samples += planar.shape[1]
+        return self._resampler.feed(planar)
+
+    def flush(self) -> np.ndarray:
+        self._carry = b""
+        return self._resampler.flush()
+
+    def _to_float(self, data: bytes) -> np.ndarray:
+        if self.encoding == "pcm_s16le":
+            return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+        if self.encoding == "pcm_f32le":
+            return np.clip(np.frombuffer(data, dtype="<f4").astype(np.float32), -1.0, 1.0)
+        if self.encoding == "mulaw":
+            return mulaw_to_float(data)
+        return alaw_to_float(data)
+
+
+class _ByteQueue(io.RawIOBase):
+    """A blocking, bounded file that PyAV reads while bytes are still arriving.
+
+    End of input is sticky: once :meth:`readinto` has returned 0 it keeps
+    returning 0, because demuxers read again after EOF and a second blocking
+    wait there would hang the decoding thread.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._limit = limit
+        self._ended = False
+        self._cond = threading.Condition()
+
+    def readable(self) -> bool:
+        return True
+
+    def put(self, data: bytes) -> None:
+        with self._cond:
+            if self._ended:
+                return
+            self._chunks.append(data)
+            self._size += len(data)
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    def discard(self) -> None:
+        """End input and drop whatever is buffered (the session is going away)."""
+        with self._cond:
+            self._chunks.clear()
+            self._size = 0
+            self._ended = True
+            self._cond.notify_all()
+
+    @property
+    def buffered(self) -> int:
+        return self._size
+
+    def has_room(self) -> bool:
+        return self._size < self._limit
+
+    def wait_for_room(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._size < self._limit or self._ended, timeout)
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        with self._cond:
+            self._cond.wait_for(lambda: self._chunks or self._ended)
+            if not self._chunks:
+                return 0
+            view = memoryview(buffer)
+            n = 0
+            while self._chunks and n < len(view):
+                chunk = self._chunks[0]
+                take = min(len(chunk), len(view) - n)
+                view[n : n + take] = chunk[:take]
+                n += take
+                if take == len(chunk):
+                    self._chunks.popleft()
+                else:
+                    self._chunks[0] = chunk[take:]
+            self._size -= n
+            self._cond.notify_all()
+            return n
+
+
+class ContainerDecoder:
+    """Incremental decoding of a compressed stream (ogg, webm, wav, mp3, flac).
+
+    One thread calls :meth:`feed` (and :meth:`end` once); another iterates
+    :meth:`frames`, which blocks for input and yields ``(channels, n)`` float32
+    at 16 kHz until the input ends. ``channels`` is what the client asked
+    for: 1 mixes every channel of the stream down; more must match the stream.
+    Garbage or truncated input raises :class:`InvalidAudio` from the iterator
+    after yielding whatever decoded cleanly.
+    """
+
+    _FORMATS = {"ogg": "ogg", "webm": "webm", "wav": "wav", "mp3": "mp3", "flac": "flac"}
+
+    def __init__(self, encoding: str, channels: int, max_buffer_bytes: int = 4 << 20) -> None:
+        self.encoding = encoding
+        self.channels = channels
+        self._input = _ByteQueue(max_buffer_bytes)
+        self.input_seconds = 0.0
+        self.received_bytes = 0
+
+    def feed(self, data: bytes) -> None:
+        self.received_bytes += len(data)
+        self._input.put(data)
+
+    def has_room(self) -> bool:
+        return self._input.has_room()
+
+    def wait_for_room(self, timeout: float) -> bool:
+        """Block (in a worker thread) until the input buffer has room."""
+        return self._input.wait_for_room(timeout)
+
+    def end(self) -> None:
+        self._input.end()
+
+    def close(self) -> None:
+        self._input.discard()
+
+    def frames(self) -> Iterator[np.ndarray]:
+        try:
+            container = av.open(self._input, mode="r", format=self._FORMATS[self.encoding])
+        except av.FFmpegError as exc:
+            if self.received_bytes == 0:
+                return  # the stream ended before any audio: nothing to decode
+            raise InvalidAudio(f"could not read a {self.encoding} stream: {exc.strerror or 'unrecognised data'}") from None
+        try:
+            yield from self._decode(container)
+        finally:
+            container.close()
+
+    def _decode(self, container) -> Iterator[np.ndarray]:
+        if not container.streams.audio:
+            raise InvalidAudio(f"the {self.encoding} stream has no audio track")
+        stream = container.streams.audio[0]
+        source_channels = stream.codec_context.channels or len(stream.layout.channels)
+        if self.channels > 1 and source_channels != self.channels:
+            raise AudioFormatMismatch(f"channels={self.channels} was requested but the {self.encoding} stream has {source_channels}")
+        resampler = av.AudioResampler(format="fltp", layout=layout_for(self.channels), rate=MODEL_RATE)
+        decoded = 0
+        try:
+            for frame in container.decode(stream):
+                frame.pts = None  # the resampler needs no timing; keep it from complaining about gaps
+                self.input_seconds += frame.samples / float(frame.sample_rate)
+                decoded += frame.samples
+                out = resampler.resample(frame)
+                if out:
+                    yield np.concatenate([f.to_ndarray() for f in out], axis=1).astype(np.float32, copy=False)
+        except (av.FFmpegError, ValueError) as exc:
+            raise InvalidAudio(f"{self.encoding} stream is corrupt or truncated: {getattr(exc, 'strerror', None) or exc}") from None
+        tail = resampler.resample(None)
+        if tail:
+            yield np.concatenate([f.to_ndarray() for f in tail], axis=1).astype(np.float32, copy=False)
+        if decoded == 0 and self.received_bytes > 0:
+            raise InvalidAudio(f"no audio could be decoded from the {self.encoding} stream")

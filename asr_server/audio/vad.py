@@ -1,0 +1,100 @@
+"""Voice activity detection: 16 kHz float audio in, smoothed 30 ms frames out.
+
+webrtcvad classifies each 30 ms frame on its own, and a single click or a
+single dropped syllable flips it. :class:`VadGate` smooths that with a
+majority vote over the last ``window`` frames: speech needs ``threshold`` of
+them voiced, so one noisy frame neither starts nor ends speech. The vote
+delays decisions by at most ``window - threshold`` frames; ``onset`` on the
+frame where speech starts points back at the first voiced frame of the vote,
+so start times are not late.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import webrtcvad
+
+from .decode import MODEL_RATE
+
+__all__ = ["VadOptions", "VadFrame", "VadGate", "FRAME_SAMPLES"]
+
+FRAME_MS = 30
+FRAME_SAMPLES = MODEL_RATE * FRAME_MS // 1000  # 480
+
+
+@dataclass(frozen=True)
+class VadOptions:
+    aggressiveness: int = 2  # webrtcvad mode 0 (permissive) .. 3 (strict)
+    window: int = 5
+    threshold: int = 3
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.aggressiveness <= 3:
+            raise ValueError("aggressiveness must be 0..3")
+        if not 1 <= self.threshold <= self.window:
+            raise ValueError("threshold must be within 1..window")
+
+
+@dataclass(frozen=True)
+class VadFrame:
+    """One 30 ms frame. ``start`` counts samples from the start of the stream."""
+
+    start: int
+    samples: np.ndarray
+    speech: bool
+    # Set on the frame where speech begins: sample index of the first voiced frame of the vote.
+    onset: int | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.samples)
+
+
+class VadGate:
+    """Feed any amount of audio; get whole frames back with a smoothed decision."""
+
+    def __init__(self, options: VadOptions = VadOptions()) -> None:
+        self.options = options
+        self._vad = webrtcvad.Vad(options.aggressiveness)
+        self._pending = np.zeros(0, np.float32)
+        self._position = 0
+        self._votes: deque[tuple[int, bool]] = deque(maxlen=options.window)
+        self._speaking = False
+
+    @property
+    def position(self) -> int:
+        """Samples consumed into whole frames so far."""
+        return self._position
+
+    def feed(self, audio: np.ndarray) -> list[VadFrame]:
+        if len(self._pending):
+            audio = np.concatenate([self._pending, audio])
+        n = len(audio) // FRAME_SAMPLES
+        frames = [self._classify(audio[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES]) for i in range(n)]
+        self._pending = audio[n * FRAME_SAMPLES :].copy()
+        return frames
+
+    def flush(self) -> list[VadFrame]:
+        """Pad the last partial frame with silence and classify it."""
+        if not len(self._pending):
+            return []
+        tail = np.zeros(FRAME_SAMPLES, np.float32)
+        tail[: len(self._pending)] = self._pending
+        self._pending = np.zeros(0, np.float32)
+        return [self._classify(tail)]
+
+    def _classify(self, samples: np.ndarray) -> VadFrame:
+        pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+        voiced = self._vad.is_speech(pcm, MODEL_RATE)
+        start = self._position
+        self._position += FRAME_SAMPLES
+        self._votes.append((start, voiced))
+        speech = sum(v for _, v in self._votes) >= self.options.threshold
+        onset = None
+        if speech and not self._speaking:
+            onset = next(s for s, v in self._votes if v)
+        self._speaking = speech
+        return VadFrame(start, samples, speech, onset)

@@ -1,0 +1,122 @@
+"""Text utilities and the guards against Whisper's known failure modes.
+
+Whisper invents text on silence and noise ("Thank you.", "you"), falls into
+repetition loops, and can run on far past what the audio holds. VAD keeps
+silence away from the model; :func:`guard` cleans what still gets through.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from dataclasses import replace
+
+from ..inference.whisper import Hypothesis, Word
+
+__all__ = ["normalize_word", "guard", "HALLUCINATIONS", "MAX_WORDS_PER_SECOND", "MAX_REPEATS"]
+
+_PUNCT = re.compile(r"[^\w']+")
+
+# Phrases tiny/base Whisper models produce on noise or near-silence.
+HALLUCINATIONS = frozenset(
+    {
+        "you",
+        "thank you",
+        "thanks",
+        "thanks for watching",
+        "thank you for watching",
+        "thank you so much for watching",
+        "please subscribe",
+        "bye",
+        "bye bye",
+        "so",
+        "the end",
+        "subtitles by the amaraorg community",
+    }
+)
+# Far above any real speaking rate (about 3 words/s); beyond it the model is looping.
+MAX_WORDS_PER_SECOND = 6.0
+# A word or phrase said more than this many times in a row is a loop, not speech.
+MAX_REPEATS = 3
+
+
+def normalize_word(word: str) -> str:
+    return _PUNCT.sub("", word.lower())
+
+
+def _normalized(text: str) -> str:
+    return " ".join(w for w in (normalize_word(x) for x in text.split()) if w)
+
+
+def _collapse_loops(units: list[Word]) -> list[Word]:
+    """Cut any run of an n-gram (n = 1..4) repeated more than MAX_REPEATS times."""
+    keys = [normalize_word(u.word) for u in units]
+    out_idx: list[int] = []
+    i = 0
+    while i < len(units):
+        cut = False
+        for n in range(1, 5):
+            gram = keys[i : i + n]
+            if len(gram) < n or not any(gram):
+                continue
+            reps = 1
+            while keys[i + reps * n : i + (reps + 1) * n] == gram:
+                reps += 1
+            if reps > MAX_REPEATS:
+                out_idx.extend(range(i, i + n * MAX_REPEATS))
+                i += n * reps
+                cut = True
+                break
+        if not cut:
+            out_idx.append(i)
+            i += 1
+    return [units[j] for j in out_idx]
+
+
+def _collapse_stutter(word: Word) -> Word:
+    # "y-y-y-y-y-yes" style loops inside one token.
+    parts = word.word.split("-")
+    if len(parts) <= MAX_REPEATS + 1:
+        return word
+    kept: list[str] = []
+    for p in parts:
+        if len(kept) >= MAX_REPEATS and all(k.lower() == p.lower() for k in kept[-MAX_REPEATS:]):
+            continue
+        kept.append(p)
+    return replace(word, word="-".join(kept))
+
+
+def _compression_ratio(text: str) -> float:
+    data = text.encode()
+    return len(data) / max(1, len(zlib.compress(data)))
+
+
+def guard(hyp: Hypothesis, audio_s: float, voiced_s: float) -> Hypothesis:
+    """Return ``hyp`` with hallucinated, looping or runaway text removed.
+
+    ``audio_s`` is the decoded audio's length, ``voiced_s`` how much of it
+    the VAD called speech. What was removed is listed in ``dropped``.
+    """
+    dropped: list[str] = []
+    units = list(hyp.words) if hyp.words else [Word(" " + w, 0.0, 0.0, 0.0) for w in hyp.text.split()]
+    if not units:
+        return hyp
+    if hyp.no_speech_prob > 0.6 and hyp.avg_logprob < -1.0:
+        return replace(hyp, text="", words=(), dropped=("no_speech",))
+    norm = _normalized(hyp.text)
+    if norm in HALLUCINATIONS and (voiced_s < 0.5 or hyp.avg_logprob < -0.8 or hyp.no_speech_prob > 0.4):
+        return replace(hyp, text="", words=(), dropped=("hallucination",))
+    destuttered = [_collapse_stutter(u) for u in units]
+    collapsed = _collapse_loops(destuttered)
+    if len(collapsed) < len(units) or destuttered != units:
+        dropped.append("repetition")
+    limit = math.ceil(MAX_WORDS_PER_SECOND * max(audio_s, 0.5)) + 2
+    if len(collapsed) > limit:
+        collapsed = collapsed[:limit]
+        dropped.append("runaway_length")
+    text = " ".join("".join(u.word for u in collapsed).split()) if dropped else hyp.text
+    if _compression_ratio(text) > 3.0 and len(text) > 60:
+        return replace(hyp, text="", words=(), dropped=tuple(dropped + ["compression_ratio"]))
+    words = tuple(collapsed) if hyp.words else ()
+    return replace(hyp, text=text, words=words, dropped=tuple(dropped))

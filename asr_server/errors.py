@@ -1,0 +1,154 @@
+"""The one error vocabulary of the server, and its table to the wire.
+
+Every failure a client can see is an :class:`AsrError` subclass with a stable
+string ``code``. The tree separates who is at fault::
+
+    AsrError
+    ├── ClientError          the client sent something we cannot accept
+    │   ├── InvalidOption        bad query value (before any audio)
+    │   ├── UnsupportedLanguage  language the model cannot transcribe
+    │   ├── InvalidMessage       text frame that is not a JSON object
+    │   ├── UnknownMessageType   JSON message with a type we do not know
+    │   ├── FrameTooLarge        binary frame over the configured limit
+    │   ├── InvalidAudio         bytes that do not decode as the declared encoding
+    │   ├── AudioFormatMismatch  container whose channels disagree with the options
+    │   └── IdleTimeout          no message for ``idle_timeout_s``
+    ├── OverloadError        we cannot take more work now (retry later)
+    │   ├── NotReady             the model is still loading / warming up
+    │   └── ShuttingDown         the server is stopping
+    └── ServerError          our fault
+        ├── InferenceFailed      the model raised while decoding
+        └── InternalError        anything else
+
+:data:`WIRE_TABLE` maps each code to ``retryable`` and the WebSocket close code
+(RFC 6455 section 7.4.1), or ``None`` where the session goes on after the
+error. docs/protocol.md reproduces this table; keep them in step. Internal
+exception text never goes on the wire: only the message given here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "AsrError",
+    "ClientError",
+    "InvalidOption",
+    "UnsupportedLanguage",
+    "InvalidMessage",
+    "UnknownMessageType",
+    "FrameTooLarge",
+    "InvalidAudio",
+    "AudioFormatMismatch",
+    "IdleTimeout",
+    "OverloadError",
+    "NotReady",
+    "ShuttingDown",
+    "ServerError",
+    "InferenceFailed",
+    "InternalError",
+    "WireInfo",
+    "WIRE_TABLE",
+    "wire_info",
+]
+
+
+class AsrError(Exception):
+    """Base of every error that has a wire code."""
+
+    code = "internal_error"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class ClientError(AsrError):
+    code = "bad_request"
+
+
+class InvalidOption(ClientError):
+    code = "invalid_option"
+
+
+class UnsupportedLanguage(ClientError):
+    code = "unsupported_language"
+
+
+class InvalidMessage(ClientError):
+    code = "invalid_message"
+
+
+class UnknownMessageType(ClientError):
+    code = "unknown_message_type"
+
+
+class FrameTooLarge(ClientError):
+    code = "frame_too_large"
+
+
+class InvalidAudio(ClientError):
+    code = "invalid_audio"
+
+
+class AudioFormatMismatch(ClientError):
+    code = "audio_format_mismatch"
+
+
+class IdleTimeout(ClientError):
+    code = "idle_timeout"
+
+
+class OverloadError(AsrError):
+    code = "overloaded"
+
+
+class NotReady(OverloadError):
+    code = "not_ready"
+
+
+class ShuttingDown(OverloadError):
+    code = "shutting_down"
+
+
+class ServerError(AsrError):
+    code = "internal_error"
+
+
+class InferenceFailed(ServerError):
+    code = "inference_failed"
+
+
+class InternalError(ServerError):
+    code = "internal_error"
+
+
+@dataclass(frozen=True)
+class WireInfo:
+    retryable: bool
+    close_code: int | None  # None: the session continues after the error
+
+
+# code -> (retryable, WebSocket close code or None to keep the session open)
+WIRE_TABLE: dict[str, WireInfo] = {
+    "bad_request": WireInfo(False, 1008),
+    "invalid_option": WireInfo(False, 1008),
+    "unsupported_language": WireInfo(False, 1008),
+    "invalid_message": WireInfo(False, None),
+    "unknown_message_type": WireInfo(False, None),
+    "frame_too_large": WireInfo(False, 1009),
+    "invalid_audio": WireInfo(False, 1007),
+    "audio_format_mismatch": WireInfo(False, 1007),
+    "idle_timeout": WireInfo(False, 1008),
+    "overloaded": WireInfo(True, 1013),
+    "not_ready": WireInfo(True, 1013),
+    "shutting_down": WireInfo(True, 1001),
+    "inference_failed": WireInfo(True, 1011),
+    "internal_error": WireInfo(True, 1011),
+}
+
+
+def wire_info(error: AsrError) -> WireInfo:
+    """How ``error`` is reported: every code must be in :data:`WIRE_TABLE`."""
+    return WIRE_TABLE[error.code]

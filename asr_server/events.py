@@ -1,0 +1,66 @@
+"""What the pipeline tells its transport: one union of frozen events.
+
+Times are seconds of stream audio (from sample counts), never wall clock.
+:mod:`asr_server.protocol` turns these into wire messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .audio.chunker import EndReason
+from .inference.whisper import DecodeRequest, Word
+
+__all__ = ["SpeechStart", "Interim", "Final", "DecodeJob", "SubmitJob", "PipelineEvent"]
+
+
+@dataclass(frozen=True)
+class SpeechStart:
+    channel: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Interim:
+    channel: int
+    utterance: int
+    offset: int
+    text: str
+    stable: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Final:
+    channel: int
+    utterance: int
+    offset: int
+    text: str
+    start: float
+    end: float
+    reason: EndReason
+    words: tuple[Word, ...]
+    # Seconds of stream audio at which speech ended (for latency metrics).
+    speech_end: float
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeJob:
+    """A decode the channel wants. Identity matters: results come back with it."""
+
+    channel: int
+    utterance: int
+    request: DecodeRequest
+    # A FINAL-kind decode started when speech paused, before the endpoint: its
+    # result becomes the final if the utterance ends exactly there.
+    speculative: bool
+    audio_end: int  # sample index (stream) where the decoded audio ends
+
+
+@dataclass(frozen=True)
+class SubmitJob:
+    job: DecodeJob
+
+
+PipelineEvent = SpeechStart | Interim | Final | SubmitJob

@@ -1,0 +1,1 @@
+"""The model seam: the only package that imports faster-whisper."""

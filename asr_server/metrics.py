@@ -1,0 +1,42 @@
+"""Prometheus metrics, in a registry per server (so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+_DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.active_sessions = Gauge("asr_active_sessions", "Sessions currently streaming", registry=r)
+        self.sessions_started = Counter("asr_sessions_started_total", "Sessions accepted", registry=r)
+        self.sessions_ended = Counter(
+            "asr_sessions_ended_total", "Sessions ended, by outcome", ["outcome"], registry=r
+        )
+        self.session_duration = Histogram(
+            "asr_session_duration_seconds", "Whole-session wall time, handshake to close", buckets=_DURATION_BUCKETS, registry=r
+        )
+        self.audio_received = Counter("asr_audio_received_seconds_total", "Seconds of audio received", registry=r)
+        self.audio_transcribed = Counter(
+            "asr_audio_transcribed_seconds_total", "Seconds of audio in finalized utterances", registry=r
+        )
+        self.first_interim = Histogram(
+            "asr_time_to_first_interim_seconds", "First audio received to first interim sent", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.final_latency = Histogram(
+            "asr_final_latency_seconds", "Arrival of the end of speech to the final sent", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.decode_seconds = Histogram(
+            "asr_decode_seconds", "Model time per decode", ["kind"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_depth = Gauge("asr_decode_queue_depth", "Decode jobs waiting for the model", registry=r)
+        self.errors = Counter("asr_errors_total", "Errors sent to clients, by code", ["code"], registry=r)
+        self.model_ready = Gauge("asr_model_ready", "1 once the model is loaded and warmed up", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,172 @@
+"""Frozen option objects, parsed and validated once at the boundary.
+
+:class:`StreamOptions` comes from the ``/v1/listen`` query string,
+:class:`Limits` and :class:`ServerOptions` from the command line. Everything
+below the transport receives these objects and never re-validates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .errors import InvalidOption, UnsupportedLanguage
+
+__all__ = [
+    "RAW_ENCODINGS",
+    "CONTAINER_ENCODINGS",
+    "ENCODINGS",
+    "StreamOptions",
+    "Limits",
+    "ServerOptions",
+    "parse_stream_options",
+]
+
+RAW_ENCODINGS = ("pcm_s16le", "pcm_f32le", "mulaw", "alaw")
+CONTAINER_ENCODINGS = ("ogg", "webm", "wav", "mp3", "flac")
+ENCODINGS = RAW_ENCODINGS + CONTAINER_ENCODINGS
+
+MIN_RATE, MAX_RATE = 8000, 48000
+MAX_CHANNELS = 8
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What one client asked for. Defaults are the documented ones."""
+
+    encoding: str = "pcm_s16le"
+    # For raw encodings, the rate of the bytes; for containers, None (the
+    # container says, and its own rate wins).
+    sample_rate: int | None = 16000
+    channels: int = 1
+    language: str = "en"
+    interim_results: bool = True
+    interim_ms: int = 500
+    endpoint_ms: int = 500
+    max_utterance_s: float = 20.0
+    word_timestamps: bool = True
+
+    @property
+    def is_container(self) -> bool:
+        return self.encoding in CONTAINER_ENCODINGS
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Server-wide bounds applied to every session (reported in ``session``)."""
+
+    max_frame_bytes: int = 1 << 20
+    idle_timeout_s: float = 10.0
+    # Utterances waiting for their final decode, per channel, before the
+    # server stops reading audio from the client (backpressure).
+    max_pending_finals: int = 4
+    # Bytes of compressed input buffered ahead of the container decoder.
+    max_container_buffer_bytes: int = 4 << 20
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    model: str = "tiny.en"
+    device: str = "cpu"
+    compute_type: str = "default"
+    cpu_threads: int = 0
+    limits: Limits = field(default_factory=Limits)
+
+
+def _int(name: str, raw: str, lo: int, hi: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidOption(f"{name} must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise InvalidOption(f"{name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _float(name: str, raw: str, lo: float, hi: float) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidOption(f"{name} must be a number, got {raw!r}") from None
+    if not lo <= value <= hi:  # also refuses NaN
+        raise InvalidOption(f"{name} must be between {lo:g} and {hi:g}, got {raw}")
+    return value
+
+
+def _bool(name: str, raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise InvalidOption(f"{name} must be true or false, got {raw!r}")
+
+
+_KNOWN = (
+    "encoding",
+    "sample_rate",
+    "channels",
+    "language",
+    "interim_results",
+    "interim_ms",
+    "endpoint_ms",
+    "max_utterance_s",
+    "word_timestamps",
+)
+
+
+def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str]) -> StreamOptions:
+    """Build :class:`StreamOptions` from a parsed query string.
+
+    ``query`` is what :func:`urllib.parse.parse_qs` returns; ``languages`` are
+    the codes the loaded model supports. Raises :class:`InvalidOption` or
+    :class:`UnsupportedLanguage` naming the first bad parameter.
+    """
+    unknown = sorted(set(query) - set(_KNOWN))
+    if unknown:
+        raise InvalidOption(f"unknown option {unknown[0]!r}; known options: {', '.join(_KNOWN)}")
+    single: dict[str, str] = {}
+    for name, values in query.items():
+        if len(values) != 1:
+            raise InvalidOption(f"option {name!r} given {len(values)} times")
+        single[name] = values[0]
+
+    encoding = single.get("encoding", "pcm_s16le")
+    if encoding not in ENCODINGS:
+        raise InvalidOption(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
+    sample_rate: int | None
+    if encoding in CONTAINER_ENCODINGS:
+        # The container carries its own rate; a stated one is checked for range only.
+        if "sample_rate" in single:
+            _int("sample_rate", single["sample_rate"], MIN_RATE, MAX_RATE)
+        sample_rate = None
+    else:
+        default_rate = 8000 if encoding in ("mulaw", "alaw") else 16000
+        sample_rate = _int("sample_rate", single.get("sample_rate", str(default_rate)), MIN_RATE, MAX_RATE)
+
+    language = single.get("language", "en").strip().lower()
+    supported = set(languages)
+    if language not in supported:
+        listed = ", ".join(sorted(supported)[:12])
+        raise UnsupportedLanguage(f"language {language!r} is not supported by this model (supported: {listed})")
+
+    return StreamOptions(
+        encoding=encoding,
+        sample_rate=sample_rate,
+        channels=_int("channels", single.get("channels", "1"), 1, MAX_CHANNELS),
+        language=language,
+        interim_results=_bool("interim_results", single.get("interim_results", "true")),
+        interim_ms=_int("interim_ms", single.get("interim_ms", "500"), 100, 10000),
+        endpoint_ms=_int("endpoint_ms", single.get("endpoint_ms", "500"), 100, 5000),
+        # Capped at 30 s: one Whisper window, so an utterance is never split inside the model.
+        max_utterance_s=_float("max_utterance_s", single.get("max_utterance_s", "20"), 2.0, 30.0),
+        word_timestamps=_bool("word_timestamps", single.get("word_timestamps", "true")),
+    )

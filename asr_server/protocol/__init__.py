@@ -1,0 +1,1 @@
+"""Wire format: pipeline events to JSON messages, client JSON to commands."""

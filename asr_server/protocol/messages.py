@@ -1,0 +1,115 @@
+"""Server messages as JSON-ready dicts, and client text frames as commands.
+
+Every server message carries ``type``, ``session_id`` and ``seq`` (1, 2, 3 ...
+with no gaps). :class:`MessageWriter` is the only place that assigns ``seq``.
+docs/protocol.md describes each message; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, assert_never
+
+from ..errors import AsrError, InvalidMessage, UnknownMessageType, wire_info
+from ..events import Final, Interim, SpeechStart
+from ..options import Limits, StreamOptions
+
+__all__ = ["MessageWriter", "Finalize", "CloseStream", "KeepAlive", "ClientCommand", "parse_client_message"]
+
+
+class MessageWriter:
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.seq = 0
+
+    def _message(self, type_: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.seq += 1
+        return {"type": type_, "session_id": self.session_id, "seq": self.seq, **body}
+
+    def session(self, options: StreamOptions, limits: Limits, model: str) -> dict[str, Any]:
+        return self._message("session", {"config": options.to_wire(), "limits": limits.to_wire(), "model": model})
+
+    def event(self, event: SpeechStart | Interim | Final) -> dict[str, Any]:
+        match event:
+            case SpeechStart():
+                return self._message("speech_start", {"channel": event.channel, "at": round(event.at, 3)})
+            case Interim():
+                return self._message(
+                    "interim",
+                    {
+                        "channel": event.channel,
+                        "utterance": event.utterance,
+                        "offset": event.offset,
+                        "text": event.text,
+                        "stable": event.stable,
+                        "start": event.start,
+                        "end": event.end,
+                    },
+                )
+            case Final():
+                return self._message(
+                    "final",
+                    {
+                        "channel": event.channel,
+                        "utterance": event.utterance,
+                        "offset": event.offset,
+                        "text": event.text,
+                        "start": event.start,
+                        "end": event.end,
+                        "reason": event.reason.value,
+                        "words": [
+                            {"word": w.word.strip(), "start": w.start, "end": w.end, "probability": w.probability} for w in event.words
+                        ],
+                    },
+                )
+            case _:
+                assert_never(event)
+
+    def error(self, error: AsrError) -> dict[str, Any]:
+        info = wire_info(error)
+        body: dict[str, Any] = {"code": error.code, "message": error.message, "retryable": info.retryable}
+        if error.retry_after is not None:
+            body["retry_after"] = error.retry_after
+        return self._message("error", body)
+
+    def closed(self, audio_received_s: float, audio_transcribed_s: float) -> dict[str, Any]:
+        return self._message(
+            "closed",
+            {"audio_received_s": round(audio_received_s, 3), "audio_transcribed_s": round(audio_transcribed_s, 3)},
+        )
+
+
+@dataclass(frozen=True)
+class Finalize:
+    pass
+
+
+@dataclass(frozen=True)
+class CloseStream:
+    pass
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    pass
+
+
+ClientCommand = Finalize | CloseStream | KeepAlive
+
+_COMMANDS: dict[str, ClientCommand] = {"finalize": Finalize(), "close": CloseStream(), "keepalive": KeepAlive()}
+
+
+def parse_client_message(text: str) -> ClientCommand:
+    """Parse a client text frame; raise :class:`InvalidMessage` or :class:`UnknownMessageType`."""
+    try:
+        message = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InvalidMessage("text frames must be JSON objects such as {\"type\": \"finalize\"}") from None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise InvalidMessage("a text frame must be a JSON object with a string \"type\"")
+    command = _COMMANDS.get(message["type"])
+    if command is None:
+        known = ", ".join(sorted(_COMMANDS))
+        raise UnknownMessageType(f"unknown message type {message['type'][:40]!r}; known types: {known}")
+    return command

@@ -1,0 +1,107 @@
+"""One model, many sessions: decode jobs run one at a time in a worker thread.
+
+Each channel has at most one job outstanding (the incremental decoder waits
+for its result before asking again), so the queue holds at most one job per
+active channel and plain arrival order already serves the channels in turn.
+The model runs in its own thread; the event loop never blocks on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..events import DecodeJob
+from ..inference.whisper import Hypothesis, Runner
+from ..metrics import Metrics
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger("asr_server.scheduler")
+
+
+@dataclass(eq=False)
+class _Entry:
+    owner: str
+    job: DecodeJob
+    future: asyncio.Future[Hypothesis] = field(repr=False)
+
+
+class Scheduler:
+    """Call :meth:`start` inside the event loop, then :meth:`decode` from sessions."""
+
+    def __init__(self, runner: Runner, metrics: Metrics | None = None) -> None:
+        self.runner = runner
+        self.metrics = metrics
+        self._queue: deque[_Entry] = deque()
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-model")
+        self._worker: asyncio.Task[None] | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        self._worker = asyncio.get_running_loop().create_task(self._run(), name="asr-scheduler")
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+        for entry in self._queue:
+            entry.future.cancel()
+        self._queue.clear()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    async def decode(self, owner: str, job: DecodeJob) -> Hypothesis:
+        """Queue ``job`` and wait for its hypothesis. Cancelling the wait drops the job."""
+        future: asyncio.Future[Hypothesis] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Entry(owner, job, future))
+        self._observe_depth()
+        self._wakeup.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._queue = deque(e for e in self._queue if e.future is not future)
+            self._observe_depth()
+            raise
+
+    def cancel_owner(self, owner: str) -> None:
+        """Drop every queued job of a session that has gone away."""
+        for entry in [e for e in self._queue if e.owner == owner]:
+            entry.future.cancel()
+        self._queue = deque(e for e in self._queue if e.owner != owner)
+        self._observe_depth()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            entry = self._queue.popleft()
+            self._observe_depth()
+            if entry.future.done():
+                continue
+            try:
+                hyp = await loop.run_in_executor(self._executor, self.runner.transcribe, entry.job.request)
+            except Exception as exc:  # the model failed: that session gets the error
+                log.exception("decode failed owner=%s", entry.owner)
+                if not entry.future.done():
+                    entry.future.set_exception(exc)
+                continue
+            if self.metrics is not None:
+                self.metrics.decode_seconds.labels(entry.job.request.kind.value).observe(hyp.decode_s)
+            if not entry.future.done():
+                entry.future.set_result(hyp)
+
+    def _observe_depth(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(len(self._queue))

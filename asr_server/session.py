@@ -1,0 +1,195 @@
+"""The session core: one stream's whole pipeline, with no I/O and no clock.
+
+A transport shell creates a :class:`Session`, calls :meth:`Session.start`,
+then feeds it 16 kHz planar audio, client commands and decode results, and
+carries out what each call returns, in order:
+
+* :class:`Send` - write this JSON message to the client;
+* :class:`Submit` - run this decode job, then call :meth:`Session.job_done`;
+* :class:`Close` - close the connection with this code (the last output).
+
+Per channel the data flows VAD -> chunker -> incremental decoder.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .audio.chunker import Chunker, ChunkerOptions, EndReason
+from .audio.decode import MODEL_RATE
+from .audio.vad import VadGate, VadOptions
+from .decoding.incremental import ChannelDecoder
+from .errors import AsrError, ServerError, wire_info
+from .events import DecodeJob, Final, Interim, PipelineEvent, SpeechStart, SubmitJob
+from .inference.whisper import Hypothesis
+from .options import Limits, StreamOptions
+from .protocol.messages import MessageWriter
+
+__all__ = ["SessionState", "Send", "Submit", "Close", "SessionOutput", "Session"]
+
+
+class SessionState(enum.IntEnum):
+    """Ordered: a later state never goes back to an earlier one."""
+
+    NEW = 0
+    STREAMING = 1
+    DRAINING = 2  # no more audio: finishing the decodes already owed
+    CLOSED = 3
+
+
+@dataclass(frozen=True)
+class Send:
+    message: dict[str, Any]
+    event: SpeechStart | Interim | Final | None = None
+
+
+@dataclass(frozen=True)
+class Submit:
+    job: DecodeJob
+
+
+@dataclass(frozen=True)
+class Close:
+    code: int
+    reason: str
+
+
+SessionOutput = Send | Submit | Close
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: str,
+        options: StreamOptions,
+        limits: Limits = Limits(),
+        model_name: str = "",
+        vad_options: VadOptions = VadOptions(),
+    ) -> None:
+        self.session_id = session_id
+        self.options = options
+        self.limits = limits
+        self.model_name = model_name
+        self.state = SessionState.NEW
+        self._writer = MessageWriter(session_id)
+        chunker_options = ChunkerOptions(endpoint_ms=options.endpoint_ms, max_utterance_s=options.max_utterance_s)
+        self._vads = [VadGate(vad_options) for _ in range(options.channels)]
+        self._chunkers = [Chunker(chunker_options) for _ in range(options.channels)]
+        self._decoders = [ChannelDecoder(c, options) for c in range(options.channels)]
+        self._received = 0  # samples per channel at 16 kHz
+        self._close_code = 1000
+        self._close_reason = "closed"
+
+    # -- what the shell may ask ------------------------------------------------------
+
+    @property
+    def audio_received_s(self) -> float:
+        return self._received / MODEL_RATE
+
+    @property
+    def audio_transcribed_s(self) -> float:
+        return sum(d.transcribed_samples for d in self._decoders) / MODEL_RATE
+
+    @property
+    def backpressured(self) -> bool:
+        """True while the shell should stop reading audio: too many finals owed."""
+        return any(d.pending_finals >= self.limits.max_pending_finals for d in self._decoders)
+
+    @property
+    def received_samples(self) -> int:
+        return self._received
+
+    # -- inputs ----------------------------------------------------------------------
+
+    def start(self) -> list[SessionOutput]:
+        self._transition(SessionState.NEW, SessionState.STREAMING)
+        return [Send(self._writer.session(self.options, self.limits, self.model_name))]
+
+    def receive_audio(self, planar: np.ndarray) -> list[SessionOutput]:
+        """Feed ``(channels, n)`` float32 audio at 16 kHz."""
+        if self.state is not SessionState.STREAMING or planar.shape[1] == 0:
+            return []
+        if planar.shape[0] != self.options.channels:
+            raise ValueError(f"expected {self.options.channels} channels, got {planar.shape[0]}")
+        self._received += planar.shape[1]
+        out: list[SessionOutput] = []
+        for c in range(self.options.channels):
+            frames = self._vads[c].feed(planar[c])
+            out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].feed(frames))))
+        return out
+
+    def finalize(self) -> list[SessionOutput]:
+        """The client's ``finalize``: close every open utterance now."""
+        if self.state is not SessionState.STREAMING:
+            return []
+        out: list[SessionOutput] = []
+        for c in range(self.options.channels):
+            out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].end(EndReason.FINALIZE))))
+        return out
+
+    def end_of_stream(self) -> list[SessionOutput]:
+        """No more audio: finalize everything held, then ``closed`` and close 1000."""
+        if self.state is not SessionState.STREAMING:
+            return []
+        return self._drain()
+
+    def job_done(self, job: DecodeJob, hypothesis: Hypothesis) -> list[SessionOutput]:
+        if self.state is SessionState.CLOSED:
+            return []
+        out = self._pipeline(self._decoders[job.channel].job_done(job, hypothesis))
+        return out + self._maybe_closed()
+
+    def fail(self, error: AsrError) -> list[SessionOutput]:
+        """Report ``error``. If it ends the session, finish what can be finished first."""
+        if self.state is SessionState.CLOSED:
+            return []
+        out: list[SessionOutput] = [Send(self._writer.error(error))]
+        code = wire_info(error).close_code
+        if code is None:
+            return out
+        self._close_code, self._close_reason = code, error.code
+        if isinstance(error, ServerError) or self.state is SessionState.NEW:
+            self.state = SessionState.CLOSED
+            return out + [Close(code, error.code)]
+        if self.state is SessionState.STREAMING:
+            return out + self._drain()
+        return out + self._maybe_closed()
+
+    # -- internals -------------------------------------------------------------------
+
+    def _transition(self, expected: SessionState, new: SessionState) -> None:
+        if self.state is not expected:
+            raise RuntimeError(f"session {self.session_id}: cannot go from {self.state.name} to {new.name}")
+        self.state = new
+
+    def _drain(self) -> list[SessionOutput]:
+        self._transition(SessionState.STREAMING, SessionState.DRAINING)
+        out: list[SessionOutput] = []
+        for c in range(self.options.channels):
+            frames = self._vads[c].flush()
+            events = self._chunkers[c].feed(frames) + self._chunkers[c].end(EndReason.END_OF_STREAM)
+            out.extend(self._pipeline(self._decoders[c].feed(events)))
+        return out + self._maybe_closed()
+
+    def _maybe_closed(self) -> list[SessionOutput]:
+        if self.state is not SessionState.DRAINING or not all(d.idle for d in self._decoders):
+            return []
+        self.state = SessionState.CLOSED
+        out: list[SessionOutput] = []
+        if self._close_code == 1000:
+            out.append(Send(self._writer.closed(self.audio_received_s, self.audio_transcribed_s)))
+        out.append(Close(self._close_code, self._close_reason))
+        return out
+
+    def _pipeline(self, events: list[PipelineEvent]) -> list[SessionOutput]:
+        out: list[SessionOutput] = []
+        for event in events:
+            if isinstance(event, SubmitJob):
+                out.append(Submit(event.job))
+            else:
+                out.append(Send(self._writer.event(event), event))
+        return out

@@ -1,0 +1,1 @@
+"""Thin I/O shells: read, feed the session core, drain its events, write."""

@@ -1,0 +1,479 @@
+"""The WebSocket shell: HTTP routes, and one :class:`Connection` per stream.
+
+It reads frames, feeds the session core, and carries out what the core
+returns (send a message, run a decode, close). Decisions live in the core;
+this file only moves bytes, arms timers and keeps metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import http
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from ..audio.decode import ContainerDecoder, PcmDecoder
+from ..errors import (
+    AsrError,
+    FrameTooLarge,
+    IdleTimeout,
+    InferenceFailed,
+    InternalError,
+    NotReady,
+    ShuttingDown,
+    wire_info,
+)
+from ..events import Final, Interim
+from ..inference.whisper import Runner
+from ..metrics import Metrics
+from ..options import Limits, StreamOptions, parse_stream_options
+from ..protocol.messages import CloseStream, Finalize, KeepAlive, MessageWriter, parse_client_message
+from ..scheduler import Scheduler
+from ..session import Close, Send, Session, SessionOutput, Submit
+
+__all__ = ["AsrServer"]
+
+log = logging.getLogger("asr_server.session")
+
+LISTEN_PATH = "/v1/listen"
+
+
+class AsrServer:
+    """Owns the model runner, the scheduler, metrics and the listening socket.
+
+    ``await start()`` listens at once; call :meth:`set_runner` when the model
+    is loaded and warmed up (``/healthz`` answers 503 until then).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 8765, limits: Limits = Limits(), model_name: str = "") -> None:
+        self.host = host
+        self.port = port
+        self.limits = limits
+        self.model_name = model_name
+        self.metrics = Metrics()
+        self.scheduler: Scheduler | None = None
+        self.runner: Runner | None = None
+        self._server: Server | None = None
+        self._connections: set[Connection] = set()
+        self._stopping = False
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler is not None and not self._stopping
+
+    async def start(self) -> None:
+        self._server = await serve(
+            self._handle,
+            self.host,
+            self.port,
+            process_request=self._route,
+            # Frames up to twice the limit are read so that we can answer with our own
+            # frame_too_large error; anything larger is cut off by websockets (close 1009).
+            max_size=2 * self.limits.max_frame_bytes,
+            max_queue=16,
+            ping_interval=20,
+            ping_timeout=20,
+        )
+        sock = next(iter(self._server.sockets))
+        self.port = sock.getsockname()[1]
+        log.info("listening on ws://%s:%d%s", self.host, self.port, LISTEN_PATH)
+
+    def set_runner(self, runner: Runner) -> None:
+        self.runner = runner
+        self.scheduler = Scheduler(runner, self.metrics)
+        self.scheduler.start()
+        self.metrics.model_ready.set(1)
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop accepting, tell every client, finish what they are owed, close."""
+        self._stopping = True
+        if self._server is not None:
+            self._server.close(close_connections=False)
+        conns = list(self._connections)
+        for conn in conns:
+            await conn.shut_down()
+        if conns:
+            await asyncio.wait([asyncio.ensure_future(c.done.wait()) for c in conns], timeout=grace_s)
+        if self._server is not None:
+            self._server.close(close_connections=True)
+            await self._server.wait_closed()
+        if self.scheduler is not None:
+            await self.scheduler.stop()
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        await self._server.wait_closed()
+
+    # -- HTTP ------------------------------------------------------------------------
+
+    def _route(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urlsplit(request.path).path
+        if path == LISTEN_PATH:
+            return None  # go on with the WebSocket handshake
+        if path == "/healthz":
+            body = {"status": "ok" if self.ready else "starting", "model": self.model_name}
+            status = http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
+            return _response(status, json.dumps(body).encode(), "application/json")
+        if path == "/metrics":
+            return _response(http.HTTPStatus.OK, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        return _response(http.HTTPStatus.NOT_FOUND, b'{"error": "not found"}', "application/json")
+
+    # -- WebSocket -------------------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        session_id = uuid.uuid4().hex[:16]
+        started = time.monotonic()
+        writer_for_refusal = MessageWriter(session_id)
+        try:
+            options = self._options_for(ws)
+        except AsrError as error:
+            await self._refuse(ws, writer_for_refusal, error, session_id)
+            return
+        conn = Connection(self, ws, Session(session_id, options, self.limits, self.model_name))
+        self._connections.add(conn)
+        self.metrics.sessions_started.inc()
+        self.metrics.active_sessions.inc()
+        try:
+            await conn.run()
+        finally:
+            self._connections.discard(conn)
+            self.metrics.active_sessions.dec()
+            self.metrics.sessions_ended.labels(conn.outcome).inc()
+            self.metrics.session_duration.observe(time.monotonic() - started)
+            log.info(
+                "session=%s event=end outcome=%s received_s=%.2f transcribed_s=%.2f wall_s=%.2f",
+                session_id, conn.outcome, conn.session.audio_received_s, conn.session.audio_transcribed_s, time.monotonic() - started,
+            )
+
+    def _options_for(self, ws: ServerConnection) -> StreamOptions:
+        if self._stopping:
+            raise ShuttingDown("the server is shutting down; connect to another instance", retry_after=5.0)
+        if self.runner is None:
+            raise NotReady("the model is still loading; retry shortly", retry_after=2.0)
+        query = parse_qs(urlsplit(ws.request.path if ws.request else "").query, keep_blank_values=True)
+        return parse_stream_options(query, self.runner.languages)
+
+    async def _refuse(self, ws: ServerConnection, writer: MessageWriter, error: AsrError, session_id: str) -> None:
+        self.metrics.errors.labels(error.code).inc()
+        self.metrics.sessions_ended.labels("refused").inc()
+        log.info("session=%s event=refused code=%s message=%s", session_id, error.code, error.message)
+        try:
+            await ws.send(json.dumps(writer.error(error)))
+            await ws.close(wire_info(error).close_code or 1008, error.code)
+        except ConnectionClosed:
+            pass
+
+
+def _response(status: http.HTTPStatus, body: bytes, content_type: str) -> Response:
+    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")])
+    return Response(status.value, status.phrase, headers, body)
+
+
+class Connection:
+    """The shell around one :class:`Session`."""
+
+    def __init__(self, server: AsrServer, ws: ServerConnection, session: Session) -> None:
+        self.server = server
+        self.ws = ws
+        self.session = session
+        self.options = session.options
+        self.limits: Limits = server.limits
+        self.metrics = server.metrics
+        self.done = asyncio.Event()
+        self.outcome = "disconnected"
+        self._lock = asyncio.Lock()  # one session call and its sends at a time: keeps seq order
+        self._progress = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        # (samples received so far, monotonic time) per audio chunk, for latency metrics; bounded.
+        self._arrivals: list[tuple[int, float]] = []
+        self._first_audio_at: float | None = None
+        self._first_interim_seen = False
+        self._pcm = None if self.options.is_container else PcmDecoder(self.options.encoding, self.options.sample_rate or 16000, self.options.channels)
+        self._container: ContainerDecoder | None = None
+        self._container_task: asyncio.Task[None] | None = None
+        self._ending = False
+
+    @property
+    def sid(self) -> str:
+        return self.session.session_id
+
+    async def run(self) -> None:
+        log.info("session=%s event=start options=%s", self.sid, json.dumps(self.options.to_wire(), separators=(",", ":")))
+        try:
+            await self._apply(self.session.start())
+            if self.options.is_container:
+                self._container = ContainerDecoder(self.options.encoding, self.options.channels, self.limits.max_container_buffer_bytes)
+                self._container_task = self._spawn(self._pump_container())
+            reader = asyncio.ensure_future(self._read())
+            finished = asyncio.ensure_future(self.done.wait())
+            await asyncio.wait([reader, finished], return_when=asyncio.FIRST_COMPLETED)
+            reader.cancel()
+            finished.cancel()
+        except ConnectionClosed:
+            pass
+        except Exception:
+            log.exception("session=%s event=crash", self.sid)
+            self.outcome = "server_error"
+            await self._apply_safely(self.session.fail(InternalError("internal error; the session was closed")))
+        finally:
+            await self._cleanup()
+
+    async def shut_down(self) -> None:
+        """Server stopping: tell the client, finalize what is held, close 1001."""
+        await self._apply_safely(self.session.fail(ShuttingDown("the server is shutting down; reconnect to another instance", retry_after=5.0)))
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                while self.session.backpressured and not self.done.is_set():
+                    self._progress.clear()
+                    await self._progress.wait()
+                try:
+                    frame = await asyncio.wait_for(self.ws.recv(), timeout=self.limits.idle_timeout_s)
+                except TimeoutError:
+                    if self._ending:
+                        continue  # waiting for our own decodes, not for the client
+                    await self._fail(IdleTimeout(f"no audio or message for {self.limits.idle_timeout_s:g} s"))
+                    continue
+                if self._ending:
+                    continue  # after close / a fatal error, input is ignored until we close
+                if isinstance(frame, bytes):
+                    await self._on_audio(frame)
+                else:
+                    await self._on_text(frame)
+        except ConnectionClosed:
+            if not self.done.is_set():
+                log.info("session=%s event=disconnect", self.sid)
+            self.done.set()
+
+    async def _on_audio(self, data: bytes) -> None:
+        if len(data) > self.limits.max_frame_bytes:
+            await self._fail(FrameTooLarge(f"binary frame of {len(data)} bytes exceeds the limit of {self.limits.max_frame_bytes}"))
+            return
+        if self._first_audio_at is None:
+            self._first_audio_at = time.monotonic()
+        if self._container is not None:
+            self._container.feed(data)
+            while not self._container.has_room() and not self.done.is_set():
+                await asyncio.sleep(0.01)  # rare: the decoder thread is behind by max_container_buffer_bytes
+            return
+        assert self._pcm is not None
+        try:
+            planar = self._pcm.feed(data)
+        except AsrError as error:
+            await self._fail(error)
+            return
+        await self._audio(planar)
+
+    async def _audio(self, planar: np.ndarray) -> None:
+        async with self._lock:
+            outputs = self.session.receive_audio(planar)
+            self._arrivals.append((self.session.received_samples, time.monotonic()))
+            if len(self._arrivals) > 8192:
+                del self._arrivals[:4096]
+            self.metrics.audio_received.inc(planar.shape[1] / 16000)
+            await self._carry_out(outputs)
+
+    async def _on_text(self, text: str) -> None:
+        try:
+            command = parse_client_message(text)
+        except AsrError as error:
+            await self._fail(error)
+            return
+        match command:
+            case Finalize():
+                log.info("session=%s event=finalize", self.sid)
+                await self._apply(self.session.finalize())
+            case CloseStream():
+                log.info("session=%s event=close_requested", self.sid)
+                self._ending = True
+                await self._end_of_input()
+            case KeepAlive():
+                pass
+
+    async def _end_of_input(self) -> None:
+        if self._container is not None:
+            self._container.end()
+            if self._container_task is not None:
+                await asyncio.shield(self._container_task)
+        elif self._pcm is not None:
+            tail = self._pcm.flush()
+            if tail.shape[1]:
+                await self._audio(tail)
+        await self._apply(self.session.end_of_stream())
+
+    async def _pump_container(self) -> None:
+        """Run the container decoder in a thread; feed its audio in order."""
+        assert self._container is not None
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[np.ndarray | AsrError | None] = asyncio.Queue(maxsize=8)
+        decoder = self._container
+
+        def work() -> None:
+            def put(item: np.ndarray | AsrError | None) -> bool:
+                future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+                while True:
+                    try:
+                        future.result(timeout=0.5)
+                        return True
+                    except TimeoutError:
+                        if self.done.is_set():
+                            future.cancel()
+                            return False
+
+            try:
+                for planar in decoder.frames():
+                    if not put(planar):
+                        return
+            except AsrError as error:
+                put(error)
+                return
+            except Exception:
+                log.exception("session=%s event=container_decoder_crash", self.sid)
+                put(InternalError("audio decoding failed"))
+                return
+            put(None)
+
+        # A thread of its own (not the shared executor): it lives as long as the stream.
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def run_thread() -> None:
+            try:
+                work()
+            finally:
+                loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(None))
+
+        threading.Thread(target=run_thread, name=f"decode-{self.sid}", daemon=True).start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                if isinstance(item, AsrError):
+                    await self._fail(item)
+                    break
+                while self.session.backpressured and not self.done.is_set():
+                    self._progress.clear()
+                    await self._progress.wait()
+                await self._audio(item)
+        finally:
+            decoder.close()
+            await asyncio.shield(finished)
+
+    # -- carrying out the core's outputs ---------------------------------------------
+
+    async def _fail(self, error: AsrError) -> None:
+        self.metrics.errors.labels(error.code).inc()
+        log.info("session=%s event=error code=%s message=%s", self.sid, error.code, error.message)
+        if wire_info(error).close_code is not None:
+            self._ending = True
+            self.outcome = "server_error" if error.code in ("internal_error", "inference_failed") else "client_error"
+            if error.code == "shutting_down":
+                self.outcome = "shutdown"
+            if self._container is not None:
+                self._container.close()
+        await self._apply(self.session.fail(error))
+
+    async def _apply(self, outputs: list[SessionOutput]) -> None:
+        async with self._lock:
+            await self._carry_out(outputs)
+
+    async def _apply_safely(self, outputs: list[SessionOutput]) -> None:
+        try:
+            await self._apply(outputs)
+        except ConnectionClosed:
+            self.done.set()
+
+    async def _carry_out(self, outputs: list[SessionOutput]) -> None:
+        """Caller holds the lock."""
+        for output in outputs:
+            match output:
+                case Send():
+                    self._observe(output)
+                    await self.ws.send(json.dumps(output.message, separators=(",", ":")))
+                case Submit():
+                    self._spawn(self._decode(output))
+                case Close():
+                    if output.code == 1000 and self.outcome == "disconnected":
+                        self.outcome = "completed"
+                    await self.ws.close(output.code, output.reason)
+                    self.done.set()
+
+    async def _decode(self, submit: Submit) -> None:
+        scheduler = self.server.scheduler
+        assert scheduler is not None
+        try:
+            hypothesis = await scheduler.decode(self.sid, submit.job)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            await self._fail(InferenceFailed("the model failed to decode this audio"))
+            return
+        try:
+            await self._apply(self.session.job_done(submit.job, hypothesis))
+        except ConnectionClosed:
+            self.done.set()
+        except Exception:
+            log.exception("session=%s event=crash", self.sid)
+            await self._fail(InternalError("internal error; the session was closed"))
+        self._progress.set()
+
+    def _observe(self, send: Send) -> None:
+        event = send.event
+        now = time.monotonic()
+        if isinstance(event, Interim) and not self._first_interim_seen and self._first_audio_at is not None:
+            self._first_interim_seen = True
+            self.metrics.first_interim.observe(now - self._first_audio_at)
+        elif isinstance(event, Final):
+            self.metrics.audio_transcribed.inc(max(0.0, event.end - event.start))
+            arrived = self._arrival_of(int(event.speech_end * 16000))
+            if arrived is not None and event.text:
+                self.metrics.final_latency.observe(max(0.0, now - arrived))
+            log.info(
+                "session=%s event=final channel=%d utterance=%d reason=%s chars=%d",
+                self.sid, event.channel, event.utterance, event.reason.value, len(event.text),
+            )
+        elif send.message["type"] == "error":
+            pass
+
+    def _arrival_of(self, sample: int) -> float | None:
+        """When the audio up to ``sample`` had arrived (None if long forgotten)."""
+        i = bisect.bisect_left(self._arrivals, sample, key=lambda a: a[0])
+        return self._arrivals[i][1] if i < len(self._arrivals) else None
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _cleanup(self) -> None:
+        self.done.set()
+        self._progress.set()
+        if self._container is not None:
+            self._container.close()
+        if self.server.scheduler is not None:
+            self.server.scheduler.cancel_owner(self.sid)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.ws.state.name != "CLOSED":
+            try:
+                await asyncio.wait_for(self.ws.close(1000 if self.outcome == "completed" else 1011), timeout=2)
+            except (ConnectionClosed, TimeoutError):
+                pass
