@@ -194,7 +194,8 @@ class ChannelDecoder:
             language=self.options.language,
             prompt=self._prompt,
             prefix="" if final else utt.agreement.stable_text,
-            word_timestamps=final and self.options.word_timestamps,
+            # Finals are always aligned: the guards use word timing even when the client did not ask for it.
+            word_timestamps=final,
         )
         job = DecodeJob(self.channel, utt.index, request, speculative, end)
         self._in_flight = job
@@ -231,6 +232,7 @@ class ChannelDecoder:
         text = hyp.text
         base = utt.start / MODEL_RATE
         words = tuple(Word(w.word, round(base + w.start, 3), round(base + w.end, 3), w.probability) for w in hyp.words)
+        sent_words = words if self.options.word_timestamps else ()
         start, end = utt.speech_at / MODEL_RATE, utt.ended.end / MODEL_RATE
         if words:
             start, end = words[0].start, min(end, max(words[-1].end, words[0].start))
@@ -247,7 +249,7 @@ class ChannelDecoder:
                 start=round(start, 3),
                 end=round(end, 3),
                 reason=utt.ended.reason,
-                words=words,
+                words=sent_words,
                 speech_end=round(max(utt.last_voiced_end, utt.start) / MODEL_RATE, 3),
             )
         ]

@@ -87,6 +87,44 @@ def _collapse_stutter(word: Word) -> Word:
     return replace(word, word="-".join(kept))
 
 
+def _strip_trailing_phantoms(words: list[Word], audio_s: float) -> list[Word]:
+    """Drop words the model appended after the audio ran out.
+
+    A hallucinated tail ("Thank you for watching.") is aligned as words of
+    zero length piled up at the very end of the audio, usually led by a word
+    of near-zero probability. Two zero-length words cannot be speech.
+    """
+    end = len(words)
+    while end and words[end - 1].end - words[end - 1].start < 0.02 and words[end - 1].start >= audio_s - 0.3:
+        end -= 1
+    phantoms = words[end:]
+    if len(phantoms) == 1 and phantoms[0].probability >= 0.5:
+        end = len(words)  # one short last word, confidently heard: a clipped real word
+    kept = words[:end]
+    if phantoms and end < len(words):
+        while kept and kept[-1].probability < 0.05 and kept[-1].end >= audio_s - 0.5:
+            kept.pop()
+    return _strip_trailing_stock_phrase(kept, audio_s)
+
+
+def _strip_trailing_stock_phrase(words: list[Word], audio_s: float) -> list[Word]:
+    """Drop a stock phrase ("Thank you.") tacked on at the end with a near-zero-probability start."""
+    keys = [normalize_word(w.word) for w in words]
+    for n in range(min(6, len(words) - 1), 0, -1):
+        if " ".join(keys[-n:]) in HALLUCINATIONS:
+            tail = words[-n:]
+            at_end = tail[-1].end >= audio_s - 0.4
+            if tail[0].probability < 0.02 or (tail[0].probability < 0.1 and at_end):
+                return words[:-n]
+    return words
+
+
+def _is_babble(word: Word) -> bool:
+    """A token loop inside one word ("UHUHUHHUHUH"), which no language has."""
+    key = normalize_word(word.word)
+    return len(key) >= 10 and (len(set(key)) <= 3 or (len(key) >= 16 and _compression_ratio(key) > 2.5))
+
+
 def _compression_ratio(text: str) -> float:
     data = text.encode()
     return len(data) / max(1, len(zlib.compress(data)))
@@ -107,7 +145,14 @@ def guard(hyp: Hypothesis, audio_s: float, voiced_s: float) -> Hypothesis:
     norm = _normalized(hyp.text)
     if norm in HALLUCINATIONS and (voiced_s < 0.5 or hyp.avg_logprob < -0.8 or hyp.no_speech_prob > 0.4):
         return replace(hyp, text="", words=(), dropped=("hallucination",))
-    destuttered = [_collapse_stutter(u) for u in units]
+    if hyp.words:
+        trimmed = _strip_trailing_phantoms(units, audio_s)
+        if len(trimmed) < len(units):
+            dropped.append("trailing_hallucination")
+            units = trimmed
+            if not units:
+                return replace(hyp, text="", words=(), dropped=tuple(dropped))
+    destuttered = [_collapse_stutter(u) for u in units if not _is_babble(u)]
     collapsed = _collapse_loops(destuttered)
     if len(collapsed) < len(units) or destuttered != units:
         dropped.append("repetition")

@@ -193,6 +193,7 @@ class WhisperRunner:
                 # Keep the model's leading space: it says whether the word joins the one before ("cold" "-hearted").
                 words.append(Word(w.word, round(float(w.start), 3), round(float(w.end), 3), round(float(w.probability), 4)))
         n = max(1, len(segments))
+        log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", request.kind.value, request.duration, request.prompt, request.prefix, text)
         return Hypothesis(
             text=" ".join(text.split()),
             words=tuple(w for w in words if w.word.strip()),

@@ -1,0 +1,153 @@
+"""``asr-client``: caption a file or the microphone from a terminal.
+
+    asr-client file PATH [--fast] [--json]
+    asr-client mic [--device N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+from typing import Any, TextIO
+
+from .client import MODEL_RATE, Transcript, connect, stream_file
+
+DEFAULT_URL = "ws://127.0.0.1:8765"
+
+
+class Display:
+    """Interims rewrite the current line in place; finals stay.
+
+    On a terminal the live line is redrawn with a carriage return; when the
+    output is a pipe or file only finals are printed, one per line.
+    """
+
+    def __init__(self, out: TextIO, channels: int = 1) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.channels = channels
+        self._live = False
+
+    def _label(self, message: dict[str, Any]) -> str:
+        return f"[ch{message['channel']}] " if self.channels > 1 else ""
+
+    def show(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "interim" and self.tty:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            line = self._label(message) + message["text"]
+            # Show the end of a long line: that is where the words are arriving.
+            self.out.write("\r\x1b[K\x1b[2m" + line[-width:] + "\x1b[0m")
+            self._live = True
+        elif kind == "final":
+            if self._live:
+                self.out.write("\r\x1b[K")
+                self._live = False
+            if message["text"]:
+                self.out.write(self._label(message) + message["text"] + "\n")
+        elif kind == "error":
+            self.clear()
+            print(f"error {message['code']}: {message['message']}", file=sys.stderr)
+        self.out.flush()
+
+    def clear(self) -> None:
+        if self._live:
+            self.out.write("\r\x1b[K")
+            self._live = False
+            self.out.flush()
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {"language": args.language, "endpoint_ms": args.endpoint_ms}
+    if args.no_interim:
+        opts["interim_results"] = False
+    return opts
+
+
+async def run_file(args: argparse.Namespace) -> int:
+    display = Display(sys.stdout)
+    status = 0
+    async for item in stream_file(args.url, args.path, realtime=not args.fast, channels=args.channels, **_options(args)):
+        message = item.message
+        if message["type"] == "session":
+            display.channels = message["config"]["channels"]
+        if args.json:
+            print(json.dumps(message), flush=True)
+        else:
+            display.show(message)
+        if message["type"] == "error" and not message.get("retryable", False):
+            status = 1
+    display.clear()
+    return status
+
+
+async def run_mic(args: argparse.Namespace) -> int:
+    try:
+        import sounddevice  # type: ignore[import-not-found]
+    except (ImportError, OSError) as exc:
+        print(f"asr-client mic needs the 'mic' extra (pip install 'asr-client[mic]') and PortAudio: {exc}", file=sys.stderr)
+        return 2
+    loop = asyncio.get_running_loop()
+    audio: asyncio.Queue[bytes] = asyncio.Queue(maxsize=50)
+
+    def on_audio(indata: Any, frames: int, time_info: Any, status: Any) -> None:
+        data = bytes(indata)
+        loop.call_soon_threadsafe(lambda: audio.full() or audio.put_nowait(data))
+
+    display = Display(sys.stdout)
+    transcript = Transcript()
+    async with connect(args.url, encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=1, **_options(args)) as stream:
+        with sounddevice.RawInputStream(samplerate=MODEL_RATE, channels=1, dtype="int16", blocksize=1600, device=args.device, callback=on_audio):
+            print("listening; Ctrl-C to stop", file=sys.stderr)
+
+            async def pump() -> None:
+                while True:
+                    await stream.send_audio(await audio.get())
+
+            sender = asyncio.create_task(pump())
+            try:
+                async for message in stream:
+                    transcript.apply(message)
+                    print(json.dumps(message), flush=True) if args.json else display.show(message)
+            except asyncio.CancelledError:
+                pass
+            finally:
+                sender.cancel()
+    display.clear()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="asr-client", description="Live captions from asr-server.")
+    p.add_argument("--url", default=DEFAULT_URL, help=f"server address (default {DEFAULT_URL})")
+    p.add_argument("--language", default="en")
+    p.add_argument("--endpoint-ms", type=int, default=500)
+    p.add_argument("--no-interim", action="store_true", help="finals only")
+    p.add_argument("--json", action="store_true", help="print every server message as JSON")
+    sub = p.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("file", help="transcribe an audio file (any format PyAV reads)")
+    f.add_argument("path")
+    f.add_argument("--fast", action="store_true", help="send as fast as the server accepts instead of real-time pace")
+    f.add_argument("--channels", type=int, default=None, help="1 mixes down; default keeps the file's channels")
+    m = sub.add_parser("mic", help="caption the microphone live")
+    m.add_argument("--device", default=None, help="input device name or number (see python -m sounddevice)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    runner = run_file if args.command == "file" else run_mic
+    try:
+        return asyncio.run(runner(args))
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"asr-client: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
