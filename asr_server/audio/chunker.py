@@ -199,11 +199,11 @@ class Chunker:
         """Start of the quietest frame (3-frame smoothed) in the recent part of the utterance."""
         frames = self._energy
         first = max(1, int(len(frames) * (1 - self.options.cut_search_fraction)))
-        best_at, best = frames[-1][0], float("inf")
+        best_at, best = frames[-1][0], (float("inf"), float("inf"))
         for i in range(first, len(frames)):
             window = [e for _, e in frames[max(0, i - 1) : i + 2]]
-            level = sum(window) / len(window)
-            if level < best:
+            level = (sum(window) / len(window), frames[i][1])  # ties go to the quieter frame itself
+            if level <= best:  # among equals, the latest: fewer, longer pieces
                 best_at, best = frames[i][0], level
         return best_at
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import webrtcvad
@@ -30,6 +31,8 @@ class VadOptions:
     aggressiveness: int = 2  # webrtcvad mode 0 (permissive) .. 3 (strict)
     window: int = 5
     threshold: int = 3
+    # Frames quieter than this are never speech: webrtcvad alone calls faint hiss voiced.
+    min_rms_dbfs: float = -50.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.aggressiveness <= 3:
@@ -56,9 +59,12 @@ class VadFrame:
 class VadGate:
     """Feed any amount of audio; get whole frames back with a smoothed decision."""
 
-    def __init__(self, options: VadOptions = VadOptions()) -> None:
+    def __init__(self, options: VadOptions = VadOptions(), classifier: Callable[[bytes], bool] | None = None) -> None:
+        """``classifier`` replaces webrtcvad (16-bit PCM frame in, voiced out); tests use it."""
         self.options = options
-        self._vad = webrtcvad.Vad(options.aggressiveness)
+        vad = webrtcvad.Vad(options.aggressiveness)
+        self._floor = 10 ** (options.min_rms_dbfs / 20)
+        self._is_voiced = classifier or (lambda pcm: vad.is_speech(pcm, MODEL_RATE))
         self._pending = np.zeros(0, np.float32)
         self._position = 0
         self._votes: deque[tuple[int, bool]] = deque(maxlen=options.window)
@@ -88,7 +94,8 @@ class VadGate:
 
     def _classify(self, samples: np.ndarray) -> VadFrame:
         pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
-        voiced = self._vad.is_speech(pcm, MODEL_RATE)
+        loud = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) >= self._floor
+        voiced = loud and self._is_voiced(pcm)
         start = self._position
         self._position += FRAME_SAMPLES
         self._votes.append((start, voiced))

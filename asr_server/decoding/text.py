@@ -81,7 +81,7 @@ def _collapse_stutter(word: Word) -> Word:
         return word
     kept: list[str] = []
     for p in parts:
-        if len(kept) >= MAX_REPEATS and all(k.lower() == p.lower() for k in kept[-MAX_REPEATS:]):
+        if len(kept) >= MAX_REPEATS and all(k.strip().lower() == p.strip().lower() for k in kept[-MAX_REPEATS:]):
             continue
         kept.append(p)
     return replace(word, word="-".join(kept))
@@ -152,7 +152,7 @@ def guard(hyp: Hypothesis, audio_s: float, voiced_s: float) -> Hypothesis:
             units = trimmed
             if not units:
                 return replace(hyp, text="", words=(), dropped=tuple(dropped))
-    destuttered = [_collapse_stutter(u) for u in units if not _is_babble(u)]
+    destuttered = [w for w in (_collapse_stutter(u) for u in units) if not _is_babble(w)]
     collapsed = _collapse_loops(destuttered)
     if len(collapsed) < len(units) or destuttered != units:
         dropped.append("repetition")

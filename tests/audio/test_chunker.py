@@ -1,0 +1,88 @@
+import numpy as np
+import pytest
+
+from asr_server.audio.chunker import (
+    Chunker,
+    ChunkerOptions,
+    EndReason,
+    UtteranceAudio,
+    UtteranceEnded,
+    UtterancePaused,
+    UtteranceStarted,
+)
+from asr_server.audio.vad import FRAME_SAMPLES, VadFrame
+
+
+def frames(pattern: str, start: int = 0, level: float = 0.1, quiet_at: set[int] = frozenset()):
+    """VadFrames from a pattern of 'S' (speech) and '.' (silence), 30 ms each."""
+    out = []
+    for i, ch in enumerate(pattern):
+        amp = 0.001 if (ch == "." or (start + i) in quiet_at) else level
+        out.append(VadFrame((start + i) * FRAME_SAMPLES, np.full(FRAME_SAMPLES, amp, np.float32), ch == "S"))
+    return out
+
+
+def kinds(events):
+    return [type(e).__name__ for e in events if not isinstance(e, UtteranceAudio)]
+
+
+def test_endpoint_after_trailing_silence_with_pause_first():
+    c = Chunker(ChunkerOptions(endpoint_ms=300, tail_ms=120, preroll_ms=90))
+    events = c.feed(frames("...SSSS" + "." * 12))
+    assert kinds(events) == ["UtteranceStarted", "UtterancePaused", "UtteranceEnded"]
+    started = events[0]
+    assert isinstance(started, UtteranceStarted) and started.start == 0 and started.speech_at == 3 * FRAME_SAMPLES
+    paused = next(e for e in events if isinstance(e, UtterancePaused))
+    ended = next(e for e in events if isinstance(e, UtteranceEnded))
+    speech_end = 7 * FRAME_SAMPLES
+    assert paused.end == ended.end == speech_end + 120 * 16
+    assert ended.reason is EndReason.ENDPOINT
+
+
+def test_audio_is_contiguous_and_covers_preroll():
+    c = Chunker(ChunkerOptions(preroll_ms=60))
+    events = c.feed(frames(".....SSS"))
+    audio = [e for e in events if isinstance(e, UtteranceAudio)]
+    assert sum(len(a.samples) for a in audio) == 5 * FRAME_SAMPLES  # 2 preroll + 3 speech
+    assert sum(a.voiced for a in audio) == 3 * FRAME_SAMPLES
+
+
+def test_short_pause_does_not_end_utterance():
+    c = Chunker(ChunkerOptions(endpoint_ms=500))
+    events = c.feed(frames("SSSS" + "." * 10 + "SSSS"))
+    assert kinds(events) == ["UtteranceStarted", "UtterancePaused"]
+    assert c.in_speech
+
+
+def test_finalize_and_end_of_stream_close_the_open_utterance():
+    c = Chunker()
+    c.feed(frames("SSSS"))
+    (ended,) = c.end(EndReason.FINALIZE)
+    assert ended.reason is EndReason.FINALIZE and ended.end == 4 * FRAME_SAMPLES
+    assert c.end(EndReason.END_OF_STREAM) == []
+    events = c.feed(frames("SS", start=4))
+    assert isinstance(events[0], UtteranceStarted) and events[0].utterance == 1
+
+
+def test_max_length_cuts_at_the_quietest_recent_frame():
+    opts = ChunkerOptions(max_utterance_s=3.0, cut_search_fraction=0.3)
+    c = Chunker(opts)
+    n = int(3.0 * 16000 / FRAME_SAMPLES) + 1
+    events = c.feed(frames("S" * n, quiet_at={90}))
+    ends = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert len(ends) == 1 and ends[0].reason is EndReason.MAX_LENGTH
+    assert ends[0].end == 90 * FRAME_SAMPLES
+    cont = [e for e in events if isinstance(e, UtteranceStarted) and e.continuation]
+    assert cont and cont[0].start == ends[0].end and cont[0].utterance == 1
+
+
+@pytest.mark.parametrize("seconds", [25, 61])
+def test_long_speech_without_pauses_stays_bounded(seconds):
+    c = Chunker(ChunkerOptions(max_utterance_s=20.0))
+    n = seconds * 16000 // FRAME_SAMPLES
+    events = c.feed(frames("S" * n))
+    starts = [e.start for e in events if isinstance(e, UtteranceStarted)]
+    ends = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert len(ends) == seconds // 20
+    lengths = [e.end - s for s, e in zip(starts, ends)]
+    assert all(length <= 20 * 16000 for length in lengths)

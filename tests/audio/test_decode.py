@@ -1,0 +1,111 @@
+import threading
+
+import numpy as np
+import pytest
+
+from asr_server.audio.decode import ContainerDecoder, PcmDecoder, alaw_to_float, mulaw_to_float
+from asr_server.errors import AsrError, AudioFormatMismatch, InvalidAudio
+
+from ..harness import FIXTURES, MANIFEST
+
+
+def decode_all(decoder: PcmDecoder, data: bytes, piece: int) -> np.ndarray:
+    parts = [decoder.feed(data[i : i + piece]) for i in range(0, len(data), piece)]
+    parts.append(decoder.flush())
+    return np.concatenate(parts, axis=1)
+
+
+def test_s16_at_16k_is_exact_and_split_anywhere():
+    rng = np.random.default_rng(1)
+    samples = rng.integers(-32768, 32767, 3200, dtype=np.int16)
+    data = samples.astype("<i2").tobytes()
+    for piece in (1, 3, 7, 640, len(data)):
+        out = decode_all(PcmDecoder("pcm_s16le", 16000, 1), data, piece)
+        np.testing.assert_allclose(out[0], samples / 32768.0, atol=1e-7)
+
+
+def test_interleaved_channels_are_separated():
+    left = np.full(1600, 0.25, np.float32)
+    right = np.full(1600, -0.5, np.float32)
+    data = np.stack([left, right], axis=1).astype("<f4").tobytes()
+    out = decode_all(PcmDecoder("pcm_f32le", 16000, 2), data, 1001)
+    assert out.shape == (2, 1600)
+    np.testing.assert_allclose(out[0], 0.25)
+    np.testing.assert_allclose(out[1], -0.5)
+
+
+@pytest.mark.parametrize("rate", [8000, 11025, 22050, 44100, 48000])
+def test_resampling_keeps_duration_and_pitch(rate):
+    t = np.arange(rate) / rate  # one second of a 440 Hz tone
+    tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype("<f4")
+    out = decode_all(PcmDecoder("pcm_f32le", rate, 1), tone.tobytes(), rate // 10 * 4)
+    assert abs(out.shape[1] - 16000) <= 32
+    spectrum = np.abs(np.fft.rfft(out[0][:16000]))
+    assert abs(np.argmax(spectrum) * 16000 / 16000 - 440) <= 2
+
+
+def test_g711_tables_match_reference_points():
+    # ITU-T G.711: mu-law 0xFF and A-law 0xD5 are the smallest positive codes; 0x00 / 0x2A the largest negative.
+    assert mulaw_to_float(b"\xff")[0] == 0.0
+    assert mulaw_to_float(b"\x00")[0] == pytest.approx(-32124 / 32768)
+    assert alaw_to_float(b"\xd5")[0] == pytest.approx(8 / 32768)
+    assert alaw_to_float(b"\x2a")[0] == pytest.approx(-32256 / 32768)
+
+
+def test_f32_nan_is_invalid_audio():
+    with pytest.raises(InvalidAudio):
+        PcmDecoder("pcm_f32le", 16000, 1).feed(np.array([0.1, np.nan], "<f4").tobytes())
+
+
+def run_container(data: bytes, encoding: str, channels: int = 1, piece: int = 3000):
+    decoder = ContainerDecoder(encoding, channels)
+
+    def feed():
+        for i in range(0, len(data), piece):
+            decoder.feed(data[i : i + piece])
+        decoder.end()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    out, error = [], None
+    try:
+        for chunk in decoder.frames():
+            out.append(chunk)
+    except AsrError as exc:
+        error = exc
+    feeder.join(5)
+    audio = np.concatenate(out, axis=1) if out else np.zeros((channels, 0), np.float32)
+    return audio, error
+
+
+@pytest.mark.parametrize("name", ["librivox.ogg", "librivox.webm", "librivox.mp3", "librivox.flac", "librivox_16k.wav"])
+def test_containers_decode_incrementally_to_full_length(name):
+    audio, error = run_container((FIXTURES / name).read_bytes(), MANIFEST[name]["encoding"])
+    assert error is None
+    expected = (FIXTURES / "librivox_16k.s16le").stat().st_size // 2
+    assert abs(audio.shape[1] - expected) < 16000 * 0.1
+    assert np.abs(audio).max() > 0.1
+
+
+@pytest.mark.parametrize("encoding", ["ogg", "webm", "wav", "mp3", "flac"])
+def test_garbage_bytes_are_invalid_audio(encoding):
+    data = np.random.default_rng(7).integers(0, 256, 20000, dtype=np.uint8).tobytes()
+    _, error = run_container(data, encoding)
+    assert isinstance(error, InvalidAudio)
+
+
+def test_truncated_ogg_yields_what_arrived():
+    data = (FIXTURES / "librivox.ogg").read_bytes()
+    audio, error = run_container(data[: len(data) // 3], "ogg")
+    assert error is None
+    assert 5 * 16000 < audio.shape[1] < 15 * 16000
+
+
+def test_container_channel_mismatch_is_refused():
+    _, error = run_container((FIXTURES / "librivox.ogg").read_bytes(), "ogg", channels=2)
+    assert isinstance(error, AudioFormatMismatch)
+
+
+def test_empty_container_stream_is_not_an_error():
+    audio, error = run_container(b"", "ogg")
+    assert error is None and audio.shape[1] == 0

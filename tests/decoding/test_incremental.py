@@ -1,0 +1,124 @@
+import numpy as np
+
+from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
+from asr_server.decoding.incremental import ChannelDecoder
+from asr_server.events import Final, Interim, SpeechStart, SubmitJob
+from asr_server.inference.whisper import DecodeKind, Hypothesis
+from asr_server.options import StreamOptions
+
+SR = 16000
+
+
+def audio(u, seconds, voiced=True):
+    n = int(seconds * SR)
+    return UtteranceAudio(u, np.full(n, 0.1, np.float32), voiced=n if voiced else 0)
+
+
+def only(events, kind):
+    return [e for e in events if isinstance(e, kind)]
+
+
+def test_interims_then_final_with_offsets_across_utterances():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500))
+    ev = d.feed([UtteranceStarted(0, 0, 4800), audio(0, 0.6)])
+    assert only(ev, SpeechStart)[0].at == 0.3
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.request.kind is DecodeKind.INTERIM
+    ev = d.job_done(job, Hypothesis("hello"))
+    (interim,) = only(ev, Interim)
+    assert (interim.offset, interim.text, interim.stable) == (0, "hello", 0)
+    ev = d.feed([UtteranceEnded(0, int(0.6 * SR), EndReason.ENDPOINT)])
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.request.kind is DecodeKind.FINAL and not job.speculative and job.request.word_timestamps
+    (final,) = only(d.job_done(job, Hypothesis("hello world")), Final)
+    assert (final.offset, final.text, final.reason) == (0, "hello world", EndReason.ENDPOINT)
+    # Next utterance starts after "hello world" and one space.
+    ev = d.feed([UtteranceStarted(1, SR, SR), audio(1, 0.6)])
+    job = only(ev, SubmitJob)[0].job
+    assert job.request.prompt == "hello world"
+    (interim,) = only(d.job_done(job, Hypothesis("again")), Interim)
+    assert interim.offset == len("hello world") + 1
+
+
+def test_one_decode_in_flight_per_channel():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=100))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 0.2)])
+    assert len(only(ev, SubmitJob)) == 1
+    for _ in range(5):
+        assert not only(d.feed([audio(0, 0.2)]), SubmitJob)
+    job = d.in_flight
+    ev = d.job_done(job, Hypothesis("a b"))
+    (nxt,) = only(ev, SubmitJob)
+    assert len(nxt.job.request.audio) == int(1.2 * SR)  # the newest audio, not a backlog
+
+
+def test_pause_decode_becomes_the_final_without_another_decode():
+    d = ChannelDecoder(0, StreamOptions(interim_results=False))
+    end = int(1.0 * SR)
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0), UtterancePaused(0, end)])
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.speculative and job.request.kind is DecodeKind.FINAL
+    assert not only(d.job_done(job, Hypothesis("hi there")), Final)  # not ended yet
+    ev = d.feed([audio(0, 0.3, voiced=False), UtteranceEnded(0, end, EndReason.ENDPOINT)])
+    assert not only(ev, SubmitJob)
+    (final,) = only(ev, Final)
+    assert final.text == "hi there"
+
+
+def test_pause_result_is_not_reused_when_speech_resumed():
+    d = ChannelDecoder(0, StreamOptions(interim_results=False))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0), UtterancePaused(0, SR)])
+    job = only(ev, SubmitJob)[0].job
+    d.feed([audio(0, 0.5)])  # speech again
+    d.job_done(job, Hypothesis("first part"))
+    ev = d.feed([UtteranceEnded(0, int(1.5 * SR), EndReason.ENDPOINT)])
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert not job.speculative and len(job.request.audio) == int(1.5 * SR)
+
+
+def test_finals_stay_in_order_when_utterances_end_during_a_decode():
+    d = ChannelDecoder(0, StreamOptions(interim_results=False))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 0.5), UtteranceEnded(0, 8000, EndReason.ENDPOINT),
+                 UtteranceStarted(1, 16000, 16000), audio(1, 0.5), UtteranceEnded(1, 24000, EndReason.ENDPOINT)])
+    first = only(ev, SubmitJob)[0].job
+    assert first.utterance == 0 and d.pending_finals == 2
+    ev = d.job_done(first, Hypothesis("one"))
+    assert only(ev, Final)[0].utterance == 0
+    second = only(ev, SubmitJob)[0].job
+    assert second.utterance == 1
+    (final,) = only(d.job_done(second, Hypothesis("two")), Final)
+    assert (final.utterance, final.offset) == (1, 4)
+
+
+def test_utterance_without_words_gets_an_empty_final_that_takes_no_room():
+    d = ChannelDecoder(0, StreamOptions(interim_results=False))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 0.5), UtteranceEnded(0, 8000, EndReason.ENDPOINT)])
+    d.job_done(only(ev, SubmitJob)[0].job, Hypothesis("one"))
+    ev = d.feed([UtteranceStarted(1, SR, SR), audio(1, 0.5), UtteranceEnded(1, SR + 8000, EndReason.ENDPOINT)])
+    (empty,) = only(d.job_done(only(ev, SubmitJob)[0].job, Hypothesis("")), Final)
+    assert empty.text == "" and empty.offset == 4
+    ev = d.feed([UtteranceStarted(2, 2 * SR, 2 * SR), audio(2, 0.5), UtteranceEnded(2, 2 * SR + 8000, EndReason.ENDPOINT)])
+    (final,) = only(d.job_done(only(ev, SubmitJob)[0].job, Hypothesis("three")), Final)
+    assert final.offset == 4
+
+
+def test_interim_decodes_force_the_stable_prefix():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=100))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 0.2)])
+    ev = d.job_done(only(ev, SubmitJob)[0].job, Hypothesis("the quick"))
+    d.feed([audio(0, 0.2)])
+    ev = d.job_done(d.in_flight, Hypothesis("the quick brown"))
+    d.feed([audio(0, 0.2)])
+    assert d.in_flight.request.prefix == "the quick"
+
+
+def test_max_length_continuation_keeps_the_audio_after_the_cut():
+    d = ChannelDecoder(0, StreamOptions(interim_results=False))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.0), UtteranceEnded(0, int(1.5 * SR), EndReason.MAX_LENGTH),
+                 UtteranceStarted(1, int(1.5 * SR), int(1.5 * SR), continuation=True)])
+    assert not only(ev, SpeechStart)[1:]  # a continuation is not a new speech start
+    job = only(ev, SubmitJob)[0].job
+    assert len(job.request.audio) == int(1.5 * SR)
+    d.job_done(job, Hypothesis("part one"))
+    ev = d.feed([audio(1, 0.5), UtteranceEnded(1, int(2.5 * SR), EndReason.ENDPOINT)])
+    assert len(only(ev, SubmitJob)[0].job.request.audio) == int(1.0 * SR)

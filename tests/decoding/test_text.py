@@ -1,0 +1,66 @@
+from asr_server.decoding.text import guard
+from asr_server.inference.whisper import Hypothesis, Word
+
+
+def words(spec):
+    return tuple(Word(" " + w, s, e, p) for w, s, e, p in spec)
+
+
+def test_clean_text_passes_unchanged():
+    h = Hypothesis("He might even have been made amiable himself.", avg_logprob=-0.2)
+    assert guard(h, 3.0, 2.5) == h
+
+
+def test_stock_phrase_on_little_speech_is_dropped():
+    assert guard(Hypothesis("Thank you.", avg_logprob=-0.9), 1.0, 0.2).text == ""
+    # ... but a clearly spoken one stays.
+    assert guard(Hypothesis("Thank you.", avg_logprob=-0.2), 1.2, 1.0).text == "Thank you."
+
+
+def test_no_speech_segment_is_dropped():
+    assert guard(Hypothesis("you", no_speech_prob=0.9, avg_logprob=-1.5), 1.0, 0.5).text == ""
+
+
+def test_repetition_loops_are_cut():
+    h = Hypothesis("I think " + "we we " * 10 + "can go")
+    out = guard(h, 5.0, 5.0)
+    assert out.text == "I think we we we can go"
+    assert "repetition" in out.dropped
+    loop = guard(Hypothesis("and then " * 8 + "stop"), 6.0, 6.0)
+    assert loop.text.count("and then") == 3
+
+
+def test_stutter_inside_a_word_is_cut():
+    assert guard(Hypothesis("y-y-y-y-y-y-y-yes"), 1.0, 1.0).text == "y-y-y-yes"
+
+
+def test_token_babble_is_dropped():
+    assert guard(Hypothesis("7 of hearts. UHUHUHHUHUHUHUHUHUHHUHUHUH"), 2.0, 1.0).text == "7 of hearts."
+
+
+def test_runaway_output_is_bounded_by_audio_length():
+    h = Hypothesis(" ".join(f"word{i}" for i in range(80)))
+    out = guard(h, 2.0, 2.0)
+    assert len(out.text.split()) <= 6 * 2 + 2
+    assert "runaway_length" in out.dropped
+
+
+def test_zero_length_words_after_the_audio_are_dropped():
+    spec = [("He", 0.2, 0.5, 0.9), ("was.", 0.5, 1.8, 0.9), ("Thank", 1.8, 2.0, 0.003),
+            ("you", 2.0, 2.0, 0.97), ("for", 2.0, 2.0, 0.12), ("watching.", 2.0, 2.0, 0.66)]
+    out = guard(Hypothesis("He was. Thank you for watching.", words(spec)), 2.0, 1.5)
+    assert out.text == "He was."
+    assert [w.word.strip() for w in out.words] == ["He", "was."]
+
+
+def test_improbable_stock_phrase_tacked_on_is_dropped():
+    spec = [("7", 0.2, 1.0, 0.66), ("of", 1.0, 1.3, 0.54), ("clubs.", 1.3, 1.5, 0.67), ("Thanks.", 1.5, 1.7, 0.013)]
+    assert guard(Hypothesis("7 of clubs. Thanks.", words(spec)), 2.0, 1.5).text == "7 of clubs."
+
+
+def test_hyphenated_words_rejoin_without_spaces():
+    spec = [("cold", 0.1, 0.4, 0.9), ("-hearted", 0.4, 0.8, 0.9), ("man", 0.8, 1.0, 0.9), ("man", 1.0, 1.1, 0.9),
+            ("man", 1.1, 1.2, 0.9), ("man", 1.2, 1.3, 0.9), ("man", 1.3, 1.4, 0.9)]
+    ws = tuple(Word(("" if w.startswith("-") else " ") + w, s, e, p) for w, s, e, p in spec)
+    out = guard(Hypothesis("cold-hearted man man man man man", ws), 2.0, 2.0)
+    assert out.text == "cold-hearted man man man"

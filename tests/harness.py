@@ -1,0 +1,147 @@
+"""Replay harness: stream a fixture through a real server and record every message.
+
+Used by the end-to-end tests and by bench/. Every message is kept with its
+arrival time (seconds since the first byte was sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asr_client import Timed, Transcript, stream_bytes
+
+from asr_server.inference.whisper import Runner
+from asr_server.options import Limits
+from asr_server.transport.websocket import AsrServer
+
+FIXTURES = Path(__file__).resolve().parent / "audio_fixtures"
+MANIFEST: dict[str, dict[str, Any]] = json.loads((FIXTURES / "manifest.json").read_text())
+
+_BYTES_PER_SAMPLE = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}
+
+
+@dataclass
+class Replay:
+    fixture: str
+    messages: list[Timed] = field(default_factory=list)
+    sent_until: float = 0.0  # when the client sent "close"
+
+    def of_type(self, kind: str) -> list[Timed]:
+        return [m for m in self.messages if m.message["type"] == kind]
+
+    def transcript(self) -> Transcript:
+        t = Transcript()
+        for m in self.messages:
+            t.apply(m.message)
+        return t
+
+    def final_text(self, channel: int = 0) -> str:
+        return " ".join(m.message["text"] for m in self.of_type("final") if m.message["channel"] == channel and m.message["text"])
+
+
+def load_mono(name: str) -> "np.ndarray":
+    """A fixture decoded to 16 kHz float mono (channel 0 for raw multi-channel files)."""
+    import av
+    import numpy as np
+
+    entry = MANIFEST[name]
+    from asr_server.audio.decode import PcmDecoder
+
+    if entry["encoding"] in _BYTES_PER_SAMPLE:
+        dec = PcmDecoder(entry["encoding"], entry["sample_rate"], entry["channels"])
+        out = np.concatenate([dec.feed((FIXTURES / name).read_bytes()), dec.flush()], axis=1)
+        return out[0]
+    parts = []
+    with av.open(str(FIXTURES / name)) as container:
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+        for frame in container.decode(audio=0):
+            parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+        parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(parts).astype(np.float32)
+
+
+def bytes_per_second(name: str) -> float:
+    entry = MANIFEST[name]
+    if entry["encoding"] in _BYTES_PER_SAMPLE:
+        return entry["sample_rate"] * entry["channels"] * _BYTES_PER_SAMPLE[entry["encoding"]]
+    size = (FIXTURES / name).stat().st_size
+    duration = max(end for spans in entry["spans"] for _, end in spans) + 1.0
+    return size / duration  # containers: pace by average bitrate
+
+
+async def replay(url: str, name: str, *, realtime: bool = False, chunk_ms: int = 100, **options: Any) -> Replay:
+    entry = MANIFEST[name]
+    data = (FIXTURES / name).read_bytes()
+    opts: dict[str, Any] = {"encoding": entry["encoding"], "channels": entry["channels"]}
+    if entry["encoding"] in _BYTES_PER_SAMPLE:
+        opts["sample_rate"] = entry["sample_rate"]
+    opts.update(options)
+    result = Replay(name)
+    async for item in stream_bytes(url, data, bytes_per_second=bytes_per_second(name), realtime=realtime, chunk_ms=chunk_ms, **opts):
+        result.messages.append(item)
+    return result
+
+
+class ServerThread:
+    """A real :class:`AsrServer` on 127.0.0.1 and a free port, in its own thread and loop."""
+
+    def __init__(self, runner: Runner | None, limits: Limits = Limits()) -> None:
+        self.runner = runner
+        self.limits = limits
+        self.server: AsrServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="test-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"ws://127.0.0.1:{self.server.port}"
+
+    @property
+    def http(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.port}"
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("test server did not start")
+        return self
+
+    def call(self, fn, *args):  # run fn in the server's loop and wait for it
+        assert self._loop is not None
+        done = threading.Event()
+        box: list[Any] = []
+        self._loop.call_soon_threadsafe(lambda: (box.append(fn(*args)), done.set()))
+        done.wait(10)
+        return box[0] if box else None
+
+    def set_runner(self, runner: Runner) -> None:
+        assert self.server is not None
+        self.call(self.server.set_runner, runner)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self.server = AsrServer("127.0.0.1", 0, self.limits, model_name="tiny.en")
+        await self.server.start()
+        if self.runner is not None:
+            self.server.set_runner(self.runner)
+        self._ready.set()
+        await self._stop.wait()
+        await self.server.stop(grace_s=5)

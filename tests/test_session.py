@@ -1,0 +1,113 @@
+import numpy as np
+import pytest
+
+from asr_server.errors import InferenceFailed, InvalidAudio, InvalidMessage
+from asr_server.options import StreamOptions
+from asr_server.session import Session
+
+from .fakes import FakeRunner, SyncDriver, words_for_length
+from .harness import MANIFEST, load_mono
+
+SENTENCE = "the quick brown fox jumps over the lazy dog"
+
+
+def driver(**options) -> SyncDriver:
+    return SyncDriver(Session("test", StreamOptions(**options)), FakeRunner(words_for_length(SENTENCE)))
+
+
+def speech() -> np.ndarray:
+    return load_mono("espeak_16k.wav").reshape(1, -1)
+
+
+def test_whole_stream_follows_the_protocol_rules():
+    d = driver()
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_jobs()
+    seqs = [m["seq"] for m in d.messages]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert d.messages[0]["type"] == "session" and d.messages[-1]["type"] == "closed"
+    assert d.close.code == 1000
+    finals = d.of_type("final")
+    assert len(finals) == len(MANIFEST["espeak_16k.wav"]["spans"][0])
+    transcript = ""
+    for m in d.messages:
+        if m["type"] == "final" and m["text"]:
+            assert m["offset"] == (len(transcript) + 1 if transcript else 0)
+            transcript = (transcript + " " + m["text"]).strip()
+        if m["type"] == "interim":
+            assert m["offset"] == (len(transcript) + 1 if transcript else 0)
+    for f in finals:  # an interim of the same utterance came first
+        assert any(i["utterance"] == f["utterance"] and i["seq"] < f["seq"] for i in d.of_type("interim"))
+    closed = d.messages[-1]
+    assert closed["audio_received_s"] == pytest.approx(speech().shape[1] / 16000, abs=0.01)
+    assert 0 < closed["audio_transcribed_s"] < closed["audio_received_s"]
+
+
+def test_sentence_finals_arrive_at_endpoints_not_at_close():
+    d = driver()
+    d.feed(speech())
+    assert len(d.of_type("final")) == len(MANIFEST["espeak_16k.wav"]["spans"][0])
+    assert all(f["reason"] == "endpoint" for f in d.of_type("final"))
+
+
+def test_silence_is_never_sent_to_the_model():
+    d = driver()
+    d.feed(np.zeros((1, 16000 * 5), np.float32))
+    d.apply(d.session.end_of_stream())
+    d.run_jobs()
+    assert d.runner.requests == []
+    assert [m["type"] for m in d.messages] == ["session", "closed"]
+
+
+def test_no_interims_when_disabled():
+    d = driver(interim_results=False)
+    d.feed(speech())
+    assert not d.of_type("interim") and d.of_type("final")
+
+
+def test_finalize_closes_the_current_utterance_now():
+    d = driver()
+    audio = speech()
+    first_sentence_mid = int(1.2 * 16000)
+    d.feed(audio[:, :first_sentence_mid])
+    d.apply(d.session.finalize())
+    d.run_jobs()
+    (final,) = d.of_type("final")
+    assert final["reason"] == "finalize"
+
+
+def test_recoverable_error_keeps_the_session_open():
+    d = driver()
+    d.apply(d.session.fail(InvalidMessage("bad json")))
+    assert d.close is None
+    d.feed(speech()[:, : 16000 * 3])
+    assert d.of_type("interim")
+
+
+def test_fatal_client_error_flushes_finals_then_closes_with_its_code():
+    d = driver()
+    d.feed(speech()[:, : int(1.5 * 16000)])  # mid-sentence
+    d.apply(d.session.fail(InvalidAudio("garbage")))
+    d.run_jobs()
+    types = [m["type"] for m in d.messages]
+    assert types.index("error") < types.index("final")
+    assert d.close.code == 1007 and "closed" not in types
+
+
+def test_server_fault_closes_at_once():
+    d = driver()
+    d.feed(speech()[:, : int(1.5 * 16000)])
+    d.apply(d.session.fail(InferenceFailed("boom")))
+    assert d.close.code == 1011
+    err = d.of_type("error")[0]
+    assert err["retryable"] is True and err["code"] == "inference_failed"
+
+
+def test_two_channels_are_transcribed_apart():
+    d = SyncDriver(Session("t", StreamOptions(channels=2)), FakeRunner(words_for_length(SENTENCE)))
+    mono = speech()
+    stereo = np.vstack([mono, np.zeros_like(mono)])
+    d.feed(stereo)
+    assert {m["channel"] for m in d.of_type("final")} == {0}
+    assert {m["channel"] for m in d.of_type("speech_start")} == {0}
