@@ -38,9 +38,12 @@ from .text import guard
 
 __all__ = ["ChannelDecoder", "PROMPT_CHARS"]
 
-# Context from earlier finals given to the model: enough for style and names,
-# short enough that a bad final cannot drag later ones into a loop.
-PROMPT_CHARS = 200
+# Context given to the model: the channel's previous final only, cut to this
+# many characters. Measured on the fixtures (README, "Decoding choices"): a
+# longer history lets one misheard word or a hallucinated "Thank you" spread
+# into every later final; the last final alone keeps style and names.
+PROMPT_CHARS = 120
+PROMPT_MIN_WORD_PROBABILITY = 0.5
 
 
 @dataclass(eq=False)
@@ -238,7 +241,10 @@ class ChannelDecoder:
             start, end = words[0].start, min(end, max(words[-1].end, words[0].start))
         if text:
             self._transcript_len = offset + len(text)
-            self._prompt = _tail_words(f"{self._prompt} {text}", PROMPT_CHARS)
+            # Only a confidently heard final becomes context: a doubtful word in the
+            # prompt is copied into the next final (measured: "old-sposed" twice).
+            confident = all(w.probability >= PROMPT_MIN_WORD_PROBABILITY for w in hyp.words)
+            self._prompt = _tail_words(text, PROMPT_CHARS) if confident else ""
         self.transcribed_samples += utt.ended.end - utt.start
         return [
             Final(

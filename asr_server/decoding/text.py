@@ -27,6 +27,8 @@ HALLUCINATIONS = frozenset(
         "thanks for watching",
         "thank you for watching",
         "thank you so much for watching",
+        "thank you very much",
+        "thank you so much",
         "please subscribe",
         "bye",
         "bye bye",

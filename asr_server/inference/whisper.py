@@ -35,6 +35,7 @@ __all__ = [
 log = logging.getLogger("asr_server.inference")
 
 DEFAULT_MODEL = "tiny.en"
+FINAL_TEMPERATURES: tuple[float, ...] = (0.0, 0.4, 0.8)
 SAMPLE_RATE = 16000
 
 # faster-whisper size names, which it downloads from the Hugging Face hub.
@@ -173,7 +174,7 @@ class WhisperRunner:
             language=request.language,
             beam_size=5 if final else 1,
             best_of=5 if final else 1,
-            temperature=(0.0, 0.4, 0.8) if final else 0.0,
+            temperature=FINAL_TEMPERATURES if final else 0.0,
             condition_on_previous_text=False,
             initial_prompt=request.prompt or None,
             prefix=request.prefix or None,

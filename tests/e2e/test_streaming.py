@@ -1,0 +1,160 @@
+"""End to end: real server on loopback, real embedded model, real fixtures."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import pytest
+
+from ..harness import FIXTURES, MANIFEST, Replay, load_mono, replay
+from ..wer import wer
+
+pytestmark = pytest.mark.e2e
+
+
+@functools.lru_cache(maxsize=None)
+def _offline_text(runner, name: str, channel: int = 0) -> str:
+    """faster-whisper's own transcription of the whole file with the same model."""
+    import numpy as np
+
+    if MANIFEST[name]["channels"] > 1:
+        from asr_server.audio.decode import PcmDecoder
+
+        e = MANIFEST[name]
+        dec = PcmDecoder(e["encoding"], e["sample_rate"], e["channels"])
+        audio = np.concatenate([dec.feed((FIXTURES / name).read_bytes()), dec.flush()], axis=1)[channel]
+    else:
+        audio = load_mono(name)
+    segments, _ = runner.model.transcribe(audio, language="en")
+    return " ".join(s.text for s in segments)
+
+
+def reference(name: str, channel: int = 0) -> str:
+    return " ".join(MANIFEST[name]["references"][channel])
+
+
+def check_protocol(r: Replay) -> None:
+    """The seq, offset and interim-before-final rules, on every message."""
+    msgs = [m.message for m in r.messages]
+    assert [m["seq"] for m in msgs] == list(range(1, len(msgs) + 1))
+    assert msgs[0]["type"] == "session" and msgs[-1]["type"] == "closed"
+    assert len({m["session_id"] for m in msgs}) == 1
+    transcripts: dict[int, str] = {}
+    seen_interim: set[tuple[int, int]] = set()
+    finished: set[tuple[int, int]] = set()
+    for m in msgs:
+        if m["type"] not in ("interim", "final"):
+            continue
+        key = (m["channel"], m["utterance"])
+        assert key not in finished, "a message after the utterance's final"
+        t = transcripts.get(m["channel"], "")
+        assert m["offset"] == (len(t) + 1 if t else 0)
+        if m["type"] == "interim":
+            assert 0 <= m["stable"] <= len(m["text"])
+            seen_interim.add(key)
+        else:
+            finished.add(key)
+            if m["text"]:
+                assert key in seen_interim, f"final without an interim before it: {m}"
+                transcripts[m["channel"]] = (t + " " + m["text"]).strip()
+            assert m["start"] <= m["end"]
+            for w in m["words"]:
+                assert m["start"] - 0.01 <= w["start"] <= w["end"] <= m["end"] + 0.01
+    # The client's transcript model rebuilds exactly the finals.
+    client = r.transcript()
+    for ch, text in transcripts.items():
+        assert client.final_text(ch) == text
+
+
+def check_stability(r: Replay) -> None:
+    """Later interims of an utterance never change its stable prefix."""
+    last: dict[tuple[int, int], tuple[str, int]] = {}
+    for m in (t.message for t in r.messages if t.message["type"] == "interim"):
+        key = (m["channel"], m["utterance"])
+        if key in last:
+            text, stable = last[key]
+            assert m["text"][:stable] == text[:stable]
+            assert m["stable"] >= stable
+        last[key] = (m["text"], m["stable"])
+
+
+def test_realtime_librivox_finals_arrive_at_each_sentence_end(live_server, whisper_runner):
+    name = "librivox_16k.s16le"
+    r = asyncio.run(replay(live_server.url, name, realtime=True))
+    check_protocol(r)
+    check_stability(r)
+    finals = [f for f in r.of_type("final") if f.message["text"]]
+    spans = MANIFEST[name]["spans"][0]
+    assert len(finals) == len(spans)
+    close_sent = max(e for _, e in spans) + 1.2  # audio length: the client sends close after it
+    for f, (_, end) in zip(finals, spans):
+        assert f.message["reason"] == "endpoint"
+        # Arrived while the stream was still running, soon after the sentence ended.
+        assert f.at < close_sent
+        assert f.at < end + 3.0, f"final for sentence ending at {end:.2f}s came at {f.at:.2f}s"
+    first_interim = r.of_type("interim")[0]
+    assert first_interim.at < spans[0][0] + 2.5
+    streamed = wer(reference(name), r.final_text())
+    offline = wer(reference(name), _offline_text(whisper_runner, name))
+    assert streamed <= offline + 0.02, (streamed, offline, r.final_text())
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["librivox.ogg", "librivox.webm", "librivox.mp3", "librivox.flac", "librivox_16k.wav", "cards_44k.f32le",
+     "espeak_16k.wav", "espeak_8k.mulaw", "espeak_8k.alaw"],
+)
+def test_every_encoding_transcribes_as_well_as_offline(live_server, whisper_runner, name):
+    r = asyncio.run(replay(live_server.url, name, realtime=False))
+    check_protocol(r)
+    ref = reference(name)
+    streamed = wer(ref, r.final_text())
+    offline = wer(ref, _offline_text(whisper_runner, name))
+    assert streamed <= offline + 0.02, (streamed, offline, r.final_text())
+    closed = r.of_type("closed")[0].message
+    duration = max(e for _, e in MANIFEST[name]["spans"][0])
+    assert closed["audio_received_s"] >= duration
+
+
+def test_two_channel_call_keeps_speakers_apart(live_server, whisper_runner):
+    name = "call_8k_stereo.s16le"
+    r = asyncio.run(replay(live_server.url, name, realtime=False))
+    check_protocol(r)
+    for ch in (0, 1):
+        streamed = wer(reference(name, ch), r.final_text(ch))
+        offline = wer(reference(name, ch), _offline_text(whisper_runner, name, ch))
+        assert streamed <= offline + 0.02, (ch, streamed, offline, r.final_text(ch))
+    finals = r.of_type("final")
+    assert {f.message["channel"] for f in finals} == {0, 1}
+
+
+def test_finalize_mid_sentence_gives_a_final_at_once(live_server):
+    from asr_client import connect, read_pcm
+
+    async def go():
+        pcm, _ = read_pcm(str(FIXTURES / "librivox_16k.wav"))
+        async with connect(live_server.url, encoding="pcm_s16le", sample_rate=16000) as s:
+            await s.send_audio(pcm[: 16000 * 2 * 3])  # 3 s: inside the first sentence
+            await s.finalize()
+            msgs = []
+            async for m in s:
+                msgs.append(m)
+                if m["type"] == "final":
+                    break
+            await s.close_stream()
+            async for m in s:
+                msgs.append(m)
+            return msgs, s.close_code
+
+    msgs, code = asyncio.run(go())
+    final = next(m for m in msgs if m["type"] == "final")
+    assert final["reason"] == "finalize" and "dashwood" in final["text"].lower()
+    assert msgs[-1]["type"] == "closed" and code == 1000
+
+
+def test_words_can_be_turned_off(live_server):
+    r = asyncio.run(replay(live_server.url, "cards_16k.wav", word_timestamps=False, interim_results=False))
+    assert not r.of_type("interim")
+    finals = r.of_type("final")
+    assert finals and all(f.message["words"] == [] for f in finals)
