@@ -246,7 +246,12 @@ class ChannelDecoder:
             confident = all(w.probability >= PROMPT_MIN_WORD_PROBABILITY for w in hyp.words)
             self._prompt = _tail_words(text, PROMPT_CHARS) if confident else ""
         self.transcribed_samples += utt.ended.end - utt.start
-        return [
+        out: list[PipelineEvent] = []
+        if self.options.interim_results and text and utt.last_interim is None:
+            # Guarantee: a client always sees an interim before a non-empty final, even
+            # when the utterance ended before any interim decode ran (audio sent fast).
+            out.append(Interim(self.channel, utt.index, offset, text, 0, round(utt.speech_at / MODEL_RATE, 3), round(utt.ended.end / MODEL_RATE, 3)))
+        return out + [
             Final(
                 channel=self.channel,
                 utterance=utt.index,

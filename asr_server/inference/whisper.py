@@ -143,7 +143,7 @@ def _download(size: str) -> str:
 class WhisperRunner:
     """A loaded faster-whisper model. Construct once; share across sessions."""
 
-    def __init__(self, model_path: str, device: str = "cpu", compute_type: str = "default", cpu_threads: int = 0) -> None:
+    def __init__(self, model_path: str, device: str = "cpu", compute_type: str = "auto", cpu_threads: int = 0) -> None:
         from faster_whisper import WhisperModel
 
         threads = cpu_threads or (os.cpu_count() or 1)

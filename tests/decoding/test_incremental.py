@@ -122,3 +122,11 @@ def test_max_length_continuation_keeps_the_audio_after_the_cut():
     d.job_done(job, Hypothesis("part one"))
     ev = d.feed([audio(1, 0.5), UtteranceEnded(1, int(2.5 * SR), EndReason.ENDPOINT)])
     assert len(only(ev, SubmitJob)[0].job.request.audio) == int(1.0 * SR)
+
+
+def test_an_interim_always_precedes_a_non_empty_final():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=5000))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 0.5), UtteranceEnded(0, 8000, EndReason.ENDPOINT)])
+    ev = d.job_done(only(ev, SubmitJob)[0].job, Hypothesis("quick"))
+    assert [type(e).__name__ for e in ev] == ["Interim", "Final"]
+    assert ev[0].text == ev[1].text == "quick" and ev[0].offset == ev[1].offset

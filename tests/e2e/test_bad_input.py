@@ -1,0 +1,190 @@
+"""Bad input: each gets its error code, and the other sessions on the server carry on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from asr_client import connect, read_pcm
+
+from asr_server.options import Limits
+
+from ..harness import FIXTURES, MANIFEST, ServerThread, replay
+from ..wer import wer
+
+pytestmark = pytest.mark.e2e
+
+
+async def session(url: str, actions, **options):
+    """Open a session, run ``actions(stream)``, collect every message and the close code."""
+    async with connect(url, **options) as stream:
+        messages = []
+        sender = asyncio.create_task(actions(stream))
+        async for m in stream:
+            messages.append(m)
+        await asyncio.gather(sender, return_exceptions=True)
+        return messages, stream.close_code
+
+
+async def nothing(stream):
+    return None
+
+
+def error_of(messages):
+    errors = [m for m in messages if m["type"] == "error"]
+    assert errors, messages
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def strict_server(whisper_runner):
+    """A server with small limits, to reach them quickly."""
+    server = ServerThread(whisper_runner, Limits(max_frame_bytes=64 * 1024, idle_timeout_s=1.0)).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    "options, code",
+    [
+        ({"sample_rate": 1234}, "invalid_option"),
+        ({"sample_rate": "abc"}, "invalid_option"),
+        ({"encoding": "aiff"}, "invalid_option"),
+        ({"interim_ms": 5}, "invalid_option"),
+        ({"speed": "fast"}, "invalid_option"),
+        ({"language": "de"}, "unsupported_language"),
+    ],
+)
+def test_bad_options_are_refused_before_audio(live_server, options, code):
+    messages, close = asyncio.run(session(live_server.url, nothing, **options))
+    assert [m["type"] for m in messages] == ["error"]
+    err = messages[0]
+    assert err["code"] == code and err["seq"] == 1 and err["retryable"] is False and err["message"]
+    assert close == 1008
+
+
+def test_bad_input_does_not_harm_a_concurrent_session(live_server, strict_server):
+    garbage = os.urandom(40000)
+    ogg = (FIXTURES / "librivox.ogg").read_bytes()
+    pcm, _ = read_pcm(str(FIXTURES / "cards_16k.wav"))
+
+    async def send_garbage(stream):
+        await stream.send_audio(garbage)
+        await stream.close_stream()
+
+    async def send_truncated(stream):
+        await stream.send_audio(ogg[: len(ogg) // 3])
+        await stream.close_stream()
+
+    async def malformed_then_audio(stream):
+        await stream.send_text("this is not json")
+        await stream.send_text('{"type": "dance"}')
+        await stream.send_text('{"no_type": 1}')
+        await stream.send_audio(pcm)
+        await stream.close_stream()
+
+    async def oversized(stream):
+        await stream.send_audio(b"\x00" * (100 * 1024))
+
+    async def far_oversized(stream):
+        await stream.send_audio(b"\x00" * (300 * 1024))
+
+    async def main():
+        good = asyncio.create_task(replay(live_server.url, "librivox_16k.s16le", realtime=True))
+        await asyncio.sleep(1.0)
+        results = await asyncio.gather(
+            session(live_server.url, send_garbage, encoding="ogg"),
+            session(live_server.url, send_truncated, encoding="ogg"),
+            session(live_server.url, malformed_then_audio),
+            session(strict_server.url, oversized),
+            session(strict_server.url, far_oversized),
+            session(strict_server.url, nothing),  # idle
+        )
+        return await good, results
+
+    start = time.monotonic()
+    good, (garb, trunc, malformed, big, huge, idle) = asyncio.run(main())
+    assert time.monotonic() - start < 60
+
+    # Garbage in a container: invalid_audio, close 1007.
+    assert error_of(garb[0])["code"] == "invalid_audio" and garb[1] == 1007
+    # A truncated file: what arrived is transcribed, then a normal close.
+    assert "dashwood" in " ".join(m["text"] for m in trunc[0] if m["type"] == "final").lower()
+    assert trunc[0][-1]["type"] == "closed" and trunc[1] == 1000
+    # Malformed JSON and unknown types are reported, and the session goes on.
+    codes = [m["code"] for m in malformed[0] if m["type"] == "error"]
+    assert codes == ["invalid_message", "unknown_message_type", "invalid_message"]
+    assert malformed[1] == 1000 and malformed[0][-1]["type"] == "closed"
+    assert "clubs" in " ".join(m["text"] for m in malformed[0] if m["type"] == "final").lower()
+    # Oversized frames: our own error when we could read it, websockets' 1009 beyond that.
+    assert error_of(big[0])["code"] == "frame_too_large" and big[1] == 1009
+    assert huge[1] == 1009
+    # A client that sends nothing.
+    assert error_of(idle[0])["code"] == "idle_timeout" and idle[1] == 1008
+    # ... and the concurrent good session was untouched.
+    msgs = [m.message for m in good.messages]
+    assert msgs[-1]["type"] == "closed"
+    assert [m["seq"] for m in msgs] == list(range(1, len(msgs) + 1))
+    assert not [m for m in msgs if m["type"] == "error"]
+    assert wer(" ".join(MANIFEST["librivox_16k.s16le"]["references"][0]), good.final_text()) < 0.2
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_not_ready_until_the_model_is_loaded(whisper_runner):
+    server = ServerThread(None).start()
+    try:
+        status, body = get(server.http + "/healthz")
+        assert status == 503 and json.loads(body)["status"] == "starting"
+        messages, close = asyncio.run(session(server.url, nothing))
+        err = error_of(messages)
+        assert err["code"] == "not_ready" and err["retryable"] is True and err["retry_after"] > 0
+        assert close == 1013
+        server.set_runner(whisper_runner)
+        assert get(server.http + "/healthz")[0] == 200
+        assert get(server.http + "/nowhere")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_disconnect_leaves_nothing_running_and_metrics_tell(whisper_runner):
+    server = ServerThread(whisper_runner).start()
+    try:
+        pcm, _ = read_pcm(str(FIXTURES / "librivox_16k.wav"))
+
+        async def drop_mid_sentence():
+            async with connect(server.url) as stream:
+                await stream.send_audio(pcm[: 16000 * 2 * 4])
+                await asyncio.sleep(0.5)
+                stream._ws.transport.abort()  # vanish without a close frame
+
+        asyncio.run(drop_mid_sentence())
+        asyncio.run(replay(server.url, "cards_16k.wav"))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (server.server._connections or server.server.scheduler.depth):
+            time.sleep(0.1)
+        assert not server.server._connections
+        assert server.server.scheduler.depth == 0
+        status, body = get(server.http + "/metrics")
+        text = body.decode()
+        assert status == 200
+        assert "asr_active_sessions 0.0" in text
+        assert 'asr_sessions_ended_total{outcome="disconnected"} 1.0' in text
+        assert 'asr_sessions_ended_total{outcome="completed"} 1.0' in text
+        for name in ("asr_final_latency_seconds_count", "asr_time_to_first_interim_seconds_count",
+                     "asr_decode_seconds_count", "asr_audio_received_seconds_total", "asr_session_duration_seconds_count"):
+            line = next(l for l in text.splitlines() if l.startswith(name))
+            assert float(line.split()[-1]) > 0, line
+    finally:
+        server.stop()
