@@ -1,0 +1,68 @@
+"""The two command-line programs, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from ..harness import FIXTURES
+
+pytestmark = pytest.mark.e2e
+
+ENV = dict(os.environ, HF_HUB_OFFLINE="1")
+
+
+def test_server_starts_reports_healthy_and_stops_on_sigterm():
+    proc = subprocess.Popen([sys.executable, "-m", "asr_server", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        first = proc.stdout.readline()
+        port = int(re.search(r"127\.0\.0\.1:(\d+)", first).group(1))
+        assert "ready" in proc.stdout.readline()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            assert r.status == 200 and json.loads(r.read())["model"] == "tiny.en"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("model, needle", [("/nonexistent/model", "neither a directory"), ("base.en", "HF_HUB_OFFLINE")])
+def test_unloadable_model_fails_fast_with_a_clear_message(model, needle):
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "asr_server", "--model", model, "--port", "0"],
+                          capture_output=True, text=True, env=ENV, timeout=60)
+    assert done.returncode == 2
+    assert needle in done.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_client_cli_prints_finals_and_json(live_server):
+    path = str(FIXTURES / "cards_16k.wav")
+    cmd = [sys.executable, "-m", "asr_client", "--url", live_server.url]
+    plain = subprocess.run(cmd + ["file", path, "--fast"], capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.strip().splitlines()
+    assert len(lines) == 5 and "clubs" in lines[0].lower() and "hearts" in lines[-1].lower()
+    raw = subprocess.run(cmd + ["--json", "file", path, "--fast"], capture_output=True, text=True, timeout=120)
+    messages = [json.loads(line) for line in raw.stdout.splitlines()]
+    assert messages[0]["type"] == "session" and messages[-1]["type"] == "closed"
+    assert {m["type"] for m in messages} >= {"speech_start", "interim", "final"}
+
+
+def test_client_cli_reports_an_unreachable_server():
+    done = subprocess.run([sys.executable, "-m", "asr_client", "--url", "ws://127.0.0.1:9", "file",
+                           str(FIXTURES / "cards_16k.wav")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "cannot reach" in done.stderr
