@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import FIXTURES, MANIFEST, load_mono, replay  # noqa: E402
+from tests.harness import MANIFEST, load_channels, replay  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
 
 DEFAULT_FIXTURES = "librivox_16k.s16le,espeak_8k.mulaw,call_8k_stereo.s16le,cards_44k.f32le"
@@ -75,21 +75,13 @@ def metric(port: int, name: str) -> float:
 def offline_errors(name: str, channel: int, compute_type: str) -> tuple[int, int]:
     from faster_whisper import WhisperModel
 
-    from asr_server.audio.decode import PcmDecoder
     from asr_server.inference.whisper import resolve_model
 
     global _MODEL
     if "_MODEL" not in globals():
         _MODEL = WhisperModel(resolve_model("tiny.en"), device="cpu", compute_type=compute_type, cpu_threads=os.cpu_count() or 1)
     entry = MANIFEST[name]
-    if entry["channels"] > 1:
-        import numpy as np
-
-        dec = PcmDecoder(entry["encoding"], entry["sample_rate"], entry["channels"])
-        audio = np.concatenate([dec.feed((FIXTURES / name).read_bytes()), dec.flush()], axis=1)[channel]
-    else:
-        audio = load_mono(name)
-    segments, _ = _MODEL.transcribe(audio, language="en")
+    segments, _ = _MODEL.transcribe(load_channels(name)[channel], language="en")
     ref = normalize(" ".join(entry["references"][channel]))
     return edit_distance(ref, normalize(" ".join(s.text for s in segments))), len(ref)
 

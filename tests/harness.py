@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import av
+import numpy as np
 from asr_client import Timed, Transcript, stream_bytes
+
+from asr_server.audio.decode import PcmDecoder
 
 from asr_server.inference.whisper import Runner
 from asr_server.options import Limits
@@ -44,25 +48,24 @@ class Replay:
         return " ".join(m.message["text"] for m in self.of_type("final") if m.message["channel"] == channel and m.message["text"])
 
 
-def load_mono(name: str) -> "np.ndarray":
-    """A fixture decoded to 16 kHz float mono (channel 0 for raw multi-channel files)."""
-    import av
-    import numpy as np
-
+def load_channels(name: str) -> np.ndarray:
+    """A fixture decoded to 16 kHz float, one row per channel (containers mixed to mono)."""
     entry = MANIFEST[name]
-    from asr_server.audio.decode import PcmDecoder
-
     if entry["encoding"] in _BYTES_PER_SAMPLE:
         dec = PcmDecoder(entry["encoding"], entry["sample_rate"], entry["channels"])
-        out = np.concatenate([dec.feed((FIXTURES / name).read_bytes()), dec.flush()], axis=1)
-        return out[0]
+        return np.concatenate([dec.feed((FIXTURES / name).read_bytes()), dec.flush()], axis=1)
     parts = []
     with av.open(str(FIXTURES / name)) as container:
         resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
         for frame in container.decode(audio=0):
             parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
         parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(parts).astype(np.float32)
+    return np.concatenate(parts).astype(np.float32).reshape(1, -1)
+
+
+def load_mono(name: str) -> np.ndarray:
+    """Channel 0 of a fixture at 16 kHz."""
+    return load_channels(name)[0]
 
 
 def bytes_per_second(name: str) -> float:

@@ -164,7 +164,7 @@ class _ByteQueue(io.RawIOBase):
 
     def put(self, data: bytes) -> None:
         with self._cond:
-            if self._ended:
+            if self._ended or not data:  # an empty chunk would read as end of file
                 return
             self._chunks.append(data)
             self._size += len(data)

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
@@ -75,7 +77,7 @@ class ChannelDecoder:
         self._in_flight: DecodeJob | None = None
         self._transcript_len = 0
         self._prompt = ""
-        self._carry: tuple[int, object] | None = None  # audio after a max-length cut
+        self._carry: tuple[np.ndarray, int] | None = None  # (audio, voiced samples) after a max-length cut
         self.transcribed_samples = 0
 
     # -- state the session looks at -------------------------------------------------
@@ -134,9 +136,9 @@ class ChannelDecoder:
         utt = _Utterance(event.utterance, event.start, event.speech_at)
         self._utterances[event.utterance] = utt
         if event.continuation and self._carry is not None:
-            samples, voiced = self._carry  # type: ignore[misc]
-            utt.audio.append(samples)  # type: ignore[arg-type]
-            utt.voiced = voiced  # type: ignore[assignment]
+            samples, voiced = self._carry
+            utt.audio.append(samples)
+            utt.voiced = voiced
             utt.last_voiced_end = utt.end
             self._carry = None
             return []

@@ -219,8 +219,10 @@ class Connection:
             reader = asyncio.ensure_future(self._read())
             finished = asyncio.ensure_future(self.done.wait())
             await asyncio.wait([reader, finished], return_when=asyncio.FIRST_COMPLETED)
-            reader.cancel()
             finished.cancel()
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                raise reader.exception()  # type: ignore[misc]
+            reader.cancel()
         except ConnectionClosed:
             pass
         except Exception:
@@ -351,11 +353,15 @@ class Connection:
         # A thread of its own (not the shared executor): it lives as long as the stream.
         finished: asyncio.Future[None] = loop.create_future()
 
+        def mark_finished() -> None:
+            if not finished.done():
+                finished.set_result(None)
+
         def run_thread() -> None:
             try:
                 work()
             finally:
-                loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(None))
+                loop.call_soon_threadsafe(mark_finished)
 
         threading.Thread(target=run_thread, name=f"decode-{self.sid}", daemon=True).start()
         try:

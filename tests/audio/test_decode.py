@@ -109,3 +109,23 @@ def test_container_channel_mismatch_is_refused():
 def test_empty_container_stream_is_not_an_error():
     audio, error = run_container(b"", "ogg")
     assert error is None and audio.shape[1] == 0
+
+
+def test_empty_frames_in_a_container_stream_are_harmless():
+    data = (FIXTURES / "librivox.ogg").read_bytes()
+    decoder = ContainerDecoder("ogg", 1)
+
+    def feed():
+        import time
+
+        for i in range(0, len(data), 5000):
+            decoder.feed(b"")
+            time.sleep(0.002)  # let the decoder wake up on the empty frame alone
+            decoder.feed(data[i : i + 5000])
+        decoder.end()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    total = sum(chunk.shape[1] for chunk in decoder.frames())
+    feeder.join(5)
+    assert total > 29 * 16000

@@ -1,7 +1,6 @@
 """The Python client's pieces that need no server."""
 
 import io
-import json
 
 from asr_client import Transcript, listen_url
 from asr_client.cli import Display

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from ..harness import FIXTURES, MANIFEST, Replay, load_mono, replay
+from ..harness import FIXTURES, MANIFEST, Replay, load_channels, replay
 from ..wer import normalize, wer
 
 pytestmark = pytest.mark.e2e
@@ -24,17 +24,7 @@ WER_FILE_MARGIN = 0.2
 @functools.lru_cache(maxsize=None)
 def _offline_text(runner, name: str, channel: int = 0) -> str:
     """faster-whisper's own transcription of the whole file with the same model."""
-    import numpy as np
-
-    if MANIFEST[name]["channels"] > 1:
-        from asr_server.audio.decode import PcmDecoder
-
-        e = MANIFEST[name]
-        dec = PcmDecoder(e["encoding"], e["sample_rate"], e["channels"])
-        audio = np.concatenate([dec.feed((FIXTURES / name).read_bytes()), dec.flush()], axis=1)[channel]
-    else:
-        audio = load_mono(name)
-    segments, _ = runner.model.transcribe(audio, language="en")
+    segments, _ = runner.model.transcribe(load_channels(name)[channel], language="en")
     return " ".join(s.text for s in segments)
 
 
