@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 
-from .inference.whisper import DEFAULT_MODEL, ModelNotFound, WhisperRunner, resolve_model
+from .inference.whisper import DEFAULT_MODEL, INTERIM_ENCODER_PAD_S, ModelNotFound, WhisperRunner, resolve_model
 from .options import Limits
 from .transport.websocket import AsrServer
 
@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--compute-type", default="auto", help="CTranslate2 compute type: auto, int8, float16, float32, ... (default auto)")
     p.add_argument("--cpu-threads", type=int, default=0, help="threads for CPU inference (default: all cores)")
+    p.add_argument("--interim-encoder-pad-s", type=float, default=INTERIM_ENCODER_PAD_S,
+                   help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster); finals always use 30")
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
     p.add_argument("--log-level", default="INFO")
@@ -42,7 +44,8 @@ async def _serve(args: argparse.Namespace, model_path: str) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     def load() -> WhisperRunner:
-        runner = WhisperRunner(model_path, device=args.device, compute_type=args.compute_type, cpu_threads=args.cpu_threads)
+        runner = WhisperRunner(model_path, device=args.device, compute_type=args.compute_type,
+                               cpu_threads=args.cpu_threads, interim_encoder_pad_s=args.interim_encoder_pad_s)
         runner.warm_up()
         return runner
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,36 @@ _SIZE_NAMES = {
     "medium", "medium.en", "distil-medium.en", "large-v1", "large-v2", "large-v3",
     "large", "distil-large-v2", "distil-large-v3", "large-v3-turbo", "turbo",
 }
+
+
+# faster-whisper pads every window's features to 30 s (3000 frames) before the
+# encoder. CTranslate2 encodes shorter input too, and much faster, but with no
+# padding at all the decoder runs away (measured: loops on short utterances),
+# and padding to the audio plus 10 s still cost the finals 2.7 points of word
+# error rate on the fixtures (README, "Encoder padding"). So only interim
+# decodes, which are most of the work and never become finals, use the short
+# window. faster-whisper has no option for it: during our own interim decodes
+# (and only there: a thread local) its pad function pads less.
+INTERIM_ENCODER_PAD_S = 10.0
+_FRAMES_PER_SECOND = 100
+_pad_margin = threading.local()
+
+
+def _install_short_padding() -> None:
+    import faster_whisper.transcribe as fw
+
+    original = fw.pad_or_trim
+    if getattr(original, "_asr_server", False):
+        return
+
+    def pad_or_trim(array, length: int = 3000, *, axis: int = -1):  # type: ignore[no-untyped-def]
+        margin = getattr(_pad_margin, "frames", None)
+        if margin is not None:
+            length = min(length, array.shape[axis] + margin)
+        return original(array, length, axis=axis)
+
+    pad_or_trim._asr_server = True  # type: ignore[attr-defined]
+    fw.pad_or_trim = pad_or_trim
 
 
 class DecodeKind(str, enum.Enum):
@@ -143,9 +174,19 @@ def _download(size: str) -> str:
 class WhisperRunner:
     """A loaded faster-whisper model. Construct once; share across sessions."""
 
-    def __init__(self, model_path: str, device: str = "cpu", compute_type: str = "auto", cpu_threads: int = 0) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        device: str = "cpu",
+        compute_type: str = "auto",
+        cpu_threads: int = 0,
+        interim_encoder_pad_s: float = INTERIM_ENCODER_PAD_S,
+    ) -> None:
+        """``interim_encoder_pad_s``: silence after the audio in interim decodes (30: Whisper's full window)."""
         from faster_whisper import WhisperModel
 
+        _install_short_padding()
+        self.interim_pad_frames = int(min(30.0, max(1.0, interim_encoder_pad_s)) * _FRAMES_PER_SECOND)
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()
         self.model = WhisperModel(model_path, device=device, compute_type=compute_type, cpu_threads=threads, num_workers=1)
@@ -164,6 +205,30 @@ class WhisperRunner:
 
     def transcribe(self, request: DecodeRequest) -> Hypothesis:
         t0 = time.monotonic()
+        if request.kind is DecodeKind.INTERIM:
+            _pad_margin.frames = self.interim_pad_frames
+        try:
+            segments = self._segments(request)
+        finally:
+            _pad_margin.frames = None
+        text = "".join(s.text for s in segments).strip()
+        words: list[Word] = []
+        for s in segments:
+            for w in s.words or ():
+                # Keep the model's leading space: it says whether the word joins the one before ("cold" "-hearted").
+                words.append(Word(w.word, round(float(w.start), 3), round(float(w.end), 3), round(float(w.probability), 4)))
+        n = max(1, len(segments))
+        log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", request.kind.value, request.duration, request.prompt, request.prefix, text)
+        return Hypothesis(
+            text=" ".join(text.split()),
+            words=tuple(w for w in words if w.word.strip()),
+            avg_logprob=sum(s.avg_logprob for s in segments) / n if segments else 0.0,
+            no_speech_prob=max((s.no_speech_prob for s in segments), default=0.0),
+            compression_ratio=max((s.compression_ratio for s in segments), default=1.0),
+            decode_s=time.monotonic() - t0,
+        )
+
+    def _segments(self, request: DecodeRequest) -> list:  # type: ignore[type-arg]
         final = request.kind is DecodeKind.FINAL
         # Runaway output guard: about 8 tokens a second of audio is far above any real
         # speaking rate (plus room for timestamp tokens), and never above half the
@@ -186,20 +251,4 @@ class WhisperRunner:
             log_prob_threshold=-1.0,
             compression_ratio_threshold=2.4,
         )
-        segments = list(segments)
-        text = "".join(s.text for s in segments).strip()
-        words: list[Word] = []
-        for s in segments:
-            for w in s.words or ():
-                # Keep the model's leading space: it says whether the word joins the one before ("cold" "-hearted").
-                words.append(Word(w.word, round(float(w.start), 3), round(float(w.end), 3), round(float(w.probability), 4)))
-        n = max(1, len(segments))
-        log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", request.kind.value, request.duration, request.prompt, request.prefix, text)
-        return Hypothesis(
-            text=" ".join(text.split()),
-            words=tuple(w for w in words if w.word.strip()),
-            avg_logprob=sum(s.avg_logprob for s in segments) / n if segments else 0.0,
-            no_speech_prob=max((s.no_speech_prob for s in segments), default=0.0),
-            compression_ratio=max((s.compression_ratio for s in segments), default=1.0),
-            decode_s=time.monotonic() - t0,
-        )
+        return list(segments)  # the generator decodes lazily: run it while the padding is set

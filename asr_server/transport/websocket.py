@@ -46,6 +46,7 @@ from ..session import Close, Send, Session, SessionOutput, Submit
 __all__ = ["AsrServer"]
 
 log = logging.getLogger("asr_server.session")
+server_log = logging.getLogger("asr_server.server")
 
 LISTEN_PATH = "/v1/listen"
 
@@ -88,7 +89,7 @@ class AsrServer:
         )
         sock = next(iter(self._server.sockets))
         self.port = sock.getsockname()[1]
-        log.info("listening on ws://%s:%d%s", self.host, self.port, LISTEN_PATH)
+        server_log.info("listening on ws://%s:%d%s", self.host, self.port, LISTEN_PATH)
 
     def set_runner(self, runner: Runner) -> None:
         self.runner = runner
