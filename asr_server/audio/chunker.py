@@ -52,7 +52,9 @@ class ChunkerOptions:
     endpoint_ms: int = 500
     max_utterance_s: float = 20.0
     preroll_ms: int = 300
-    tail_ms: int = 200
+    # Silence kept after speech, and when the pause decode starts. Measured on the
+    # fixtures: 100 ms is as accurate as 150-350 ms and starts the final decode sooner.
+    tail_ms: int = 100
     # The max-length cut looks for the quietest frame in this last share of the utterance.
     cut_search_fraction: float = 0.3
 

@@ -11,8 +11,9 @@ Rules it keeps:
   an utterance's final always comes before anything of the next one, so the
   next utterance's ``offset`` and prompt are known when it is decoded.
 * Interims re-decode the open utterance from its start whenever it has grown
-  by ``interim_ms``; stability follows LocalAgreement-2 and the stable words
-  are forced as the decoder's prefix (:mod:`.stability`).
+  by ``interim_ms`` and the speaker is talking (not in a pause); stability
+  follows LocalAgreement-2 and the stable words are forced as the decoder's
+  prefix (:mod:`.stability`).
 * When speech pauses (``tail_ms`` of silence), a final-quality decode of the
   utterance up to that point starts at once. If the endpoint then comes with
   no new speech, the final audio is identical and that result is the final:
@@ -60,6 +61,7 @@ class _Utterance:
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
     last_interim: tuple[str, int] | None = None
     paused_at: int | None = None
+    in_silence: bool = False  # the newest audio was not speech
     spec_requested: int | None = None
     spec: tuple[int, Hypothesis] | None = None
     ended: UtteranceEnded | None = None
@@ -147,6 +149,7 @@ class ChannelDecoder:
     def _audio(self, event: UtteranceAudio) -> None:
         utt = self._utterances[event.utterance]
         utt.audio.append(event.samples)
+        utt.in_silence = not event.voiced
         if event.voiced:
             utt.voiced += event.voiced
             utt.last_voiced_end = utt.end
@@ -185,7 +188,9 @@ class ChannelDecoder:
                 out.append(self._submit(utt, DecodeKind.FINAL, utt.paused_at, speculative=True))
                 break
             grown = len(utt.audio) - utt.interim_len
-            if self.options.interim_results and utt.paused_at is None and grown * 1000 >= self.options.interim_ms * MODEL_RATE:
+            # No interim decode while the speaker is silent: speech may be ending, and a
+            # decode in flight would delay the pause decode that becomes the final.
+            if self.options.interim_results and not utt.in_silence and grown * 1000 >= self.options.interim_ms * MODEL_RATE:
                 utt.interim_len = len(utt.audio)
                 out.append(self._submit(utt, DecodeKind.INTERIM, utt.end, speculative=False))
             break

@@ -130,3 +130,11 @@ def test_an_interim_always_precedes_a_non_empty_final():
     ev = d.job_done(only(ev, SubmitJob)[0].job, Hypothesis("quick"))
     assert [type(e).__name__ for e in ev] == ["Interim", "Final"]
     assert ev[0].text == ev[1].text == "quick" and ev[0].offset == ev[1].offset
+
+
+def test_no_interim_decode_starts_during_a_pause():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 0.4), audio(0, 0.2, voiced=False)])
+    assert not only(ev, SubmitJob)  # grown past interim_ms, but silent now
+    ev = d.feed([audio(0, 0.03)])
+    assert only(ev, SubmitJob)[0].job.request.kind is DecodeKind.INTERIM
