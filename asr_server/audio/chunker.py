@@ -5,8 +5,9 @@ the audio before it, so a soft first syllable is not clipped) and ends when:
 
 * ``endpoint_ms`` of trailing silence has passed (reason ``endpoint``); the
   utterance keeps ``tail_ms`` of that silence and drops the rest;
-* it reaches ``max_utterance_s``: it is cut at the quietest recent frame
-  and the next utterance continues from there (reason ``max_length``);
+* it reaches ``max_utterance_s``: it is cut in the middle of the longest
+  pause in its second half, or at its quietest frame, and the next utterance
+  continues from there (reason ``max_length``);
 * the caller ends it (``finalize`` or ``end_of_stream``).
 
 Before an endpoint there is always an :class:`UtterancePaused` once the
@@ -55,8 +56,9 @@ class ChunkerOptions:
     # Silence kept after speech, and when the pause decode starts. Measured on the
     # fixtures: 100 ms is as accurate as 150-350 ms and starts the final decode sooner.
     tail_ms: int = 100
-    # The max-length cut looks for the quietest frame in this last share of the utterance.
-    cut_search_fraction: float = 0.3
+    # The max-length cut looks in this last share of the utterance: for the middle
+    # of its longest non-speech stretch, or failing that its quietest frame.
+    cut_search_fraction: float = 0.5
 
     @property
     def endpoint_samples(self) -> int:
@@ -123,7 +125,7 @@ class Chunker:
         self._last_speech_end = 0
         self._silence = 0
         self._paused = False
-        self._energy: list[tuple[int, float]] = []  # (frame start, rms) of the open utterance
+        self._energy: list[tuple[int, float, bool]] = []  # (frame start, rms, speech) of the open utterance
 
     @property
     def in_speech(self) -> bool:
@@ -158,7 +160,7 @@ class Chunker:
         self._preroll.clear()
         self._state = _State.SPEECH
         self._start = earlier[0].start if earlier else frame.start
-        self._energy = [(f.start, _rms(f.samples)) for f in earlier]
+        self._energy = [(f.start, _rms(f.samples), False) for f in earlier]
         self._last_speech_end = frame.end
         self._silence = 0
         self._paused = False
@@ -166,12 +168,12 @@ class Chunker:
         events.append(UtteranceStarted(self._utterance, self._start, max(self._start, speech_at)))
         audio = np.concatenate([f.samples for f in earlier] + [frame.samples])
         events.append(UtteranceAudio(self._utterance, audio, voiced=len(frame.samples)))
-        self._energy.append((frame.start, _rms(frame.samples)))
+        self._energy.append((frame.start, _rms(frame.samples), True))
 
     def _speech_frame(self, frame: VadFrame, events: list[ChunkEvent]) -> None:
         opts = self.options
         events.append(UtteranceAudio(self._utterance, frame.samples, voiced=len(frame.samples) if frame.speech else 0))
-        self._energy.append((frame.start, _rms(frame.samples)))
+        self._energy.append((frame.start, _rms(frame.samples), frame.speech))
         if frame.speech:
             self._last_speech_end = frame.end
             self._silence = 0
@@ -192,18 +194,26 @@ class Chunker:
         events.append(UtteranceEnded(self._utterance, cut, EndReason.MAX_LENGTH))
         self._utterance += 1
         self._start = cut
-        self._energy = [(s, e) for s, e in self._energy if s >= cut]
+        self._energy = [f for f in self._energy if f[0] >= cut]
         self._last_speech_end = max(self._last_speech_end, cut)
         self._paused = False
         events.append(UtteranceStarted(self._utterance, cut, cut, continuation=True))
 
     def _quietest_point(self) -> int:
-        """Start of the quietest frame (3-frame smoothed) in the recent part of the utterance."""
+        """Where to cut: the middle of the longest pause in the recent part, else its quietest frame."""
         frames = self._energy
         first = max(1, int(len(frames) * (1 - self.options.cut_search_fraction)))
+        best_run: tuple[int, int] = (0, 0)  # (length, index of its middle frame)
+        run = 0
+        for i in range(first, len(frames)):
+            run = 0 if frames[i][2] else run + 1
+            if run and run >= best_run[0]:
+                best_run = (run, i - (run - 1) // 2)
+        if best_run[0] >= 2:
+            return frames[best_run[1]][0]
         best_at, best = frames[-1][0], (float("inf"), float("inf"))
         for i in range(first, len(frames)):
-            window = [e for _, e in frames[max(0, i - 1) : i + 2]]
+            window = [e for _, e, _ in frames[max(0, i - 1) : i + 2]]
             level = (sum(window) / len(window), frames[i][1])  # ties go to the quieter frame itself
             if level <= best:  # among equals, the latest: fewer, longer pieces
                 best_at, best = frames[i][0], level

@@ -86,3 +86,12 @@ def test_long_speech_without_pauses_stays_bounded(seconds):
     assert len(ends) == seconds // 20
     lengths = [e.end - s for s, e in zip(starts, ends)]
     assert all(length <= 20 * 16000 for length in lengths)
+
+
+def test_max_length_prefers_the_middle_of_a_pause():
+    c = Chunker(ChunkerOptions(max_utterance_s=3.0, endpoint_ms=1000))
+    n = int(3.0 * 16000 / FRAME_SAMPLES) + 1
+    pattern = "S" * 70 + "." * 10 + "S" * (n - 80)  # a 300 ms pause at frames 70-79
+    events = c.feed(frames(pattern, quiet_at={95}))
+    (end,) = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert end.end == 75 * FRAME_SAMPLES
