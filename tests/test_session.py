@@ -111,3 +111,23 @@ def test_two_channels_are_transcribed_apart():
     d.feed(stereo)
     assert {m["channel"] for m in d.of_type("final")} == {0}
     assert {m["channel"] for m in d.of_type("speech_start")} == {0}
+
+
+def test_backpressure_when_finals_pile_up():
+    from asr_server.options import Limits
+
+    session = Session("t", StreamOptions(interim_results=False), Limits(max_pending_finals=2))
+    session.start()
+    audio = speech()
+    pending = []
+    for i in range(0, audio.shape[1], 1600):  # no decode ever finishes
+        pending += session.receive_audio(audio[:, i : i + 1600])
+        if session.backpressured:
+            break
+    assert session.backpressured
+    # The shell stops reading here; once the model catches up, reading resumes.
+    runner = FakeRunner(words_for_length(SENTENCE))
+    for out in pending:
+        if hasattr(out, "job"):
+            session.job_done(out.job, runner.transcribe(out.job.request))
+    assert not session.backpressured

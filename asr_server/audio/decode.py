@@ -190,10 +190,6 @@ class _ByteQueue(io.RawIOBase):
     def has_room(self) -> bool:
         return self._size < self._limit
 
-    def wait_for_room(self, timeout: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self._size < self._limit or self._ended, timeout)
-
     def readinto(self, buffer) -> int:  # type: ignore[override]
         with self._cond:
             self._cond.wait_for(lambda: self._chunks or self._ended)
@@ -241,10 +237,6 @@ class ContainerDecoder:
 
     def has_room(self) -> bool:
         return self._input.has_room()
-
-    def wait_for_room(self, timeout: float) -> bool:
-        """Block (in a worker thread) until the input buffer has room."""
-        return self._input.wait_for_room(timeout)
 
     def end(self) -> None:
         self._input.end()

@@ -454,8 +454,6 @@ class Connection:
                 "session=%s event=final channel=%d utterance=%d reason=%s chars=%d",
                 self.sid, event.channel, event.utterance, event.reason.value, len(event.text),
             )
-        elif send.message["type"] == "error":
-            pass
 
     def _arrival_of(self, sample: int) -> float | None:
         """When the audio up to ``sample`` had arrived (None if long forgotten)."""

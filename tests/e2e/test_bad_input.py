@@ -188,3 +188,40 @@ def test_disconnect_leaves_nothing_running_and_metrics_tell(whisper_runner):
             assert float(line.split()[-1]) > 0, line
     finally:
         server.stop()
+
+
+def test_fast_sender_is_slowed_not_dropped(whisper_runner):
+    server = ServerThread(whisper_runner, Limits(max_pending_finals=1)).start()
+    try:
+        r = asyncio.run(replay(server.url, "librivox_16k.s16le", realtime=False, chunk_ms=1000))
+        finals = [m for m in r.of_type("final") if m.message["text"]]
+        assert len(finals) == len(MANIFEST["librivox_16k.s16le"]["spans"][0])
+        assert r.of_type("closed")
+    finally:
+        server.stop()
+
+
+def test_shutdown_finalizes_what_clients_are_owed(whisper_runner):
+    server = ServerThread(whisper_runner).start()
+    pcm, _ = read_pcm(str(FIXTURES / "librivox_16k.wav"))
+
+    async def stream_until_closed():
+        async with connect(server.url) as stream:
+            await stream.send_audio(pcm[: 16000 * 2 * 3])  # mid first sentence
+            messages = []
+            async for m in stream:
+                messages.append(m)
+            return messages, stream.close_code
+
+    async def main():
+        task = asyncio.create_task(stream_until_closed())
+        await asyncio.sleep(2.0)
+        await asyncio.to_thread(server.stop)
+        return await task
+
+    messages, code = asyncio.run(main())
+    assert code == 1001
+    err = error_of(messages)
+    assert err["code"] == "shutting_down" and err["retryable"] is True
+    final = next(m for m in messages if m["type"] == "final")
+    assert "dashwood" in final["text"].lower() and final["seq"] > err["seq"]
