@@ -235,7 +235,10 @@ class Connection:
 
     async def shut_down(self) -> None:
         """Server stopping: tell the client, finalize what is held, close 1001."""
-        await self._apply_safely(self.session.fail(ShuttingDown("the server is shutting down; reconnect to another instance", retry_after=5.0)))
+        try:
+            await self._fail(ShuttingDown("the server is shutting down; reconnect to another instance", retry_after=5.0))
+        except ConnectionClosed:
+            self.done.set()
 
     # -- reading ---------------------------------------------------------------------
 
