@@ -66,3 +66,28 @@ def test_client_cli_reports_an_unreachable_server():
     done = subprocess.run([sys.executable, "-m", "asr_client", "--url", "ws://127.0.0.1:9", "file",
                            str(FIXTURES / "cards_16k.wav")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "cannot reach" in done.stderr
+
+
+def test_mic_captions_live_and_ctrl_c_keeps_the_last_sentence(live_server, tmp_path):
+    from pathlib import Path
+
+    from ..harness import MANIFEST
+
+    fake = Path(__file__).resolve().parents[1] / "client" / "fake_sounddevice"
+    env = dict(ENV, PYTHONPATH=str(fake), ASR_FAKE_MIC=str(FIXTURES / "librivox_16k.s16le"))
+    proc = subprocess.Popen([sys.executable, "-m", "asr_client", "--url", live_server.url, "mic"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        # Stop while the third sentence is being spoken: its final must still arrive.
+        third_start, third_end = MANIFEST["librivox_16k.s16le"]["spans"][0][2]
+        time.sleep((third_start + third_end) / 2 + 0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 3, out
+    assert "dashwood" in lines[0].lower() and "young man" in lines[1].lower() and "unless" in lines[2].lower()

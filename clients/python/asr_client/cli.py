@@ -10,10 +10,11 @@ import argparse
 import asyncio
 import json
 import shutil
+import signal
 import sys
 from typing import Any, TextIO
 
-from .client import MODEL_RATE, Transcript, connect, stream_file
+from .client import MODEL_RATE, connect, stream_file
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -85,37 +86,49 @@ async def run_file(args: argparse.Namespace) -> int:
 
 
 async def run_mic(args: argparse.Namespace) -> int:
+    """Caption the microphone until Ctrl-C; then finish the last sentence and exit."""
     try:
         import sounddevice  # type: ignore[import-not-found]
     except (ImportError, OSError) as exc:
         print(f"asr-client mic needs the 'mic' extra (pip install 'asr-client[mic]') and PortAudio: {exc}", file=sys.stderr)
         return 2
     loop = asyncio.get_running_loop()
-    audio: asyncio.Queue[bytes] = asyncio.Queue(maxsize=50)
+    audio: asyncio.Queue[bytes] = asyncio.Queue(maxsize=50)  # 5 s; older blocks are dropped if the network stalls
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
 
     def on_audio(indata: Any, frames: int, time_info: Any, status: Any) -> None:
         data = bytes(indata)
         loop.call_soon_threadsafe(lambda: audio.full() or audio.put_nowait(data))
 
     display = Display(sys.stdout)
-    transcript = Transcript()
     async with connect(args.url, encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=1, **_options(args)) as stream:
-        with sounddevice.RawInputStream(samplerate=MODEL_RATE, channels=1, dtype="int16", blocksize=1600, device=args.device, callback=on_audio):
-            print("listening; Ctrl-C to stop", file=sys.stderr)
 
-            async def pump() -> None:
-                while True:
-                    await stream.send_audio(await audio.get())
+        async def pump() -> None:
+            with sounddevice.RawInputStream(samplerate=MODEL_RATE, channels=1, dtype="int16", blocksize=1600,
+                                            device=args.device, callback=on_audio):
+                print("listening; Ctrl-C to stop", file=sys.stderr)
+                while not stop.is_set():
+                    waiter = asyncio.ensure_future(audio.get())
+                    stopper = asyncio.ensure_future(stop.wait())
+                    await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+                    stopper.cancel()
+                    if waiter.done():
+                        await stream.send_audio(waiter.result())
+                    else:
+                        waiter.cancel()
+            while not audio.empty():
+                await stream.send_audio(audio.get_nowait())
+            await stream.close_stream()  # the server finalizes the last sentence, then closes
 
-            sender = asyncio.create_task(pump())
-            try:
-                async for message in stream:
-                    transcript.apply(message)
-                    print(json.dumps(message), flush=True) if args.json else display.show(message)
-            except asyncio.CancelledError:
-                pass
-            finally:
-                sender.cancel()
+        sender = asyncio.create_task(pump())
+        async for message in stream:
+            if args.json:
+                print(json.dumps(message), flush=True)
+            else:
+                display.show(message)
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
     display.clear()
     return 0
 
