@@ -97,9 +97,12 @@ async def run_mic(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
-    def on_audio(indata: Any, frames: int, time_info: Any, status: Any) -> None:
-        data = bytes(indata)
-        loop.call_soon_threadsafe(lambda: audio.full() or audio.put_nowait(data))
+    def enqueue(data: bytes) -> None:
+        if not audio.full():
+            audio.put_nowait(data)
+
+    def on_audio(indata: Any, frames: int, time_info: Any, status: Any) -> None:  # PortAudio's thread
+        loop.call_soon_threadsafe(enqueue, bytes(indata))
 
     display = Display(sys.stdout)
     async with connect(args.url, encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=1, **_options(args)) as stream:
