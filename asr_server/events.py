@@ -43,6 +43,8 @@ class Final:
     words: tuple[Word, ...]
     # Seconds of stream audio at which speech ended (for latency metrics).
     speech_end: float
+    # Guards that removed text from this final (logs and metrics only, not sent).
+    dropped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

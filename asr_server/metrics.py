@@ -35,6 +35,9 @@ class Metrics:
             "asr_decode_seconds", "Model time per decode", ["kind"], buckets=_LATENCY_BUCKETS, registry=r
         )
         self.queue_depth = Gauge("asr_decode_queue_depth", "Decode jobs waiting for the model", registry=r)
+        self.guard_drops = Counter(
+            "asr_guard_drops_total", "Finals from which a guard removed text, by guard", ["guard"], registry=r
+        )
         self.errors = Counter("asr_errors_total", "Errors sent to clients, by code", ["code"], registry=r)
         self.model_ready = Gauge("asr_model_ready", "1 once the model is loaded and warmed up", registry=r)
 

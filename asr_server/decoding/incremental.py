@@ -269,6 +269,7 @@ class ChannelDecoder:
                 reason=utt.ended.reason,
                 words=sent_words,
                 speech_end=round(max(utt.last_voiced_end, utt.start) / MODEL_RATE, 3),
+                dropped=hyp.dropped,
             )
         ]
 

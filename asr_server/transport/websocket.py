@@ -453,9 +453,11 @@ class Connection:
             arrived = self._arrival_of(int(event.speech_end * 16000))
             if arrived is not None and event.text:
                 self.metrics.final_latency.observe(max(0.0, now - arrived))
+            for guard in event.dropped:
+                self.metrics.guard_drops.labels(guard).inc()
             log.info(
-                "session=%s event=final channel=%d utterance=%d reason=%s chars=%d",
-                self.sid, event.channel, event.utterance, event.reason.value, len(event.text),
+                "session=%s event=final channel=%d utterance=%d reason=%s chars=%d dropped=%s",
+                self.sid, event.channel, event.utterance, event.reason.value, len(event.text), ",".join(event.dropped) or "-",
             )
 
     def _arrival_of(self, sample: int) -> float | None:

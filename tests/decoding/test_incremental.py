@@ -138,3 +138,10 @@ def test_no_interim_decode_starts_during_a_pause():
     assert not only(ev, SubmitJob)  # grown past interim_ms, but silent now
     ev = d.feed([audio(0, 0.03)])
     assert only(ev, SubmitJob)[0].job.request.kind is DecodeKind.INTERIM
+
+
+def test_guard_drops_are_reported_on_the_final():
+    d = ChannelDecoder(0, StreamOptions(interim_results=False))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0), UtteranceEnded(0, SR, EndReason.ENDPOINT)])
+    (final,) = only(d.job_done(only(ev, SubmitJob)[0].job, Hypothesis("so so so so so so so yes")), Final)
+    assert final.text == "so so so yes" and final.dropped == ("repetition",)
