@@ -1,0 +1,123 @@
+"""Load benchmark: N concurrent real-time streams against one server.
+
+    python bench/load_bench.py [--streams 1,2,4,8] [--seconds 30]
+
+For each N, starts N clients at once (start times spread over one second,
+seeded), each replaying a real fixture at real-time pace (fixtures are dealt
+round-robin), and reports per N: final latency p50/p95 (end of sentence to
+final), time to first interim, interims per stream-second, word error rate of
+the finals, server CPU (cores busy) and peak memory, and refused streams.
+It stops the sweep once p95 final latency exceeds --limit (default 1.5 s) and
+names the largest N that held it. Not a test: it prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from stream_bench import cpu_seconds, pct, start_server  # noqa: E402
+
+from tests.harness import MANIFEST, Replay, replay  # noqa: E402
+from tests.wer import edit_distance, normalize  # noqa: E402
+
+FIXTURES = ["librivox_16k.s16le", "espeak_8k.mulaw", "cards_44k.f32le", "call_8k_stereo.s16le"]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def one_client(url: str, name: str, delay: float) -> tuple[str, Replay | None, str | None]:
+    await asyncio.sleep(delay)
+    try:
+        r = await replay(url, name, realtime=True)
+    except Exception as exc:  # a refused or broken stream
+        return name, None, type(exc).__name__
+    errors = r.of_type("error")
+    return name, r, errors[0].message["code"] if errors else None
+
+
+async def run_level(url: str, n: int, seed: int, pid: int) -> dict:
+    rng = random.Random(seed)
+    peak = [rss_mib(pid)]
+
+    async def watch() -> None:
+        while True:
+            peak.append(rss_mib(pid))
+            await asyncio.sleep(0.5)
+
+    watcher = asyncio.create_task(watch())
+    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    results = await asyncio.gather(*(one_client(url, FIXTURES[i % len(FIXTURES)], rng.random()) for i in range(n)))
+    wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
+    watcher.cancel()
+    latencies, first, interims, errors, words, refused, stream_s = [], [], 0, 0, 0, 0, 0.0
+    for name, r, code in results:
+        if r is None or code in ("overloaded", "not_ready"):
+            refused += 1
+            continue
+        entry = MANIFEST[name]
+        stream_s += r.of_type("closed")[0].message["audio_received_s"] if r.of_type("closed") else 0.0
+        interims += len(r.of_type("interim"))
+        starts = [s for spans in entry["spans"] for s, _ in spans]
+        if r.of_type("interim"):
+            first.append(r.of_type("interim")[0].at - min(starts))
+        for ch in range(entry["channels"]):
+            finals = [t for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
+            for _, end in entry["spans"][ch]:
+                match = next((f for f in finals if f.message["end"] >= end - 0.6 and f.message["start"] <= end), None)
+                if match is not None:
+                    latencies.append(match.at - end)
+            ref = normalize(" ".join(entry["references"][ch]))
+            errors += edit_distance(ref, normalize(r.final_text(ch)))
+            words += len(ref)
+    return {
+        "n": n, "p50": pct(latencies, 0.5) if latencies else float("nan"), "p95": pct(latencies, 0.95) if latencies else float("nan"),
+        "first": pct(first, 0.5) if first else float("nan"), "interim_rate": interims / stream_s if stream_s else 0.0,
+        "wer": errors / words if words else float("nan"), "cpu": cpu / wall, "rss": max(peak), "refused": refused,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--streams", default="1,2,3,4,6,8")
+    ap.add_argument("--limit", type=float, default=1.5, help="p95 final latency to hold (s)")
+    ap.add_argument("--compute-type", default="auto")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    proc, port = start_server(args.compute_type)
+    url = f"ws://127.0.0.1:{port}"
+    rows, best = [], 0
+    try:
+        for n in (int(x) for x in args.streams.split(",")):
+            row = asyncio.run(run_level(url, n, args.seed + n, proc.pid))
+            rows.append(row)
+            print(f"N={n}: p95 {row['p95']:.2f}s", file=sys.stderr, flush=True)
+            if row["p95"] <= args.limit and row["refused"] == 0:
+                best = n
+            else:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interims/stream-s | WER | server CPU (cores) | peak RSS (MiB) | refused |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['cpu']:.2f} | {r['rss']:.0f} | {r['refused']} |")
+    print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
+
+
+if __name__ == "__main__":
+    main()
