@@ -65,6 +65,9 @@ class Limits:
     max_pending_finals: int = 4
     # Bytes of compressed input buffered ahead of the container decoder.
     max_container_buffer_bytes: int = 4 << 20
+    # Channels transcribed at once across all sessions; a stream that would go
+    # past it is refused at connect (overloaded, 1013). 0: no limit.
+    max_channels: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

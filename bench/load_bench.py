@@ -96,8 +96,9 @@ def main() -> None:
     ap.add_argument("--limit", type=float, default=1.5, help="p95 final latency to hold (s)")
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control")
     args = ap.parse_args()
-    proc, port = start_server(args.compute_type)
+    proc, port = start_server(args.compute_type, "--max-channels", args.max_channels)
     url = f"ws://127.0.0.1:{port}"
     rows, best = [], 0
     try:
@@ -107,8 +108,8 @@ def main() -> None:
             print(f"N={n}: p95 {row['p95']:.2f}s", file=sys.stderr, flush=True)
             if row["p95"] <= args.limit and row["refused"] == 0:
                 best = n
-            else:
-                break
+            elif row["refused"] == 0:
+                break  # over the latency limit with everyone admitted: no point going higher
     finally:
         proc.terminate()
         proc.wait(10)

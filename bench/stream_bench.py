@@ -40,10 +40,10 @@ from tests.wer import edit_distance, normalize  # noqa: E402
 DEFAULT_FIXTURES = "librivox_16k.s16le,espeak_8k.mulaw,call_8k_stereo.s16le,cards_44k.f32le"
 
 
-def start_server(compute_type: str) -> tuple[subprocess.Popen, int]:
+def start_server(compute_type: str, *extra: str) -> tuple[subprocess.Popen, int]:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asr_server", "--port", "0", "--compute-type", compute_type, "--log-level", "WARNING"],
+        [sys.executable, "-m", "asr_server", "--port", "0", "--compute-type", compute_type, "--log-level", "WARNING", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )
     assert proc.stdout is not None

@@ -29,6 +29,7 @@ from ..errors import (
     AsrError,
     FrameTooLarge,
     IdleTimeout,
+    OverloadError,
     InferenceFailed,
     InternalError,
     NotReady,
@@ -73,6 +74,10 @@ class AsrServer:
     @property
     def ready(self) -> bool:
         return self.scheduler is not None and not self._stopping
+
+    @property
+    def active_channels(self) -> int:
+        return sum(c.options.channels for c in self._connections)
 
     async def start(self) -> None:
         self._server = await serve(
@@ -124,7 +129,12 @@ class AsrServer:
         if path == LISTEN_PATH:
             return None  # go on with the WebSocket handshake
         if path == "/healthz":
-            body = {"status": "ok" if self.ready else "starting", "model": self.model_name}
+            body = {
+                "status": "ok" if self.ready else ("stopping" if self._stopping else "starting"),
+                "model": self.model_name,
+                "active_channels": self.active_channels,
+                "max_channels": self.limits.max_channels,
+            }
             status = http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
             return _response(status, json.dumps(body).encode(), "application/json")
         if path == "/metrics":
@@ -139,9 +149,11 @@ class AsrServer:
         writer_for_refusal = MessageWriter(session_id)
         try:
             options = self._options_for(ws)
+            self._admit(options)
         except AsrError as error:
             await self._refuse(ws, writer_for_refusal, error, session_id)
             return
+        # No await between the capacity check and this add: admission is atomic.
         conn = Connection(self, ws, Session(session_id, options, self.limits, self.model_name))
         self._connections.add(conn)
         self.metrics.sessions_started.inc()
@@ -165,6 +177,15 @@ class AsrServer:
             raise NotReady("the model is still loading; retry shortly", retry_after=2.0)
         query = parse_qs(urlsplit(ws.request.path if ws.request else "").query, keep_blank_values=True)
         return parse_stream_options(query, self.runner.languages)
+
+    def _admit(self, options: StreamOptions) -> None:
+        """Refuse a stream that would take the server past its channel capacity."""
+        limit = self.limits.max_channels
+        if limit and self.active_channels + options.channels > limit:
+            raise OverloadError(
+                f"the server is at capacity ({self.active_channels} of {limit} channels busy); retry later or elsewhere",
+                retry_after=5.0,
+            )
 
     async def _refuse(self, ws: ServerConnection, writer: MessageWriter, error: AsrError, session_id: str) -> None:
         self.metrics.errors.labels(error.code).inc()

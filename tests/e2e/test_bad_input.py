@@ -225,3 +225,35 @@ def test_shutdown_finalizes_what_clients_are_owed(whisper_runner):
     assert err["code"] == "shutting_down" and err["retryable"] is True
     final = next(m for m in messages if m["type"] == "final")
     assert "dashwood" in final["text"].lower() and final["seq"] > err["seq"]
+
+
+def test_streams_past_capacity_are_refused_at_connect(whisper_runner):
+    server = ServerThread(whisper_runner, Limits(max_channels=2)).start()
+    try:
+        pcm, _ = read_pcm(str(FIXTURES / "cards_16k.wav"))
+
+        async def main():
+            async with connect(server.url) as first:  # 1 of 2 channels
+                assert (await first.recv())["type"] == "session"
+                refused, code = await session(server.url, nothing, channels=2)  # would make 3
+                async with connect(server.url) as second:  # 2 of 2: fits
+                    assert (await second.recv())["type"] == "session"
+                    await first.send_audio(pcm)
+                    await first.close_stream()
+                    first_msgs = [m async for m in first]
+                return refused, code, first_msgs, first.close_code
+
+        refused, code, first_msgs, first_code = asyncio.run(main())
+        err = error_of(refused)
+        assert [m["type"] for m in refused] == ["error"] and code == 1013
+        assert err["code"] == "overloaded" and err["retryable"] is True and err["retry_after"] > 0
+        # The admitted stream was not harmed.
+        assert first_code == 1000 and first_msgs[-1]["type"] == "closed"
+        assert "clubs" in " ".join(m["text"] for m in first_msgs if m["type"] == "final").lower()
+        # Capacity is given back when streams end.
+        health = json.loads(get(server.http + "/healthz")[1])
+        assert health["active_channels"] == 0 and health["max_channels"] == 2
+        messages, _ = asyncio.run(session(server.url, lambda s: s.close_stream()))
+        assert messages[0]["type"] == "session"
+    finally:
+        server.stop()
