@@ -250,8 +250,10 @@ def test_streams_past_capacity_are_refused_at_connect(whisper_runner):
         # The admitted stream was not harmed.
         assert first_code == 1000 and first_msgs[-1]["type"] == "closed"
         assert "clubs" in " ".join(m["text"] for m in first_msgs if m["type"] == "final").lower()
-        # Capacity is given back when streams end.
-        health = json.loads(get(server.http + "/healthz")[1])
+        # Capacity is given back when streams end (the server notices a disconnect shortly after).
+        deadline = time.monotonic() + 10
+        while (health := json.loads(get(server.http + "/healthz")[1]))["active_channels"] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert health["active_channels"] == 0 and health["max_channels"] == 2
         messages, _ = asyncio.run(session(server.url, lambda s: s.close_stream()))
         assert messages[0]["type"] == "session"
