@@ -45,6 +45,8 @@ class StreamOptions:
     endpoint_ms: int = 500
     max_utterance_s: float = 20.0
     word_timestamps: bool = True
+    # Share of model time when streams compete: interactive 4, standard 2, batch 1.
+    priority: str = "interactive"
 
     @property
     def is_container(self) -> bool:
@@ -113,6 +115,12 @@ def _bool(name: str, raw: str) -> bool:
     raise InvalidOption(f"{name} must be true or false, got {raw!r}")
 
 
+def _choice(name: str, raw: str, allowed: tuple[str, ...]) -> str:
+    if raw not in allowed:
+        raise InvalidOption(f"{name} must be one of {', '.join(allowed)}, got {raw!r}")
+    return raw
+
+
 _KNOWN = (
     "encoding",
     "sample_rate",
@@ -123,7 +131,9 @@ _KNOWN = (
     "endpoint_ms",
     "max_utterance_s",
     "word_timestamps",
+    "priority",
 )
+PRIORITIES = ("interactive", "standard", "batch")
 
 
 def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str]) -> StreamOptions:
@@ -172,4 +182,5 @@ def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str
         # Capped at 30 s: one Whisper window, so an utterance is never split inside the model.
         max_utterance_s=_float("max_utterance_s", single.get("max_utterance_s", "20"), 2.0, 30.0),
         word_timestamps=_bool("word_timestamps", single.get("word_timestamps", "true")),
+        priority=_choice("priority", single.get("priority", "interactive"), PRIORITIES),
     )

@@ -1,22 +1,23 @@
 """One model, many sessions: decode jobs run one at a time in a worker thread.
 
-Each channel has at most one job outstanding (the incremental decoder waits
-for its result before asking again), so the queue holds at most one job per
-active channel and plain arrival order already serves the channels in turn.
-The model runs in its own thread; the event loop never blocks on it.
+Waiting jobs are ordered by weighted fair queuing across sessions
+(:mod:`.policy`): a session's weight comes from its ``priority`` class. Each
+channel has at most one job outstanding (the incremental decoder waits for its
+result before asking again), so the queue holds at most one job per active
+channel. The model runs in its own thread; the event loop never blocks on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..events import DecodeJob
-from ..inference.whisper import Hypothesis, Runner
+from ..inference.whisper import DecodeKind, Hypothesis, Runner
 from ..metrics import Metrics
+from .policy import FairQueue, Ticket, estimated_cost
 
 __all__ = ["Scheduler"]
 
@@ -36,7 +37,7 @@ class Scheduler:
     def __init__(self, runner: Runner, metrics: Metrics | None = None) -> None:
         self.runner = runner
         self.metrics = metrics
-        self._queue: deque[_Entry] = deque()
+        self._queue: FairQueue[_Entry] = FairQueue()
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-model")
         self._worker: asyncio.Task[None] | None = None
@@ -55,39 +56,40 @@ class Scheduler:
                 await self._worker
             except asyncio.CancelledError:
                 pass
-        for entry in self._queue:
-            entry.future.cancel()
-        self._queue.clear()
+        while (ticket := self._queue.pop()) is not None:
+            ticket.item.future.cancel()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def decode(self, owner: str, job: DecodeJob) -> Hypothesis:
+    async def decode(self, owner: str, job: DecodeJob, weight: float = 1.0) -> Hypothesis:
         """Queue ``job`` and wait for its hypothesis. Cancelling the wait drops the job."""
         future: asyncio.Future[Hypothesis] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Entry(owner, job, future))
+        cost = estimated_cost(job.request.kind is DecodeKind.FINAL, job.request.duration)
+        ticket: Ticket[_Entry] = self._queue.push(owner, _Entry(owner, job, future), weight=weight, cost=cost)
         self._observe_depth()
         self._wakeup.set()
         try:
             return await future
         except asyncio.CancelledError:
-            self._queue = deque(e for e in self._queue if e.future is not future)
+            self._queue.cancel(ticket)
             self._observe_depth()
             raise
 
     def cancel_owner(self, owner: str) -> None:
         """Drop every queued job of a session that has gone away."""
-        for entry in [e for e in self._queue if e.owner == owner]:
-            entry.future.cancel()
-        self._queue = deque(e for e in self._queue if e.owner != owner)
+        for ticket in self._queue.cancel_owner(owner):
+            ticket.item.future.cancel()
         self._observe_depth()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while not self._queue:
+            ticket = self._queue.pop()
+            if ticket is None:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            entry = self._queue.popleft()
+                continue
             self._observe_depth()
+            entry = ticket.item
             if entry.future.done():
                 continue
             try:

@@ -42,6 +42,7 @@ from ..metrics import Metrics
 from ..options import Limits, StreamOptions, parse_stream_options
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, MessageWriter, parse_client_message
 from ..scheduler import Scheduler
+from ..scheduler.policy import WEIGHTS, Priority
 from ..session import Close, Send, Session, SessionOutput, Submit
 
 __all__ = ["AsrServer"]
@@ -448,7 +449,7 @@ class Connection:
         scheduler = self.server.scheduler
         assert scheduler is not None
         try:
-            hypothesis = await scheduler.decode(self.sid, submit.job)
+            hypothesis = await scheduler.decode(self.sid, submit.job, WEIGHTS[Priority(self.options.priority)])
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -14,6 +14,8 @@ def test_defaults():
     assert (o.encoding, o.sample_rate, o.channels, o.interim_ms, o.endpoint_ms, o.max_utterance_s) == ("pcm_s16le", 16000, 1, 500, 500, 20.0)
     assert parse_stream_options(q(encoding="mulaw"), ["en"]).sample_rate == 8000
     assert parse_stream_options(q(encoding="ogg"), ["en"]).sample_rate is None
+    assert parse_stream_options({}, ["en"]).priority == "interactive"
+    assert parse_stream_options(q(priority="batch"), ["en"]).priority == "batch"
 
 
 @pytest.mark.parametrize(
@@ -21,7 +23,7 @@ def test_defaults():
     [
         q(encoding="aiff"), q(sample_rate=1234), q(sample_rate=96000), q(sample_rate="fast"), q(channels=0),
         q(channels=9), q(interim_ms=10), q(endpoint_ms="x"), q(max_utterance_s=31), q(max_utterance_s="nan"),
-        q(interim_results="maybe"), q(word_timestamps=2), q(bogus=1), {"channels": ["1", "2"]},
+        q(interim_results="maybe"), q(word_timestamps=2), q(bogus=1), {"channels": ["1", "2"]}, q(priority="urgent"),
     ],
 )
 def test_bad_options_are_refused(query):

@@ -1,0 +1,100 @@
+"""Which waiting decode runs next: weighted fair queuing across sessions.
+
+Start-time fair queuing (Goyal, Vin and Cheng, 1996): each session (owner)
+is a flow with a weight; a job gets a start tag ``max(V, the owner's last
+finish tag)`` and a finish tag ``start + cost / weight``; the job with the
+smallest start tag runs next, and the virtual time ``V`` becomes its start
+tag. A session's share of model time is proportional to its weight and no
+session waits behind another's backlog: every admitted stream keeps making
+progress, whatever its class (no strict priority).
+
+A plain object: no clock, no threads. The scheduler's worker calls
+:meth:`FairQueue.push` and :meth:`FairQueue.pop`.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+__all__ = ["Priority", "WEIGHTS", "FairQueue", "Ticket", "estimated_cost"]
+
+T = TypeVar("T")
+
+
+class Priority(str, enum.Enum):
+    INTERACTIVE = "interactive"
+    STANDARD = "standard"
+    BATCH = "batch"
+
+
+# Shares of model time when classes compete: weights, never strict priority.
+WEIGHTS: dict[Priority, float] = {Priority.INTERACTIVE: 4.0, Priority.STANDARD: 2.0, Priority.BATCH: 1.0}
+
+
+def estimated_cost(final: bool, audio_s: float) -> float:
+    """Model seconds a decode is expected to take on 2 CPU cores with tiny.en (README figures)."""
+    return 0.30 + 0.03 * audio_s if final else 0.05 + 0.02 * audio_s
+
+
+@dataclass(eq=False)
+class Ticket(Generic[T]):
+    owner: str
+    item: T
+    start: float
+    finish: float
+    seq: int
+    cancelled: bool = field(default=False)
+
+
+class FairQueue(Generic[T]):
+    def __init__(self) -> None:
+        self._virtual = 0.0
+        self._last_finish: dict[str, float] = {}
+        self._heap: list[tuple[float, int, Ticket[T]]] = []
+        self._seq = itertools.count()
+        self._live = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    @property
+    def virtual_time(self) -> float:
+        return self._virtual
+
+    def push(self, owner: str, item: T, *, weight: float, cost: float) -> Ticket[T]:
+        if weight <= 0 or cost < 0:
+            raise ValueError("weight must be positive and cost non-negative")
+        start = max(self._virtual, self._last_finish.get(owner, 0.0))
+        ticket = Ticket(owner, item, start, start + cost / weight, next(self._seq))
+        self._last_finish[owner] = ticket.finish
+        heapq.heappush(self._heap, (ticket.start, ticket.seq, ticket))
+        self._live += 1
+        return ticket
+
+    def pop(self) -> Ticket[T] | None:
+        """The next ticket to serve (smallest start tag, then arrival), or None."""
+        while self._heap:
+            _, _, ticket = heapq.heappop(self._heap)
+            if ticket.cancelled:
+                continue
+            self._live -= 1
+            self._virtual = max(self._virtual, ticket.start)
+            return ticket
+        return None
+
+    def cancel(self, ticket: Ticket[T]) -> None:
+        if not ticket.cancelled:
+            ticket.cancelled = True
+            self._live -= 1
+
+    def cancel_owner(self, owner: str) -> list[Ticket[T]]:
+        """Cancel every waiting ticket of ``owner`` and forget its flow."""
+        dropped = [t for _, _, t in self._heap if t.owner == owner and not t.cancelled]
+        for ticket in dropped:
+            self.cancel(ticket)
+        self._last_finish.pop(owner, None)
+        return dropped

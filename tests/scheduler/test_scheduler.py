@@ -1,0 +1,54 @@
+import asyncio
+
+import numpy as np
+
+from asr_server.events import DecodeJob
+from asr_server.inference.whisper import DecodeKind, DecodeRequest
+from asr_server.scheduler import Scheduler
+
+from ..fakes import FakeRunner
+
+
+def job(tag: str) -> DecodeJob:
+    return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.INTERIM, prompt=tag), False, 1600)
+
+
+def test_jobs_of_competing_sessions_are_interleaved_and_cancelled_with_their_session():
+    runner = FakeRunner(lambda r: r.prompt)
+
+    async def main():
+        s = Scheduler(runner)
+        # Queue everything before the worker starts, so the order is the policy's alone.
+        a = [asyncio.ensure_future(s.decode("a", job(f"a{i}"))) for i in range(4)]
+        b = [asyncio.ensure_future(s.decode("b", job(f"b{i}"))) for i in range(2)]
+        gone = [asyncio.ensure_future(s.decode("gone", job(f"gone{i}"))) for i in range(2)]
+        await asyncio.sleep(0)
+        s.cancel_owner("gone")
+        s.start()
+        results = await asyncio.gather(*a, *b)
+        await s.stop()
+        return results, gone
+
+    results, gone = asyncio.run(main())
+    assert [r.text for r in results] == ["a0", "a1", "a2", "a3", "b0", "b1"]
+    assert [r.prompt for r in runner.requests] == ["a0", "b0", "a1", "b1", "a2", "a3"]
+    assert all(g.cancelled() for g in gone)
+
+
+def test_a_failing_decode_fails_only_its_own_job():
+    def script(request):
+        if request.prompt == "bad":
+            raise RuntimeError("model exploded")
+        return "fine"
+
+    async def main():
+        s = Scheduler(FakeRunner(script))
+        s.start()
+        bad = asyncio.ensure_future(s.decode("x", job("bad")))
+        good = asyncio.ensure_future(s.decode("y", job("good")))
+        done = await asyncio.gather(bad, good, return_exceptions=True)
+        await s.stop()
+        return done
+
+    bad, good = asyncio.run(main())
+    assert isinstance(bad, RuntimeError) and good.text == "fine"
