@@ -1,7 +1,11 @@
 """One model, many sessions: decode jobs run one at a time in a worker thread.
 
 Waiting jobs are ordered by weighted fair queuing across sessions
-(:mod:`.policy`): a session's weight comes from its ``priority`` class. Each
+(:mod:`.policy`): a session's weight comes from its ``priority`` class.
+Final decodes wait in their own fair queue, served before any interim: a
+final is what a user waits on and is never dropped, while an interim that
+waits is superseded by the next one anyway (each channel asks again with
+newer audio once it returns), so under load interims thin out first. Each
 channel has at most one job outstanding (the incremental decoder waits for its
 result before asking again), so the queue holds at most one job per active
 channel. The model runs in its own thread; the event loop never blocks on it.
@@ -37,14 +41,18 @@ class Scheduler:
     def __init__(self, runner: Runner, metrics: Metrics | None = None) -> None:
         self.runner = runner
         self.metrics = metrics
-        self._queue: FairQueue[_Entry] = FairQueue()
+        self._finals: FairQueue[_Entry] = FairQueue()
+        self._interims: FairQueue[_Entry] = FairQueue()
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-model")
         self._worker: asyncio.Task[None] | None = None
 
     @property
     def depth(self) -> int:
-        return len(self._queue)
+        return len(self._finals) + len(self._interims)
+
+    def _pop(self) -> Ticket[_Entry] | None:
+        return self._finals.pop() or self._interims.pop()
 
     def start(self) -> None:
         self._worker = asyncio.get_running_loop().create_task(self._run(), name="asr-scheduler")
@@ -56,34 +64,35 @@ class Scheduler:
                 await self._worker
             except asyncio.CancelledError:
                 pass
-        while (ticket := self._queue.pop()) is not None:
+        while (ticket := self._pop()) is not None:
             ticket.item.future.cancel()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     async def decode(self, owner: str, job: DecodeJob, weight: float = 1.0) -> Hypothesis:
         """Queue ``job`` and wait for its hypothesis. Cancelling the wait drops the job."""
         future: asyncio.Future[Hypothesis] = asyncio.get_running_loop().create_future()
-        cost = estimated_cost(job.request.kind is DecodeKind.FINAL, job.request.duration)
-        ticket: Ticket[_Entry] = self._queue.push(owner, _Entry(owner, job, future), weight=weight, cost=cost)
+        final = job.request.kind is DecodeKind.FINAL
+        queue = self._finals if final else self._interims
+        ticket: Ticket[_Entry] = queue.push(owner, _Entry(owner, job, future), weight=weight, cost=estimated_cost(final, job.request.duration))
         self._observe_depth()
         self._wakeup.set()
         try:
             return await future
         except asyncio.CancelledError:
-            self._queue.cancel(ticket)
+            queue.cancel(ticket)
             self._observe_depth()
             raise
 
     def cancel_owner(self, owner: str) -> None:
         """Drop every queued job of a session that has gone away."""
-        for ticket in self._queue.cancel_owner(owner):
+        for ticket in self._finals.cancel_owner(owner) + self._interims.cancel_owner(owner):
             ticket.item.future.cancel()
         self._observe_depth()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            ticket = self._queue.pop()
+            ticket = self._pop()
             if ticket is None:
                 self._wakeup.clear()
                 await self._wakeup.wait()
@@ -106,4 +115,4 @@ class Scheduler:
 
     def _observe_depth(self) -> None:
         if self.metrics is not None:
-            self.metrics.queue_depth.set(len(self._queue))
+            self.metrics.queue_depth.set(self.depth)

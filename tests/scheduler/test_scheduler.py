@@ -52,3 +52,22 @@ def test_a_failing_decode_fails_only_its_own_job():
 
     bad, good = asyncio.run(main())
     assert isinstance(bad, RuntimeError) and good.text == "fine"
+
+
+def test_finals_go_before_waiting_interims():
+    runner = FakeRunner(lambda r: r.prompt)
+
+    def final(tag):
+        return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag), False, 1600)
+
+    async def main():
+        s = Scheduler(runner)
+        waits = [asyncio.ensure_future(s.decode(f"s{i}", job(f"interim{i}"))) for i in range(3)]
+        waits.append(asyncio.ensure_future(s.decode("late", final("final"))))
+        await asyncio.sleep(0)
+        s.start()
+        await asyncio.gather(*waits)
+        await s.stop()
+
+    asyncio.run(main())
+    assert runner.requests[0].prompt == "final"
