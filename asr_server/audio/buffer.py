@@ -1,4 +1,4 @@
-"""A growable float32 buffer: appends in amortised O(1), views without copies."""
+"""A growable float32 buffer: appends in amortised O(1)."""
 
 from __future__ import annotations
 
@@ -23,13 +23,6 @@ class AudioBuffer:
             self._data = grown
         self._data[self._size : need] = samples
         self._size = need
-
-    def view(self, end: int | None = None) -> np.ndarray:
-        """The first ``end`` samples (all by default), as a read-only view."""
-        stop = self._size if end is None else max(0, min(end, self._size))
-        view = self._data[:stop]
-        view.flags.writeable = False
-        return view
 
     def copy(self, start: int = 0, end: int | None = None) -> np.ndarray:
         stop = self._size if end is None else max(0, min(end, self._size))

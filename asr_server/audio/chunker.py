@@ -131,10 +131,6 @@ class Chunker:
     def in_speech(self) -> bool:
         return self._state is _State.SPEECH
 
-    @property
-    def next_utterance(self) -> int:
-        return self._utterance
-
     def feed(self, frames: list[VadFrame]) -> list[ChunkEvent]:
         events: list[ChunkEvent] = []
         for frame in frames:

@@ -115,7 +115,6 @@ class PcmDecoder:
         self._block = self._WIDTH[encoding] * channels
         self._carry = b""
         self._resampler = Resampler(sample_rate, channels)
-        self.input_samples = 0  # per channel, at the input rate
 
     def feed(self, data: bytes) -> np.ndarray:
         data = self._carry + data
@@ -127,7 +126,6 @@ class PcmDecoder:
         if not np.all(np.isfinite(samples)):
             raise InvalidAudio("pcm_f32le audio contains NaN or infinite samples")
         planar = samples.reshape(-1, self.channels).T
-        self.input_samples += planar.shape[1]
         return self._resampler.feed(planar)
 
     def flush(self) -> np.ndarray:
@@ -228,7 +226,6 @@ class ContainerDecoder:
         self.encoding = encoding
         self.channels = channels
         self._input = _ByteQueue(max_buffer_bytes)
-        self.input_seconds = 0.0
         self.received_bytes = 0
 
     def feed(self, data: bytes) -> None:
@@ -268,7 +265,6 @@ class ContainerDecoder:
         try:
             for frame in container.decode(stream):
                 frame.pts = None  # the resampler needs no timing; keep it from complaining about gaps
-                self.input_seconds += frame.samples / float(frame.sample_rate)
                 decoded += frame.samples
                 out = resampler.resample(frame)
                 if out:

@@ -61,10 +61,6 @@ class FairQueue(Generic[T]):
     def __len__(self) -> int:
         return self._live
 
-    @property
-    def virtual_time(self) -> float:
-        return self._virtual
-
     def push(self, owner: str, item: T, *, weight: float, cost: float) -> Ticket[T]:
         if weight <= 0 or cost < 0:
             raise ValueError("weight must be positive and cost non-negative")
