@@ -156,7 +156,7 @@ class Chunker:
         self._preroll.clear()
         self._state = _State.SPEECH
         self._start = earlier[0].start if earlier else frame.start
-        self._energy = [(f.start, _rms(f.samples), False) for f in earlier]
+        self._energy = [(f.start, f.rms, False) for f in earlier]
         self._last_speech_end = frame.end
         self._silence = 0
         self._paused = False
@@ -164,12 +164,12 @@ class Chunker:
         events.append(UtteranceStarted(self._utterance, self._start, max(self._start, speech_at)))
         audio = np.concatenate([f.samples for f in earlier] + [frame.samples])
         events.append(UtteranceAudio(self._utterance, audio, voiced=len(frame.samples)))
-        self._energy.append((frame.start, _rms(frame.samples), True))
+        self._energy.append((frame.start, frame.rms, True))
 
     def _speech_frame(self, frame: VadFrame, events: list[ChunkEvent]) -> None:
         opts = self.options
         events.append(UtteranceAudio(self._utterance, frame.samples, voiced=len(frame.samples) if frame.speech else 0))
-        self._energy.append((frame.start, _rms(frame.samples), frame.speech))
+        self._energy.append((frame.start, frame.rms, frame.speech))
         if frame.speech:
             self._last_speech_end = frame.end
             self._silence = 0
@@ -223,6 +223,3 @@ class Chunker:
         self._energy = []
         return event
 
-
-def _rms(samples: np.ndarray) -> float:
-    return float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))

@@ -50,6 +50,7 @@ class VadFrame:
     speech: bool
     # Set on the frame where speech begins: sample index of the first voiced frame of the vote.
     onset: int | None = None
+    rms: float = 0.0  # the frame's level (the chunker cuts long utterances at quiet frames)
 
     @property
     def end(self) -> int:
@@ -94,8 +95,8 @@ class VadGate:
 
     def _classify(self, samples: np.ndarray) -> VadFrame:
         pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
-        loud = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) >= self._floor
-        voiced = loud and self._is_voiced(pcm)
+        rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
+        voiced = rms >= self._floor and self._is_voiced(pcm)
         start = self._position
         self._position += FRAME_SAMPLES
         self._votes.append((start, voiced))
@@ -104,4 +105,4 @@ class VadGate:
         if speech and not self._speaking:
             onset = next(s for s, v in self._votes if v)
         self._speaking = speech
-        return VadFrame(start, samples, speech, onset)
+        return VadFrame(start, samples, speech, onset, rms)

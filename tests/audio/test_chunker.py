@@ -18,7 +18,7 @@ def frames(pattern: str, start: int = 0, level: float = 0.1, quiet_at: set[int] 
     out = []
     for i, ch in enumerate(pattern):
         amp = 0.001 if (ch == "." or (start + i) in quiet_at) else level
-        out.append(VadFrame((start + i) * FRAME_SAMPLES, np.full(FRAME_SAMPLES, amp, np.float32), ch == "S"))
+        out.append(VadFrame((start + i) * FRAME_SAMPLES, np.full(FRAME_SAMPLES, amp, np.float32), ch == "S", rms=amp))
     return out
 
 
