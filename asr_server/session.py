@@ -5,7 +5,7 @@ then feeds it 16 kHz planar audio, client commands and decode results, and
 carries out what each call returns, in order:
 
 * :class:`Send` - write this JSON message to the client;
-* :class:`Submit` - run this decode job, then call :meth:`Session.job_done`;
+* :class:`~asr_server.events.SubmitJob` - run this decode job, then call :meth:`Session.job_done`;
 * :class:`Close` - close the connection with this code (the last output).
 
 Per channel the data flows VAD -> chunker -> incremental decoder.
@@ -29,7 +29,7 @@ from .inference.whisper import Hypothesis
 from .options import Limits, StreamOptions
 from .protocol.messages import MessageWriter
 
-__all__ = ["SessionState", "Send", "Submit", "Close", "SessionOutput", "Session"]
+__all__ = ["SessionState", "Send", "Close", "SessionOutput", "Session"]
 
 
 class SessionState(enum.IntEnum):
@@ -48,17 +48,12 @@ class Send:
 
 
 @dataclass(frozen=True)
-class Submit:
-    job: DecodeJob
-
-
-@dataclass(frozen=True)
 class Close:
     code: int
     reason: str
 
 
-SessionOutput = Send | Submit | Close
+SessionOutput = Send | SubmitJob | Close
 
 
 class Session:
@@ -189,7 +184,7 @@ class Session:
         out: list[SessionOutput] = []
         for event in events:
             if isinstance(event, SubmitJob):
-                out.append(Submit(event.job))
+                out.append(event)
             else:
                 out.append(Send(self._writer.event(event), event))
         return out

@@ -44,7 +44,8 @@ class SyncDriver:
     """Drives a Session without a server: decode jobs run as soon as they are submitted."""
 
     def __init__(self, session, runner) -> None:
-        from asr_server.session import Close, Send, Submit
+        from asr_server.events import SubmitJob as Submit
+        from asr_server.session import Close, Send
 
         self._types = (Close, Send, Submit)
         self.session = session

@@ -36,14 +36,14 @@ from ..errors import (
     ShuttingDown,
     wire_info,
 )
-from ..events import Final, Interim
+from ..events import Final, Interim, SubmitJob
 from ..inference.whisper import Runner
 from ..metrics import Metrics
 from ..options import Limits, StreamOptions, parse_stream_options
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, MessageWriter, parse_client_message
 from ..scheduler import Scheduler
 from ..scheduler.policy import WEIGHTS, Priority
-from ..session import Close, Send, Session, SessionOutput, Submit
+from ..session import Close, Send, Session, SessionOutput
 
 __all__ = ["AsrServer"]
 
@@ -437,7 +437,7 @@ class Connection:
                 case Send():
                     self._observe(output)
                     await self.ws.send(json.dumps(output.message, separators=(",", ":")))
-                case Submit():
+                case SubmitJob():
                     self._spawn(self._decode(output))
                 case Close():
                     if output.code == 1000 and self.outcome == "disconnected":
@@ -445,7 +445,7 @@ class Connection:
                     await self.ws.close(output.code, output.reason)
                     self.done.set()
 
-    async def _decode(self, submit: Submit) -> None:
+    async def _decode(self, submit: SubmitJob) -> None:
         scheduler = self.server.scheduler
         assert scheduler is not None
         try:
