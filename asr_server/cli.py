@@ -11,6 +11,8 @@ import sys
 
 from .inference.whisper import DEFAULT_MODEL, INTERIM_ENCODER_PAD_S, ModelNotFound, WhisperRunner, resolve_model
 from .options import Limits
+from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
+from .scheduler.policy import BatchLimits
 from .transport.websocket import AsrServer
 
 log = logging.getLogger("asr_server")
@@ -29,19 +31,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
     p.add_argument("--max-channels", type=int, default=None,
-                   help="channels transcribed at once; more streams are refused with 'overloaded' (default: 2 per core on CPU, no limit on CUDA; 0: no limit)")
+                   help=f"channels transcribed at once; more streams are refused with 'overloaded' (default: {CHANNELS_PER_CORE:g} per core on CPU, no limit on CUDA; 0: no limit)")
+    p.add_argument("--max-batch", type=int, default=None, help="decodes per model call (default 8 on CPU, 32 on CUDA)")
+    p.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
+                   help="memory budget in MiB on CPU (default: half of the memory available at start); on CUDA the device's free memory is used (needs torch)")
+    p.add_argument("--interim-model", default=None,
+                   help="a smaller model for interim results under load (degradation step 2); same forms as --model (default: none)")
     p.add_argument("--log-level", default="INFO")
     return p
 
 
-async def _serve(args: argparse.Namespace, model_path: str) -> int:
+# Measured on 2 cores with tiny.en (README, "Several streams at once"): the
+# largest number of real-time channels that holds p95 final latency under 1.5 s.
+CHANNELS_PER_CORE = 2
+
+
+def _measure_budget(args: argparse.Namespace, runner: WhisperRunner, baseline: int, loaded: int, max_batch: int) -> MemoryBudget | None:
+    """Weights and batch working memory as measured while loading; the total from the device."""
+    weights = max(0, loaded - baseline)
+    before = process_rss()
+    runner.warm_up_batch(max_batch)
+    batch_working = max(0, peak_rss() - before)
+    if args.device == "cuda":
+        info = cuda_free_memory()
+        if info is None:
+            log.warning("no memory budget on CUDA: install the 'gpu' extra (torch) to read the device's free memory")
+            return None
+        free, _total = info
+        # CUDA: what is still free after the model and one full batch is what streams may use;
+        # their audio lives in host memory, so per-stream state is counted there too.
+        return MemoryBudget(total=free + weights + batch_working, weights=weights, baseline=0, batch_working=batch_working)
+    total = (args.memory_limit << 20) if args.memory_limit else available_host_memory() // 2
+    return MemoryBudget(total=total, weights=weights, baseline=baseline, batch_working=batch_working)
+
+
+async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None) -> int:
     max_channels = args.max_channels
     if max_channels is None:
-        # Measured on 2 cores with tiny.en (README, "Several streams at once"):
-        # 4 real-time channels hold p95 final latency under 1.5 s, 6 do not.
-        max_channels = 2 * (args.cpu_threads or os.cpu_count() or 1) if args.device == "cpu" else 0
+        max_channels = int(CHANNELS_PER_CORE * (args.cpu_threads or os.cpu_count() or 1)) if args.device == "cpu" else 0
+    max_batch = args.max_batch or (32 if args.device == "cuda" else 8)
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels)
-    server = AsrServer(args.host, args.port, limits, model_name=args.model)
+    server = AsrServer(args.host, args.port, limits, model_name=args.model, batch=BatchLimits(max_batch=max_batch, max_frames=max_batch * 3000))
     await server.start()
     print(f"asr-server listening on ws://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
 
@@ -50,18 +80,29 @@ async def _serve(args: argparse.Namespace, model_path: str) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    def load() -> WhisperRunner:
+    def load() -> tuple[WhisperRunner, WhisperRunner | None, MemoryBudget | None]:
+        baseline = process_rss()
         runner = WhisperRunner(model_path, device=args.device, compute_type=args.compute_type,
                                cpu_threads=args.cpu_threads, interim_encoder_pad_s=args.interim_encoder_pad_s)
+        interim = None
+        if interim_path is not None:
+            interim = WhisperRunner(interim_path, device=args.device, compute_type=args.compute_type,
+                                    cpu_threads=args.cpu_threads, interim_encoder_pad_s=args.interim_encoder_pad_s)
+            interim.warm_up()
+        loaded = process_rss()
         runner.warm_up()
-        return runner
+        budget = _measure_budget(args, runner, baseline, loaded, max_batch)
+        if budget is not None:
+            log.info("memory budget %s", budget.to_wire())
+        return runner, interim, budget
 
     loading = asyncio.ensure_future(asyncio.to_thread(load))
     waiting = asyncio.ensure_future(stop.wait())
     await asyncio.wait([loading, waiting], return_when=asyncio.FIRST_COMPLETED)
     if loading.done():
         try:
-            server.set_runner(loading.result())
+            runner, interim, budget = loading.result()
+            server.set_runner(runner, interim, budget)
         except Exception as exc:
             log.error("could not load model %s: %s", model_path, exc)
             await server.stop(grace_s=0)
@@ -81,11 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("websockets").setLevel(logging.WARNING)
     try:
         model_path = resolve_model(args.model)
+        interim_path = resolve_model(args.interim_model) if args.interim_model else None
     except ModelNotFound as exc:
         print(f"asr-server: {exc}", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing past this point may fetch anything
-    return asyncio.run(_serve(args, model_path))
+    return asyncio.run(_serve(args, model_path, interim_path))
 
 
 if __name__ == "__main__":

@@ -12,10 +12,12 @@ string ``code``. The tree separates who is at fault::
     │   ├── FrameTooLarge        binary frame over the configured limit
     │   ├── InvalidAudio         bytes that do not decode as the declared encoding
     │   ├── AudioFormatMismatch  container whose channels disagree with the options
-    │   └── IdleTimeout          no message for ``idle_timeout_s``
+    │   ├── IdleTimeout          no message for ``idle_timeout_s``
+    │   └── ResultsNotRead       results not read for ``send_timeout_s``
     ├── OverloadError        we cannot take more work now (retry later)
     │   ├── NotReady             the model is still loading / warming up
-    │   └── ShuttingDown         the server is stopping
+    │   ├── ShuttingDown         the server is stopping
+    │   └── MemoryPressure       memory is critical: a batch stream is shed
     └── ServerError          our fault
         ├── InferenceFailed      the model raised while decoding
         └── InternalError        anything else
@@ -41,6 +43,8 @@ __all__ = [
     "InvalidAudio",
     "AudioFormatMismatch",
     "IdleTimeout",
+    "ResultsNotRead",
+    "MemoryPressure",
     "OverloadError",
     "NotReady",
     "ShuttingDown",
@@ -100,6 +104,10 @@ class IdleTimeout(ClientError):
     code = "idle_timeout"
 
 
+class ResultsNotRead(ClientError):
+    code = "results_not_read"
+
+
 class OverloadError(AsrError):
     code = "overloaded"
 
@@ -110,6 +118,10 @@ class NotReady(OverloadError):
 
 class ShuttingDown(OverloadError):
     code = "shutting_down"
+
+
+class MemoryPressure(OverloadError):
+    code = "memory_pressure"
 
 
 class ServerError(AsrError):
@@ -141,9 +153,11 @@ WIRE_TABLE: dict[str, WireInfo] = {
     "invalid_audio": WireInfo(False, 1007),
     "audio_format_mismatch": WireInfo(False, 1007),
     "idle_timeout": WireInfo(False, 1008),
+    "results_not_read": WireInfo(False, 1008),
     "overloaded": WireInfo(True, 1013),
     "not_ready": WireInfo(True, 1013),
     "shutting_down": WireInfo(True, 1001),
+    "memory_pressure": WireInfo(True, 1013),
     "inference_failed": WireInfo(True, 1011),
     "internal_error": WireInfo(True, 1011),
 }

@@ -34,6 +34,21 @@ class Metrics:
         self.decode_seconds = Histogram(
             "asr_decode_seconds", "Model time per decode", ["kind"], buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.batch_size = Histogram(
+            "asr_batch_size", "Decodes per model call", ["kind"], buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), registry=r
+        )
+        self.queue_wait_seconds = Histogram(
+            "asr_queue_wait_seconds", "Time a decode waited for the model", ["kind"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.interims_skipped = Counter(
+            "asr_interims_skipped_total", "Waiting interim decodes dropped because their utterance paused or ended", registry=r
+        )
+        self.degradation_level = Gauge(
+            "asr_load_level", "Degradation step: 0 normal, 1 fewer interims, 2 interim model, 3-5 refusing batch/standard/all", registry=r
+        )
+        self.memory_budget = Gauge("asr_memory_budget_bytes", "Memory the server may use on its device", registry=r)
+        self.memory_used = Gauge("asr_memory_used_bytes", "Memory in use (resident set on CPU)", registry=r)
+        self.streams_shed = Counter("asr_streams_shed_total", "Batch streams closed because memory was critical", registry=r)
         self.queue_depth = Gauge("asr_decode_queue_depth", "Decode jobs waiting for the model", registry=r)
         self.guard_drops = Counter(
             "asr_guard_drops_total", "Finals from which a guard removed text, by guard", ["guard"], registry=r

@@ -70,6 +70,9 @@ class Limits:
     # Channels transcribed at once across all sessions; a stream that would go
     # past it is refused at connect (overloaded, 1013). 0: no limit.
     max_channels: int = 0
+    # Seconds a result may wait to be written to a client that does not read
+    # before the connection is closed (results_not_read).
+    send_timeout_s: float = 30.0
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

@@ -5,7 +5,9 @@ then feeds it 16 kHz planar audio, client commands and decode results, and
 carries out what each call returns, in order:
 
 * :class:`Send` - write this JSON message to the client;
-* :class:`~asr_server.events.SubmitJob` - run this decode job, then call :meth:`Session.job_done`;
+* :class:`~asr_server.events.SubmitJob` - run this decode job, then call
+  :meth:`Session.job_done` (or :meth:`Session.job_skipped` if the scheduler
+  skipped it after :meth:`Session.refresh_job` said so);
 * :class:`Close` - close the connection with this code (the last output).
 
 Per channel the data flows VAD -> chunker -> incremental decoder.
@@ -131,6 +133,29 @@ class Session:
         if self.state is not SessionState.STREAMING:
             return []
         return self._drain()
+
+    def refresh_job(self, job: DecodeJob) -> DecodeJob | None:
+        """The scheduler is about to run ``job``: what to run instead (None: skip it)."""
+        if self.state is SessionState.CLOSED:
+            return None
+        return self._decoders[job.channel].refresh(job)
+
+    def job_skipped(self, job: DecodeJob) -> list[SessionOutput]:
+        if self.state is SessionState.CLOSED:
+            return []
+        out = self._pipeline(self._decoders[job.channel].job_skipped(job))
+        return out + self._maybe_closed()
+
+    def set_load(self, level: int, interim_scale: int, interim_model: bool) -> list[SessionOutput]:
+        """The server's load level changed: adjust interims and tell the client if they change."""
+        interim_ms = self.options.interim_ms * interim_scale
+        changed = False
+        for d in self._decoders:
+            changed |= (d.interim_ms, d.interim_model) != (interim_ms, interim_model)
+            d.interim_ms, d.interim_model = interim_ms, interim_model
+        if not changed or not self.options.interim_results or self.state is not SessionState.STREAMING:
+            return []
+        return [Send(self._writer.load(level, interim_ms, interim_model))]
 
     def job_done(self, job: DecodeJob, hypothesis: Hypothesis) -> list[SessionOutput]:
         if self.state is SessionState.CLOSED:

@@ -15,6 +15,17 @@ class FakeRunner:
     def __init__(self, script: Callable[[DecodeRequest], str] | None = None) -> None:
         self.script = script or (lambda r: "hello world")
         self.requests: list[DecodeRequest] = []
+        self.batches: list[list[DecodeRequest]] = []
+
+    def batch_key(self, request: DecodeRequest) -> tuple[str, str]:
+        return (request.kind.value, request.language)
+
+    def window_frames(self, request: DecodeRequest) -> int:
+        return 3000
+
+    def transcribe_batch(self, requests) -> list[Hypothesis]:
+        self.batches.append(list(requests))
+        return [self.transcribe(r) for r in requests]
 
     def transcribe(self, request: DecodeRequest) -> Hypothesis:
         self.requests.append(request)

@@ -81,6 +81,10 @@ class ChannelDecoder:
         self._prompt = ""
         self._carry: tuple[np.ndarray, int] | None = None  # (audio, voiced samples) after a max-length cut
         self.transcribed_samples = 0
+        # Audio an utterance must grow by between interim decodes; the server
+        # raises it under load (fewer, larger interims) and lowers it again.
+        self.interim_ms = options.interim_ms
+        self.interim_model = False  # interims on the server's smaller interim model
 
     # -- state the session looks at -------------------------------------------------
 
@@ -112,6 +116,33 @@ class ChannelDecoder:
                     self._ended(event)
         out.extend(self._dispatch())
         return out
+
+    def refresh(self, job: DecodeJob) -> DecodeJob | None:
+        """The scheduler is about to run ``job``: the job to run instead, or None to skip it.
+
+        Finals run as asked. A waiting interim takes the newest audio of its
+        utterance (the stable prefix cannot have moved: it is the only job in
+        flight); it is skipped once the utterance has paused or ended, since a
+        final-quality decode is owed next. Call :meth:`job_skipped` when the
+        skip is reported.
+        """
+        if job is not self._in_flight or job.request.kind is DecodeKind.FINAL:
+            return job
+        utt = self._utterances.get(job.utterance)
+        if utt is None or utt.ended is not None or utt.paused_at is not None:
+            return None
+        if utt.end == job.audio_end:
+            return job
+        utt.interim_len = len(utt.audio)
+        fresh = self._submit(utt, DecodeKind.INTERIM, utt.end, speculative=False).job
+        return fresh
+
+    def job_skipped(self, job: DecodeJob) -> list[PipelineEvent]:
+        """The scheduler skipped ``job`` (see :meth:`refresh`): decide what runs next."""
+        if job is not self._in_flight:
+            raise ValueError("skip reported for a job that is not in flight on this channel")
+        self._in_flight = None
+        return self._dispatch()
 
     def job_done(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
         """Hand back the result of the job this decoder submitted last."""
@@ -190,7 +221,7 @@ class ChannelDecoder:
             grown = len(utt.audio) - utt.interim_len
             # No interim decode while the speaker is silent: speech may be ending, and a
             # decode in flight would delay the pause decode that becomes the final.
-            if self.options.interim_results and not utt.in_silence and grown * 1000 >= self.options.interim_ms * MODEL_RATE:
+            if self.options.interim_results and not utt.in_silence and grown * 1000 >= self.interim_ms * MODEL_RATE:
                 utt.interim_len = len(utt.audio)
                 out.append(self._submit(utt, DecodeKind.INTERIM, utt.end, speculative=False))
             break
@@ -206,6 +237,7 @@ class ChannelDecoder:
             prefix="" if final else utt.agreement.stable_text,
             # Finals are always aligned: the guards use word timing even when the client did not ask for it.
             word_timestamps=final,
+            model="interim" if self.interim_model and not final else "",
         )
         job = DecodeJob(self.channel, utt.index, request, speculative, end)
         self._in_flight = job

@@ -8,8 +8,15 @@ tag. A session's share of model time is proportional to its weight and no
 session waits behind another's backlog: every admitted stream keeps making
 progress, whatever its class (no strict priority).
 
-A plain object: no clock, no threads. The scheduler's worker calls
-:meth:`FairQueue.push` and :meth:`FairQueue.pop`.
+Batches (continuous batching): whenever the model is free, :func:`form_batch`
+takes the fair-order head and then, in fair order, the other waiting jobs that
+share its batch key (same kind, language, encoder window, prompt position),
+up to a batch size and a budget of padded encoder frames. Jobs that do not
+match keep their place. Before a job is looked at, ``inspect`` may refresh it
+(an interim takes the newest audio of its utterance) or skip it (an interim
+made stale by a pause or an endpoint).
+
+Plain objects: no clock, no threads. The scheduler's worker drives them.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ import enum
 import heapq
 import itertools
 from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["Priority", "WEIGHTS", "FairQueue", "Ticket", "estimated_cost"]
+__all__ = ["Priority", "WEIGHTS", "FairQueue", "Ticket", "estimated_cost", "BatchLimits", "form_batch"]
 
 T = TypeVar("T")
 
@@ -82,6 +90,18 @@ class FairQueue(Generic[T]):
             return ticket
         return None
 
+    def in_order(self) -> list[Ticket[T]]:
+        """Waiting tickets in the order :meth:`pop` would return them."""
+        return [t for _, _, t in sorted(self._heap, key=lambda e: (e[0], e[1])) if not t.cancelled]
+
+    def take(self, ticket: Ticket[T]) -> None:
+        """Remove a waiting ticket out of turn (it joins a batch, or is skipped)."""
+        if ticket.cancelled:
+            raise ValueError("ticket is no longer waiting")
+        ticket.cancelled = True
+        self._live -= 1
+        self._virtual = max(self._virtual, ticket.start)
+
     def cancel(self, ticket: Ticket[T]) -> None:
         if not ticket.cancelled:
             ticket.cancelled = True
@@ -94,3 +114,51 @@ class FairQueue(Generic[T]):
             self.cancel(ticket)
         self._last_finish.pop(owner, None)
         return dropped
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_batch: int = 8
+    # Padded encoder frames per batch (3000 = one 30 s window): bounds working memory.
+    max_frames: int = 8 * 3000
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_frames < 1:
+            raise ValueError("batch limits must be positive")
+
+
+def form_batch(
+    queues: Sequence[FairQueue[T]],
+    inspect: Callable[[T], tuple[Hashable, int] | None],
+    limits: BatchLimits,
+) -> tuple[list[Ticket[T]], list[Ticket[T]]]:
+    """The next batch and the tickets skipped on the way, both removed from their queue.
+
+    Queues are tried in order (finals before interims); the first that yields a
+    head forms the batch. ``inspect`` returns a job's ``(batch key, padded
+    frames)``, or None to skip it. The head always runs, even when it alone is
+    over ``max_frames``.
+    """
+    for queue in queues:
+        batch: list[Ticket[T]] = []
+        skipped: list[Ticket[T]] = []
+        key: Hashable = None
+        frames = 0
+        for ticket in queue.in_order():
+            if len(batch) >= limits.max_batch:
+                break
+            info = inspect(ticket.item)
+            if info is None:
+                queue.take(ticket)
+                skipped.append(ticket)
+                continue
+            item_key, item_frames = info
+            if batch and (item_key != key or frames + item_frames > limits.max_frames):
+                continue
+            key = item_key
+            frames += item_frames
+            queue.take(ticket)
+            batch.append(ticket)
+        if batch or skipped:
+            return batch, skipped
+    return [], []

@@ -1,58 +1,85 @@
-"""One model, many sessions: decode jobs run one at a time in a worker thread.
+"""One model, many sessions: decode jobs run in batches in one worker thread.
 
 Waiting jobs are ordered by weighted fair queuing across sessions
 (:mod:`.policy`): a session's weight comes from its ``priority`` class.
 Final decodes wait in their own fair queue, served before any interim: a
-final is what a user waits on and is never dropped, while an interim that
-waits is superseded by the next one anyway (each channel asks again with
-newer audio once it returns), so under load interims thin out first. Each
-channel has at most one job outstanding (the incremental decoder waits for its
-result before asking again), so the queue holds at most one job per active
-channel. The model runs in its own thread; the event loop never blocks on it.
+final is what a user waits on and is never dropped or reordered, while an
+interim that waits is refreshed with the newest audio of its utterance when
+it is picked (pull model: the queue holds "this channel wants an interim",
+not a copy of old audio) and skipped once its utterance has paused or ended.
+Each channel has at most one job outstanding, so the queues hold at most one
+job per active channel.
+
+Whenever the model is free, the worker forms the next batch from the queue
+heads (:func:`.policy.form_batch`) and runs it off the event loop; each
+result goes back to the session that asked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..events import DecodeJob
-from ..inference.whisper import DecodeKind, Hypothesis, Runner
+from ..inference.whisper import DecodeKind, DecodeRequest, Hypothesis, Runner
 from ..metrics import Metrics
-from .policy import FairQueue, Ticket, estimated_cost
+from .policy import BatchLimits, FairQueue, Ticket, estimated_cost, form_batch
 
-__all__ = ["Scheduler"]
+__all__ = ["Scheduler", "Refresh", "QueueState"]
 
 log = logging.getLogger("asr_server.scheduler")
+
+# Called when a waiting job is about to be batched: the job to run instead
+# (the same one, or one with newer audio), or None to skip it.
+Refresh = Callable[[DecodeJob], DecodeJob | None]
 
 
 @dataclass(eq=False)
 class _Entry:
     owner: str
     job: DecodeJob
-    future: asyncio.Future[Hypothesis] = field(repr=False)
+    future: asyncio.Future[tuple[DecodeJob, Hypothesis | None]] = field(repr=False)
+    queued_at: float
+    refresh: Refresh | None = None
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """What the load governor looks at (seconds)."""
+
+    finals: int
+    interims: int
+    oldest_final_wait: float
+    backlog: float  # estimated model seconds of the waiting finals and the running batch
 
 
 class Scheduler:
     """Call :meth:`start` inside the event loop, then :meth:`decode` from sessions."""
 
-    def __init__(self, runner: Runner, metrics: Metrics | None = None) -> None:
+    def __init__(self, runner: Runner, metrics: Metrics | None = None, limits: BatchLimits | None = None, interim_runner: Runner | None = None) -> None:
         self.runner = runner
+        self.interim_runner = interim_runner
         self.metrics = metrics
+        self.limits = limits or BatchLimits()
         self._finals: FairQueue[_Entry] = FairQueue()
         self._interims: FairQueue[_Entry] = FairQueue()
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-model")
         self._worker: asyncio.Task[None] | None = None
+        self._running_cost = 0.0
 
     @property
     def depth(self) -> int:
         return len(self._finals) + len(self._interims)
 
-    def _pop(self) -> Ticket[_Entry] | None:
-        return self._finals.pop() or self._interims.pop()
+    def state(self, now: float) -> QueueState:
+        finals = self._finals.in_order()
+        oldest = max((now - t.item.queued_at for t in finals), default=0.0)
+        backlog = self._running_cost + sum(estimated_cost(True, t.item.job.request.duration) for t in finals)
+        return QueueState(len(finals), len(self._interims), oldest, backlog)
 
     def start(self) -> None:
         self._worker = asyncio.get_running_loop().create_task(self._run(), name="asr-scheduler")
@@ -64,22 +91,31 @@ class Scheduler:
                 await self._worker
             except asyncio.CancelledError:
                 pass
-        while (ticket := self._pop()) is not None:
-            ticket.item.future.cancel()
+        for queue in (self._finals, self._interims):
+            while (ticket := queue.pop()) is not None:
+                ticket.item.future.cancel()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def decode(self, owner: str, job: DecodeJob, weight: float = 1.0) -> Hypothesis:
-        """Queue ``job`` and wait for its hypothesis. Cancelling the wait drops the job."""
-        future: asyncio.Future[Hypothesis] = asyncio.get_running_loop().create_future()
+    async def decode(self, owner: str, job: DecodeJob, weight: float = 1.0, refresh: Refresh | None = None) -> tuple[DecodeJob, Hypothesis | None]:
+        """Queue ``job``; wait for ``(the job that ran, its hypothesis)``.
+
+        The job that ran is ``job`` or the replacement ``refresh`` gave; the
+        hypothesis is None when ``refresh`` skipped it. Cancelling the wait
+        drops the job.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[DecodeJob, Hypothesis | None]] = loop.create_future()
         final = job.request.kind is DecodeKind.FINAL
         queue = self._finals if final else self._interims
-        ticket: Ticket[_Entry] = queue.push(owner, _Entry(owner, job, future), weight=weight, cost=estimated_cost(final, job.request.duration))
+        entry = _Entry(owner, job, future, loop.time(), None if final else refresh)
+        ticket: Ticket[_Entry] = queue.push(owner, entry, weight=weight, cost=estimated_cost(final, job.request.duration))
         self._observe_depth()
         self._wakeup.set()
         try:
             return await future
         except asyncio.CancelledError:
-            queue.cancel(ticket)
+            if not ticket.cancelled:
+                queue.cancel(ticket)
             self._observe_depth()
             raise
 
@@ -89,29 +125,84 @@ class Scheduler:
             ticket.item.future.cancel()
         self._observe_depth()
 
+    # -- the worker -----------------------------------------------------------------
+
+    def _inspect(self, entry: _Entry) -> tuple[object, int] | None:
+        if entry.future.done():
+            return None
+        if entry.refresh is not None:
+            fresh = entry.refresh(entry.job)
+            if fresh is None:
+                return None
+            entry.job = fresh
+        request = entry.job.request
+        runner = self._runner_for(request)
+        return (id(runner), runner.batch_key(request)), runner.window_frames(request)
+
+    def _runner_for(self, request: DecodeRequest) -> Runner:
+        if request.model == "interim" and self.interim_runner is not None:
+            return self.interim_runner
+        return self.runner
+
+    def _next_batch(self) -> list[_Entry]:
+        """Form the next batch; skipped jobs are answered on the way."""
+        while True:
+            batch, skipped = form_batch((self._finals, self._interims), self._inspect, self.limits)
+            for ticket in skipped:
+                entry = ticket.item
+                if not entry.future.done():
+                    entry.future.set_result((entry.job, None))
+                    if self.metrics is not None:
+                        self.metrics.interims_skipped.inc()
+            if batch or not skipped:
+                return [t.item for t in batch]
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            ticket = self._pop()
-            if ticket is None:
+            batch = self._next_batch()
+            self._observe_depth()
+            if not batch:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            self._observe_depth()
-            entry = ticket.item
+            requests = [e.job.request for e in batch]
+            kind = requests[0].kind
+            now = loop.time()
+            self._running_cost = sum(estimated_cost(kind is DecodeKind.FINAL, r.duration) for r in requests)
+            try:
+                hyps = await loop.run_in_executor(self._executor, self._runner_for(requests[0]).transcribe_batch, requests)
+            except Exception:
+                log.exception("decode failed kind=%s batch=%d", kind.value, len(batch))
+                await self._one_by_one(batch)
+                continue
+            finally:
+                self._running_cost = 0.0
+            if self.metrics is not None:
+                self.metrics.batch_size.labels(kind.value).observe(len(batch))
+                self.metrics.decode_seconds.labels(kind.value).observe(sum(h.decode_s for h in hyps))
+                for entry in batch:
+                    self.metrics.queue_wait_seconds.labels(kind.value).observe(now - entry.queued_at)
+            for entry, hyp in zip(batch, hyps):
+                if not entry.future.done():
+                    entry.future.set_result((entry.job, hyp))
+
+    async def _one_by_one(self, batch: list[_Entry]) -> None:
+        """A batch failed: run its jobs alone, so only the one that fails gets the error."""
+        loop = asyncio.get_running_loop()
+        for entry in batch:
             if entry.future.done():
                 continue
             try:
-                hyp = await loop.run_in_executor(self._executor, self.runner.transcribe, entry.job.request)
-            except Exception as exc:  # the model failed: that session gets the error
-                log.exception("decode failed owner=%s", entry.owner)
+                [hyp] = await loop.run_in_executor(self._executor, self._runner_for(entry.job.request).transcribe_batch, [entry.job.request])
+            except Exception as exc:
+                if len(batch) > 1:
+                    log.exception("decode failed alone owner=%s", entry.owner)
                 if not entry.future.done():
                     entry.future.set_exception(exc)
                 continue
-            if self.metrics is not None:
-                self.metrics.decode_seconds.labels(entry.job.request.kind.value).observe(hyp.decode_s)
             if not entry.future.done():
-                entry.future.set_result(hyp)
+                entry.future.set_result((entry.job, hyp))
 
     def _observe_depth(self) -> None:
         if self.metrics is not None:

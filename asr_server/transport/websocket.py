@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -32,7 +33,9 @@ from ..errors import (
     OverloadError,
     InferenceFailed,
     InternalError,
+    MemoryPressure,
     NotReady,
+    ResultsNotRead,
     ShuttingDown,
     wire_info,
 )
@@ -42,7 +45,9 @@ from ..metrics import Metrics
 from ..options import Limits, StreamOptions, parse_stream_options
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, MessageWriter, parse_client_message
 from ..scheduler import Scheduler
-from ..scheduler.policy import WEIGHTS, Priority
+from ..scheduler.budget import MemoryBudget, process_rss, stream_bytes
+from ..scheduler.governor import GovernorOptions, LoadGovernor
+from ..scheduler.policy import WEIGHTS, BatchLimits, Priority
 from ..session import Close, Send, Session, SessionOutput
 
 __all__ = ["AsrServer"]
@@ -60,17 +65,38 @@ class AsrServer:
     is loaded and warmed up (``/healthz`` answers 503 until then).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8765, limits: Limits = Limits(), model_name: str = "") -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        limits: Limits = Limits(),
+        model_name: str = "",
+        *,
+        budget: MemoryBudget | None = None,
+        governor: GovernorOptions = GovernorOptions(),
+        batch: BatchLimits = BatchLimits(),
+        memory_probe: Callable[[], int] = process_rss,
+        tick_s: float = 0.25,
+    ) -> None:
+        """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
+        the governor's memory-critical step (compared with ``budget.total``)."""
         self.host = host
         self.port = port
         self.limits = limits
         self.model_name = model_name
+        self.budget = budget
+        self.batch_limits = batch
+        self.governor = LoadGovernor(governor)
+        self.memory_probe = memory_probe
+        self.tick_s = tick_s
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
         self.runner: Runner | None = None
+        self.interim_runner: Runner | None = None
         self._server: Server | None = None
         self._connections: set[Connection] = set()
         self._stopping = False
+        self._ticker: asyncio.Task[None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -79,6 +105,16 @@ class AsrServer:
     @property
     def active_channels(self) -> int:
         return sum(c.options.channels for c in self._connections)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(c.reserved_bytes for c in self._connections)
+
+    def stream_bytes(self, options: StreamOptions) -> int:
+        return stream_bytes(
+            options.channels, options.max_utterance_s, self.limits.max_pending_finals,
+            self.limits.max_container_buffer_bytes if options.is_container else 0,
+        )
 
     async def start(self) -> None:
         self._server = await serve(
@@ -97,11 +133,51 @@ class AsrServer:
         self.port = sock.getsockname()[1]
         server_log.info("listening on ws://%s:%d%s", self.host, self.port, LISTEN_PATH)
 
-    def set_runner(self, runner: Runner) -> None:
+    def set_runner(self, runner: Runner, interim_runner: Runner | None = None, budget: MemoryBudget | None = None) -> None:
+        """The model is loaded and warm: start serving (``budget`` may come with it, measured)."""
         self.runner = runner
-        self.scheduler = Scheduler(runner, self.metrics)
+        self.interim_runner = interim_runner
+        if budget is not None:
+            self.budget = budget
+        self.scheduler = Scheduler(runner, self.metrics, self.batch_limits, interim_runner)
         self.scheduler.start()
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever(), name="asr-governor")
         self.metrics.model_ready.set(1)
+        if self.budget is not None:
+            self.metrics.memory_budget.set(self.budget.total)
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                await self.tick()
+            except Exception:
+                server_log.exception("governor tick failed")
+
+    async def tick(self) -> None:
+        """Feed the governor; announce a new level; shed a batch stream if memory is critical."""
+        assert self.scheduler is not None
+        loop = asyncio.get_running_loop()
+        before = self.governor.level
+        state = self.scheduler.state(loop.time())
+        used = self.memory_probe() if self.budget is not None else 0
+        level = self.governor.observe(loop.time(), state.oldest_final_wait, used, self.budget.total if self.budget else 0)
+        self.metrics.memory_used.set(used)
+        self.metrics.degradation_level.set(int(level))
+        if level != before:
+            server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs finals=%d interims=%d",
+                            before, level, level.name.lower(), state.oldest_final_wait, state.finals, state.interims)
+            scale = self.governor.interim_scale(self.interim_runner is not None)
+            use_model = self.governor.use_interim_model() and self.interim_runner is not None
+            for conn in list(self._connections):
+                await conn.set_load(int(level), scale, use_model)
+        if self.governor.memory_critical:
+            victims = [c for c in self._connections if c.options.priority == Priority.BATCH.value and not c.shedding]
+            if victims:
+                victim = min(victims, key=lambda c: c.started_at)
+                server_log.warning("memory critical (%d of %d bytes): closing batch session %s", used, self.budget.total if self.budget else 0, victim.sid)
+                self.metrics.streams_shed.inc()
+                await victim.shed()
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, tell every client, finish what they are owed, close."""
@@ -116,6 +192,9 @@ class AsrServer:
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.stop()
 
@@ -135,6 +214,9 @@ class AsrServer:
                 "model": self.model_name,
                 "active_channels": self.active_channels,
                 "max_channels": self.limits.max_channels,
+                "load_level": int(self.governor.level),
+                "accepting": [p.value for p in Priority if self.governor.admits(p)] if self.ready else [],
+                "memory": {**self.budget.to_wire(), "reserved_mib": self.reserved_bytes >> 20} if self.budget else None,
             }
             status = http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
             return _response(status, json.dumps(body).encode(), "application/json")
@@ -180,12 +262,22 @@ class AsrServer:
         return parse_stream_options(query, self.runner.languages)
 
     def _admit(self, options: StreamOptions) -> None:
-        """Refuse a stream that would take the server past its channel capacity."""
+        """Refuse, before any audio, a stream past the channel or memory capacity, or at a refusing load level."""
         limit = self.limits.max_channels
         if limit and self.active_channels + options.channels > limit:
             raise OverloadError(
                 f"the server is at capacity ({self.active_channels} of {limit} channels busy); retry later or elsewhere",
                 retry_after=5.0,
+            )
+        if self.budget is not None and not self.budget.fits(self.reserved_bytes, self.stream_bytes(options)):
+            raise OverloadError(
+                f"the server's memory budget is spoken for ({self.reserved_bytes >> 20} of {self.budget.for_streams >> 20} MiB); retry later or elsewhere",
+                retry_after=5.0,
+            )
+        if not self.governor.admits(Priority(options.priority)):
+            raise OverloadError(
+                f"the server is overloaded (load level {int(self.governor.level)}) and not taking new {options.priority} streams; retry later",
+                retry_after=10.0,
             )
 
     async def _refuse(self, ws: ServerConnection, writer: MessageWriter, error: AsrError, session_id: str) -> None:
@@ -227,6 +319,10 @@ class Connection:
         self._container: ContainerDecoder | None = None
         self._container_task: asyncio.Task[None] | None = None
         self._ending = False
+        self.started_at = time.monotonic()
+        self.reserved_bytes = server.stream_bytes(self.options)
+        self.shedding = False
+        self._weight = WEIGHTS[Priority(self.options.priority)]
 
     @property
     def sid(self) -> str:
@@ -254,6 +350,20 @@ class Connection:
             await self._apply_safely(self.session.fail(InternalError("internal error; the session was closed")))
         finally:
             await self._cleanup()
+
+    async def set_load(self, level: int, interim_scale: int, interim_model: bool) -> None:
+        try:
+            await self._apply(self.session.set_load(level, interim_scale, interim_model))
+        except (ConnectionClosed, TimeoutError):
+            self.done.set()
+
+    async def shed(self) -> None:
+        """Memory critical: finish this stream (finals flushed), close 1013."""
+        self.shedding = True
+        try:
+            await self._fail(MemoryPressure("the server is short of memory and closed this batch stream after its last final; retry later", retry_after=30.0))
+        except ConnectionClosed:
+            self.done.set()
 
     async def shut_down(self) -> None:
         """Server stopping: tell the client, finalize what is held, close 1001."""
@@ -436,7 +546,7 @@ class Connection:
             match output:
                 case Send():
                     self._observe(output)
-                    await self.ws.send(json.dumps(output.message, separators=(",", ":")))
+                    await self._send(json.dumps(output.message, separators=(",", ":")))
                 case SubmitJob():
                     self._spawn(self._decode(output))
                 case Close():
@@ -445,18 +555,34 @@ class Connection:
                     await self.ws.close(output.code, output.reason)
                     self.done.set()
 
+    async def _send(self, text: str) -> None:
+        """Write one message; a client that leaves results unread past ``send_timeout_s`` is cut off."""
+        try:
+            await asyncio.wait_for(self.ws.send(text), timeout=self.limits.send_timeout_s)
+        except TimeoutError:
+            self._ending = True
+            self.outcome = "client_error"
+            self.metrics.errors.labels(ResultsNotRead.code).inc()
+            log.info("session=%s event=error code=results_not_read message=no result read for %g s", self.sid, self.limits.send_timeout_s)
+            self.done.set()
+            self.ws.transport.abort()  # nothing more can be written to this client
+            raise ConnectionClosed(None, None) from None
+
     async def _decode(self, submit: SubmitJob) -> None:
         scheduler = self.server.scheduler
         assert scheduler is not None
         try:
-            hypothesis = await scheduler.decode(self.sid, submit.job, WEIGHTS[Priority(self.options.priority)])
+            job, hypothesis = await scheduler.decode(self.sid, submit.job, self._weight, self.session.refresh_job)
         except asyncio.CancelledError:
             raise
         except Exception:
             await self._fail(InferenceFailed("the model failed to decode this audio"))
             return
         try:
-            await self._apply(self.session.job_done(submit.job, hypothesis))
+            if hypothesis is None:
+                await self._apply(self.session.job_skipped(job))
+            else:
+                await self._apply(self.session.job_done(job, hypothesis))
         except ConnectionClosed:
             self.done.set()
         except Exception:

@@ -145,3 +145,36 @@ def test_guard_drops_are_reported_on_the_final():
     ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0), UtteranceEnded(0, SR, EndReason.ENDPOINT)])
     (final,) = only(d.job_done(only(ev, SubmitJob)[0].job, Hypothesis("so so so so so so so yes")), Final)
     assert final.text == "so so so yes" and final.dropped == ("repetition",)
+
+
+def test_a_waiting_interim_is_refreshed_with_the_newest_audio():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=100))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 0.2)]), SubmitJob)]
+    d.feed([audio(0, 0.5)])  # arrives while the job waits for the model
+    fresh = d.refresh(job)
+    assert fresh is not job and len(fresh.request.audio) == int(0.7 * SR) and d.in_flight is fresh
+    assert d.refresh(fresh) is fresh  # nothing new: run as is
+    (interim,) = only(d.job_done(fresh, Hypothesis("one two")), Interim)
+    assert interim.end == 0.7
+
+
+def test_a_stale_interim_is_skipped_and_the_final_follows():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=100))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 0.5)]), SubmitJob)]
+    d.feed([UtteranceEnded(0, int(0.5 * SR), EndReason.ENDPOINT)])
+    assert d.refresh(job) is None
+    (nxt,) = [e.job for e in only(d.job_skipped(job), SubmitJob)]
+    assert nxt.request.kind is DecodeKind.FINAL and not nxt.speculative
+    assert d.refresh(nxt) is nxt  # finals always run as asked
+    (final,) = only(d.job_done(nxt, Hypothesis("done")), Final)
+    assert final.text == "done"
+
+
+def test_interims_slow_down_when_the_server_asks():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=200))
+    d.interim_ms = 800
+    d.feed([UtteranceStarted(0, 0, 0), audio(0, 0.8)])
+    job = d.in_flight
+    ev = d.job_done(job, Hypothesis("a"))
+    assert not only(d.feed([audio(0, 0.5)]) + ev, SubmitJob)  # 0.5 s < 0.8 s
+    assert only(d.feed([audio(0, 0.3)]), SubmitJob)

@@ -5,21 +5,6 @@ from asr_server.inference import whisper as W
 from asr_server.inference.whisper import DecodeKind, DecodeRequest, ModelNotFound, resolve_model
 
 
-def test_short_encoder_window_only_inside_our_interim_decodes():
-    import faster_whisper.transcribe as fw
-
-    W._install_short_padding()
-    W._install_short_padding()  # idempotent
-    features = np.zeros((80, 500), np.float32)
-    assert fw.pad_or_trim(features).shape[-1] == 3000  # anyone else: Whisper's 30 s window
-    W._pad_margin.frames = 1000
-    try:
-        assert fw.pad_or_trim(features).shape[-1] == 1500
-        assert fw.pad_or_trim(np.zeros((80, 2500), np.float32)).shape[-1] == 3000  # never past 30 s
-    finally:
-        W._pad_margin.frames = None
-
-
 def test_real_model_interim_and_final(whisper_runner):
     from ..harness import MANIFEST, load_mono
 
@@ -30,7 +15,6 @@ def test_real_model_interim_and_final(whisper_runner):
     for hyp in (interim, final):
         assert "call me back" in hyp.text.lower()
     assert final.words and all(0 <= w.start <= w.end <= len(audio) / 16000 + 0.01 for w in final.words)
-    assert W._pad_margin.frames is None
 
 
 def test_model_resolution(tmp_path):
@@ -39,3 +23,38 @@ def test_model_resolution(tmp_path):
         resolve_model(str(tmp_path))
     with pytest.raises(ModelNotFound, match="neither"):
         resolve_model("huge-v9")
+
+
+def test_batched_decodes_give_the_same_text_as_one_at_a_time(whisper_runner):
+    """Several streams' utterances in one model call: same words as decoding each alone."""
+    from collections import defaultdict
+
+    from ..harness import MANIFEST, load_mono
+
+    requests = []
+    for name in ("librivox_16k.wav", "cards_16k.wav"):
+        audio = load_mono(name)
+        for start, end in MANIFEST[name]["spans"][0][:3]:
+            clip = audio[int((start - 0.3) * 16000) : int((end + 0.2) * 16000)]
+            requests.append(DecodeRequest(clip, DecodeKind.FINAL, word_timestamps=True))
+            requests.append(DecodeRequest(clip[: len(clip) // 2], DecodeKind.INTERIM, prompt="He was not an ill disposed young man."))
+    groups = defaultdict(list)
+    for i, r in enumerate(requests):
+        groups[whisper_runner.batch_key(r)].append(i)
+    assert max(len(g) for g in groups.values()) >= 3  # real batches, not batches of one
+    batched = {}
+    for indices in groups.values():
+        for i, hyp in zip(indices, whisper_runner.transcribe_batch([requests[i] for i in indices])):
+            batched[i] = hyp
+    for i, r in enumerate(requests):
+        alone = whisper_runner.transcribe(r)
+        assert batched[i].text == alone.text, (r.kind, alone.text, batched[i].text)
+        assert [w.word for w in batched[i].words] == [w.word for w in alone.words]
+    assert all(batched[i].text for i in batched)
+
+
+def test_requests_with_different_keys_cannot_share_a_batch(whisper_runner):
+    a = DecodeRequest(np.zeros(16000, np.float32), DecodeKind.FINAL)
+    b = DecodeRequest(np.zeros(16000, np.float32), DecodeKind.INTERIM)
+    with pytest.raises(ValueError, match="batch key"):
+        whisper_runner.transcribe_batch([a, b])

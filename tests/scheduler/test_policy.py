@@ -1,6 +1,6 @@
 import pytest
 
-from asr_server.scheduler.policy import WEIGHTS, FairQueue, Priority
+from asr_server.scheduler.policy import WEIGHTS, BatchLimits, FairQueue, Priority, form_batch
 
 
 def drain(q, n=None):
@@ -65,3 +65,58 @@ def test_cancel_and_cancel_owner():
 def test_bad_weight_is_refused():
     with pytest.raises(ValueError):
         FairQueue().push("a", 1, weight=0, cost=1)
+
+
+def _queue(*items):
+    q = FairQueue()
+    for owner, key, frames in items:
+        q.push(owner, (key, frames), weight=1, cost=1)
+    return q
+
+
+def _inspect(item):
+    key, frames = item
+    return None if key == "stale" else (key, frames)
+
+
+def test_a_batch_takes_compatible_jobs_in_fair_order_and_leaves_the_rest_waiting():
+    q = _queue(("a", "k1", 500), ("b", "k2", 500), ("c", "k1", 500), ("d", "k1", 500))
+    batch, skipped = form_batch([q], _inspect, BatchLimits(max_batch=8, max_frames=10_000))
+    assert [t.owner for t in batch] == ["a", "c", "d"] and not skipped
+    assert [t.owner for t in q.in_order()] == ["b"]
+
+
+def test_batch_size_and_frame_budget_bound_a_batch_but_the_head_always_runs():
+    q = _queue(*[(o, "k", 3000) for o in "abcde"])
+    batch, _ = form_batch([q], _inspect, BatchLimits(max_batch=3, max_frames=100_000))
+    assert [t.owner for t in batch] == ["a", "b", "c"]
+    batch, _ = form_batch([q], _inspect, BatchLimits(max_batch=8, max_frames=3000))
+    assert [t.owner for t in batch] == ["d"]
+    batch, _ = form_batch([q], _inspect, BatchLimits(max_batch=8, max_frames=10))
+    assert [t.owner for t in batch] == ["e"]  # over the budget alone: still runs
+
+
+def test_first_queue_with_work_wins_and_stale_jobs_are_skipped():
+    finals = _queue()
+    interims = _queue(("a", "stale", 1), ("b", "k", 1))
+    batch, skipped = form_batch([finals, interims], _inspect, BatchLimits())
+    assert [t.owner for t in batch] == ["b"] and [t.owner for t in skipped] == ["a"]
+    finals = _queue(("f", "final", 3000))
+    interims = _queue(("i", "k", 1))
+    batch, _ = form_batch([finals, interims], _inspect, BatchLimits())
+    assert [t.owner for t in batch] == ["f"] and len(interims) == 1
+    assert form_batch([_queue(), _queue()], _inspect, BatchLimits()) == ([], [])
+
+
+def test_every_stream_progresses_under_batching_whatever_its_class():
+    # Starvation check through batch formation: a batch-class stream behind a
+    # backlog of interactive jobs is in one of the first batches.
+    q = FairQueue()
+    for i in range(40):
+        q.push(f"busy{i % 4}", ("k", 1), weight=WEIGHTS[Priority.INTERACTIVE], cost=1)
+    q.push("low", ("k", 1), weight=WEIGHTS[Priority.BATCH], cost=1)
+    seen = []
+    for _ in range(3):
+        batch, _ = form_batch([q], _inspect, BatchLimits(max_batch=4))
+        seen += [t.owner for t in batch]
+    assert "low" in seen

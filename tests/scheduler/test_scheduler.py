@@ -5,6 +5,7 @@ import numpy as np
 from asr_server.events import DecodeJob
 from asr_server.inference.whisper import DecodeKind, DecodeRequest
 from asr_server.scheduler import Scheduler
+from asr_server.scheduler.policy import BatchLimits
 
 from ..fakes import FakeRunner
 
@@ -30,7 +31,7 @@ def test_jobs_of_competing_sessions_are_interleaved_and_cancelled_with_their_ses
         return results, gone
 
     results, gone = asyncio.run(main())
-    assert [r.text for r in results] == ["a0", "a1", "a2", "a3", "b0", "b1"]
+    assert [hyp.text for _, hyp in results] == ["a0", "a1", "a2", "a3", "b0", "b1"]
     assert [r.prompt for r in runner.requests] == ["a0", "b0", "a1", "b1", "a2", "a3"]
     assert all(g.cancelled() for g in gone)
 
@@ -51,7 +52,7 @@ def test_a_failing_decode_fails_only_its_own_job():
         return done
 
     bad, good = asyncio.run(main())
-    assert isinstance(bad, RuntimeError) and good.text == "fine"
+    assert isinstance(bad, RuntimeError) and good[1].text == "fine"
 
 
 def test_finals_go_before_waiting_interims():
@@ -71,3 +72,40 @@ def test_finals_go_before_waiting_interims():
 
     asyncio.run(main())
     assert runner.requests[0].prompt == "final"
+
+
+def test_waiting_jobs_of_many_sessions_run_as_one_batch():
+    runner = FakeRunner(lambda r: r.prompt)
+
+    async def main():
+        s = Scheduler(runner, limits=BatchLimits(max_batch=3))
+        waits = [asyncio.ensure_future(s.decode(f"s{i}", job(f"j{i}"))) for i in range(5)]
+        await asyncio.sleep(0)
+        s.start()
+        results = await asyncio.gather(*waits)
+        await s.stop()
+        return results
+
+    results = asyncio.run(main())
+    assert [len(b) for b in runner.batches] == [3, 2]
+    assert [hyp.text for _, hyp in results] == [f"j{i}" for i in range(5)]  # each result to its own job
+
+
+def test_refresh_replaces_a_waiting_interim_or_skips_it():
+    runner = FakeRunner(lambda r: r.prompt)
+    newer = job("newer")
+
+    async def main():
+        s = Scheduler(runner)
+        fresh = asyncio.ensure_future(s.decode("a", job("older"), refresh=lambda j: newer))
+        stale = asyncio.ensure_future(s.decode("b", job("stale"), refresh=lambda j: None))
+        await asyncio.sleep(0)
+        s.start()
+        done = await asyncio.gather(fresh, stale)
+        await s.stop()
+        return done
+
+    (ran, hyp), (skipped_job, nothing) = asyncio.run(main())
+    assert ran is newer and hyp.text == "newer"
+    assert nothing is None and skipped_job.request.prompt == "stale"
+    assert [r.prompt for r in runner.requests] == ["newer"]

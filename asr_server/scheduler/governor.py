@@ -1,0 +1,114 @@
+"""Graceful degradation: the load level, raised and lowered one step at a time.
+
+Fed the scheduler's queue state and memory use at a time passed in, the
+:class:`LoadGovernor` keeps a :class:`Level`. Pressure means finals are
+waiting for the model longer than ``high_wait_s`` (finals are served first,
+so a waiting final means the model is saturated); calm means the oldest final
+waits less than ``low_wait_s``. Sustained pressure raises the level by one
+step every ``raise_after_s``; sustained calm lowers it one step every
+``lower_after_s`` (slower down than up, so it does not flap). The steps, in
+order:
+
+1. ``FEWER_INTERIMS`` - interims every ``interim_factor`` times more audio;
+2. ``INTERIM_MODEL`` - interims on the smaller ``--interim-model`` (without
+   one: interims slowed by the factor once more);
+3. ``REFUSE_BATCH`` - new ``batch`` streams are refused;
+4. ``REFUSE_STANDARD`` - new ``standard`` streams too;
+5. ``REFUSE_ALL`` - every new stream is refused with ``retry_after``;
+   admitted streams keep being served.
+
+Independently, memory above ``critical_fraction`` of the budget is
+``memory_critical``: the server then closes its longest-running ``batch``
+stream (finals flushed first), one per observation, until it is not.
+
+A plain object: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .policy import Priority
+
+__all__ = ["Level", "GovernorOptions", "LoadGovernor"]
+
+
+class Level(enum.IntEnum):
+    NORMAL = 0
+    FEWER_INTERIMS = 1
+    INTERIM_MODEL = 2
+    REFUSE_BATCH = 3
+    REFUSE_STANDARD = 4
+    REFUSE_ALL = 5
+
+
+_REFUSED_FROM: dict[Priority, Level] = {
+    Priority.BATCH: Level.REFUSE_BATCH,
+    Priority.STANDARD: Level.REFUSE_STANDARD,
+    Priority.INTERACTIVE: Level.REFUSE_ALL,
+}
+
+
+@dataclass(frozen=True)
+class GovernorOptions:
+    high_wait_s: float = 0.6
+    low_wait_s: float = 0.2
+    raise_after_s: float = 1.0
+    lower_after_s: float = 4.0
+    interim_factor: int = 2
+    critical_fraction: float = 0.95
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.low_wait_s < self.high_wait_s:
+            raise ValueError("need 0 <= low_wait_s < high_wait_s")
+        if self.raise_after_s <= 0 or self.lower_after_s <= 0 or self.interim_factor < 1:
+            raise ValueError("governor periods and factor must be positive")
+
+
+class LoadGovernor:
+    def __init__(self, options: GovernorOptions = GovernorOptions()) -> None:
+        self.options = options
+        self.level = Level.NORMAL
+        self.memory_critical = False
+        self._since: float | None = None  # when the current pressure (or calm) began
+        self._pressured: bool | None = None
+        self._changed_at = 0.0
+
+    def observe(self, now: float, oldest_final_wait: float, memory_used: int = 0, memory_budget: int = 0) -> Level:
+        """Update from the queue and memory; returns the (possibly new) level."""
+        self.memory_critical = memory_budget > 0 and memory_used > self.options.critical_fraction * memory_budget
+        if oldest_final_wait > self.options.high_wait_s:
+            state: bool | None = True
+        elif oldest_final_wait < self.options.low_wait_s:
+            state = False
+        else:
+            state = None  # in between: hold the level
+        if state != self._pressured:
+            self._pressured, self._since = state, now
+        if state is None or self._since is None:
+            return self.level
+        held = now - max(self._since, self._changed_at)
+        if state and self.level < Level.REFUSE_ALL and held >= self.options.raise_after_s:
+            self._step(now, +1)
+        elif not state and self.level > Level.NORMAL and held >= self.options.lower_after_s:
+            self._step(now, -1)
+        return self.level
+
+    def _step(self, now: float, delta: int) -> None:
+        self.level = Level(self.level + delta)
+        self._changed_at = now
+
+    def admits(self, priority: Priority) -> bool:
+        """Whether a new stream of this class is taken at the current level."""
+        return self.level < _REFUSED_FROM[priority]
+
+    def interim_scale(self, has_interim_model: bool) -> int:
+        """How many times the configured ``interim_ms`` an interim waits for."""
+        f = self.options.interim_factor
+        if self.level >= Level.INTERIM_MODEL and not has_interim_model:
+            return f * f
+        return f if self.level >= Level.FEWER_INTERIMS else 1
+
+    def use_interim_model(self) -> bool:
+        return self.level >= Level.INTERIM_MODEL

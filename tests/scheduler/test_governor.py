@@ -1,0 +1,68 @@
+import pytest
+
+from asr_server.scheduler.budget import MemoryBudget, channel_bytes, stream_bytes
+from asr_server.scheduler.governor import GovernorOptions, Level, LoadGovernor
+from asr_server.scheduler.policy import Priority
+
+
+def run(gov, start, end, wait, step=0.25, **kw):
+    t = start
+    while t <= end + 1e-9:
+        gov.observe(t, wait, **kw)
+        t += step
+    return gov.level
+
+
+def test_sustained_pressure_climbs_one_step_at_a_time_and_calm_comes_back_down():
+    gov = LoadGovernor(GovernorOptions(high_wait_s=0.6, low_wait_s=0.2, raise_after_s=1.0, lower_after_s=4.0))
+    assert run(gov, 0.0, 0.75, wait=2.0) == Level.NORMAL  # a short burst is absorbed
+    assert run(gov, 1.0, 1.0, wait=2.0) == Level.FEWER_INTERIMS
+    assert run(gov, 1.25, 2.0, wait=2.0) == Level.INTERIM_MODEL
+    assert run(gov, 2.25, 10.0, wait=2.0) == Level.REFUSE_ALL  # and no further
+    assert run(gov, 10.25, 12.0, wait=0.4) == Level.REFUSE_ALL  # in between: held
+    assert run(gov, 12.25, 16.0, wait=0.0) == Level.REFUSE_ALL  # calm: down slower than up
+    assert run(gov, 16.25, 16.25, wait=0.0) == Level.REFUSE_STANDARD
+    assert run(gov, 16.5, 40.0, wait=0.0) == Level.NORMAL
+
+
+def test_refusal_follows_the_classes_in_order():
+    gov = LoadGovernor()
+    gov.level = Level.REFUSE_BATCH
+    assert not gov.admits(Priority.BATCH) and gov.admits(Priority.STANDARD) and gov.admits(Priority.INTERACTIVE)
+    gov.level = Level.REFUSE_STANDARD
+    assert not gov.admits(Priority.STANDARD) and gov.admits(Priority.INTERACTIVE)
+    gov.level = Level.REFUSE_ALL
+    assert not any(gov.admits(p) for p in Priority)
+
+
+def test_interim_rate_and_interim_model_by_level():
+    gov = LoadGovernor(GovernorOptions(interim_factor=2))
+    assert gov.interim_scale(False) == 1 and not gov.use_interim_model()
+    gov.level = Level.FEWER_INTERIMS
+    assert gov.interim_scale(False) == 2
+    gov.level = Level.INTERIM_MODEL
+    assert gov.use_interim_model() and gov.interim_scale(True) == 2 and gov.interim_scale(False) == 4
+
+
+def test_memory_critical_is_independent_of_the_level():
+    gov = LoadGovernor(GovernorOptions(critical_fraction=0.9))
+    gov.observe(0.0, 0.0, memory_used=950, memory_budget=1000)
+    assert gov.memory_critical and gov.level == Level.NORMAL
+    gov.observe(0.25, 0.0, memory_used=800, memory_budget=1000)
+    assert not gov.memory_critical
+
+
+def test_bad_governor_options_are_refused():
+    with pytest.raises(ValueError):
+        GovernorOptions(high_wait_s=0.1, low_wait_s=0.2)
+
+
+def test_budget_counts_worst_case_stream_memory():
+    per_channel = channel_bytes(max_utterance_s=20, max_pending_finals=4)
+    assert per_channel >= 5 * 20 * 16000 * 4  # the open utterance and four owed finals
+    per_stream = stream_bytes(2, 20, 4, container_buffer=4 << 20)
+    assert per_stream == 2 * per_channel + (4 << 20)
+    budget = MemoryBudget(total=1000 << 20, weights=100 << 20, baseline=200 << 20, batch_working=100 << 20)
+    assert budget.for_streams == 600 << 20
+    n = budget.max_streams(per_stream)
+    assert budget.fits(n * per_stream - per_stream, per_stream) and not budget.fits(n * per_stream, per_stream)
