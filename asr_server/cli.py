@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 
-from .inference.whisper import DEFAULT_MODEL, INTERIM_ENCODER_PAD_S, ModelNotFound, WhisperRunner, resolve_model
+from .inference.whisper import DEFAULT_MODEL, FINAL_ENCODER_PAD_S, INTERIM_ENCODER_PAD_S, ModelNotFound, WhisperRunner, resolve_model
 from .options import Limits
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
 from .scheduler.policy import BatchLimits
@@ -25,9 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help="tiny.en (embedded, default), a CTranslate2 model directory, or a faster-whisper size name")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--compute-type", default="auto", help="CTranslate2 compute type: auto, int8, float16, float32, ... (default auto)")
-    p.add_argument("--cpu-threads", type=int, default=0, help="threads for CPU inference (default: all cores)")
+    p.add_argument("--cpu-threads", type=int, default=0, help="threads per model worker on CPU (default: cores / workers)")
+    p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: one per core on CPU, 1 on CUDA)")
     p.add_argument("--interim-encoder-pad-s", type=float, default=INTERIM_ENCODER_PAD_S,
-                   help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster); finals always use 30")
+                   help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster)")
+    p.add_argument("--final-encoder-pad-s", type=float, default=FINAL_ENCODER_PAD_S,
+                   help="seconds of silence after the audio in final decodes (default 30: Whisper's full window, most accurate)")
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
     p.add_argument("--max-channels", type=int, default=None,
@@ -68,10 +71,13 @@ def _measure_budget(args: argparse.Namespace, runner: WhisperRunner, baseline: i
 async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None) -> int:
     max_channels = args.max_channels
     if max_channels is None:
-        max_channels = int(CHANNELS_PER_CORE * (args.cpu_threads or os.cpu_count() or 1)) if args.device == "cpu" else 0
+        max_channels = int(CHANNELS_PER_CORE * (os.cpu_count() or 1)) if args.device == "cpu" else 0
     max_batch = args.max_batch or (32 if args.device == "cuda" else 8)
+    cores = os.cpu_count() or 1
+    workers = args.workers or (1 if args.device == "cuda" else cores)
+    threads = args.cpu_threads or max(1, cores // workers)
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels)
-    server = AsrServer(args.host, args.port, limits, model_name=args.model, batch=BatchLimits(max_batch=max_batch, max_frames=max_batch * 3000))
+    server = AsrServer(args.host, args.port, limits, model_name=args.model, batch=BatchLimits(max_batch=max_batch, max_frames=max_batch * 3000), workers=workers)
     await server.start()
     print(f"asr-server listening on ws://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
 
@@ -83,11 +89,13 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     def load() -> tuple[WhisperRunner, WhisperRunner | None, MemoryBudget | None]:
         baseline = process_rss()
         runner = WhisperRunner(model_path, device=args.device, compute_type=args.compute_type,
-                               cpu_threads=args.cpu_threads, interim_encoder_pad_s=args.interim_encoder_pad_s)
+                               cpu_threads=threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
+                               final_encoder_pad_s=args.final_encoder_pad_s, workers=workers)
         interim = None
         if interim_path is not None:
             interim = WhisperRunner(interim_path, device=args.device, compute_type=args.compute_type,
-                                    cpu_threads=args.cpu_threads, interim_encoder_pad_s=args.interim_encoder_pad_s)
+                                    cpu_threads=threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
+                                    final_encoder_pad_s=args.final_encoder_pad_s, workers=workers)
             interim.warm_up()
         loaded = process_rss()
         runner.warm_up()

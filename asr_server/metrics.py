@@ -40,8 +40,10 @@ class Metrics:
         self.queue_wait_seconds = Histogram(
             "asr_queue_wait_seconds", "Time a decode waited for the model", ["kind"], buckets=_LATENCY_BUCKETS, registry=r
         )
-        self.interims_skipped = Counter(
-            "asr_interims_skipped_total", "Waiting interim decodes dropped because their utterance paused or ended", registry=r
+        self.decodes_skipped = Counter(
+            "asr_decodes_skipped_total",
+            "Waiting decodes dropped as stale: interims whose utterance paused or ended, pause decodes after speech resumed",
+            ["kind"], registry=r,
         )
         self.degradation_level = Gauge(
             "asr_load_level", "Degradation step: 0 normal, 1 fewer interims, 2 interim model, 3-5 refusing batch/standard/all", registry=r

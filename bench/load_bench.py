@@ -1,12 +1,14 @@
 """Load benchmark: N concurrent real-time streams against one server.
 
-    python bench/load_bench.py [--streams 1,2,4,8] [--seconds 30]
+    python bench/load_bench.py [--streams 1,2,4,8] [--max-channels N] [--server-arg=--max-batch=4]
 
 For each N, starts N clients at once (start times spread over one second,
 seeded), each replaying a real fixture at real-time pace (fixtures are dealt
 round-robin), and reports per N: final latency p50/p95 (end of sentence to
 final), time to first interim, interims per stream-second, word error rate of
-the finals, server CPU (cores busy) and peak memory, and refused streams.
+the finals, server CPU (cores busy) and peak memory, refused streams and how
+long the slowest refusal took from connecting. Between levels it waits for the
+server's load level to return to 0.
 It stops the sweep once p95 final latency exceeds --limit (default 1.5 s) and
 names the largest N that held it. Not a test: it prints a table.
 """
@@ -15,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,14 +43,30 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-async def one_client(url: str, name: str, delay: float) -> tuple[str, Replay | None, str | None]:
+async def one_client(url: str, name: str, delay: float) -> tuple[str, Replay | None, str | None, float | None]:
+    """(fixture, replay, first error code, seconds from connecting to a refusal)."""
     await asyncio.sleep(delay)
+    t0 = time.monotonic()
     try:
         r = await replay(url, name, realtime=True)
-    except Exception as exc:  # a refused or broken stream
-        return name, None, type(exc).__name__
+    except Exception as exc:  # a broken stream
+        return name, None, type(exc).__name__, None
     errors = r.of_type("error")
-    return name, r, errors[0].message["code"] if errors else None
+    code = errors[0].message["code"] if errors else None
+    refused_after = errors[0].at - t0 if errors and r.messages[0].message["type"] == "error" else None
+    return name, r, code, refused_after
+
+
+def health(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def wait_calm(port: int, limit_s: float = 60.0) -> None:
+    """Let the server's load level fall back to 0 between sweep levels."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and health(port).get("load_level", 0) != 0:
+        time.sleep(1.0)
 
 
 async def run_level(url: str, n: int, seed: int, pid: int) -> dict:
@@ -64,9 +84,15 @@ async def run_level(url: str, n: int, seed: int, pid: int) -> dict:
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
     watcher.cancel()
     latencies, first, interims, errors, words, refused, stream_s = [], [], 0, 0, 0, 0, 0.0
-    for name, r, code in results:
-        if r is None or code in ("overloaded", "not_ready"):
+    refusal_s: list[float] = []
+    broken = 0
+    for name, r, _code, refused_after in results:
+        if refused_after is not None:
             refused += 1
+            refusal_s.append(refused_after)
+            continue
+        if r is None:
+            broken += 1
             continue
         entry = MANIFEST[name]
         stream_s += r.of_type("closed")[0].message["audio_received_s"] if r.of_type("closed") else 0.0
@@ -87,6 +113,7 @@ async def run_level(url: str, n: int, seed: int, pid: int) -> dict:
         "n": n, "p50": pct(latencies, 0.5) if latencies else float("nan"), "p95": pct(latencies, 0.95) if latencies else float("nan"),
         "first": pct(first, 0.5) if first else float("nan"), "interim_rate": interims / stream_s if stream_s else 0.0,
         "wer": errors / words if words else float("nan"), "cpu": cpu / wall, "rss": max(peak), "refused": refused,
+        "refusal": max(refusal_s) if refusal_s else float("nan"), "broken": broken,
     }
 
 
@@ -97,12 +124,14 @@ def main() -> None:
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control")
+    ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
     args = ap.parse_args()
-    proc, port = start_server(args.compute_type, "--max-channels", args.max_channels)
+    proc, port = start_server(args.compute_type, "--max-channels", args.max_channels, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
     rows, best = [], 0
     try:
         for n in (int(x) for x in args.streams.split(",")):
+            wait_calm(port)
             row = asyncio.run(run_level(url, n, args.seed + n, proc.pid))
             rows.append(row)
             print(f"N={n}: p95 {row['p95']:.2f}s", file=sys.stderr, flush=True)
@@ -113,10 +142,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interims/stream-s | WER | server CPU (cores) | peak RSS (MiB) | refused |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interims/stream-s | WER | server CPU (cores) | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['cpu']:.2f} | {r['rss']:.0f} | {r['refused']} |")
+        refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
+        broken = f" ({r['broken']} broken)" if r["broken"] else ""
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['cpu']:.2f} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 

@@ -97,10 +97,11 @@ def main() -> None:
     ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--json", help="write raw figures here")
+    ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--final-encoder-pad-s=15")
     args = ap.parse_args()
     names = args.fixtures.split(",")
 
-    proc, port = start_server(args.compute_type)
+    proc, port = start_server(args.compute_type, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims = [], [], []
     errors = ref_words = off_errors = 0

@@ -93,9 +93,10 @@ async def replay(url: str, name: str, *, realtime: bool = False, chunk_ms: int =
 class ServerThread:
     """A real :class:`AsrServer` on 127.0.0.1 and a free port, in its own thread and loop."""
 
-    def __init__(self, runner: Runner | None, limits: Limits = Limits()) -> None:
+    def __init__(self, runner: Runner | None, limits: Limits = Limits(), **server_options: Any) -> None:
         self.runner = runner
         self.limits = limits
+        self.server_options = server_options
         self.server: AsrServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -126,6 +127,10 @@ class ServerThread:
         done.wait(10)
         return box[0] if box else None
 
+    def run(self, coro_fn, *args):  # run a coroutine in the server's loop and wait for it
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro_fn(*args), self._loop).result(30)
+
     def set_runner(self, runner: Runner) -> None:
         assert self.server is not None
         self.call(self.server.set_runner, runner)
@@ -141,7 +146,7 @@ class ServerThread:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self.server = AsrServer("127.0.0.1", 0, self.limits, model_name="tiny.en")
+        self.server = AsrServer("127.0.0.1", 0, self.limits, model_name="tiny.en", **self.server_options)
         await self.server.start()
         if self.runner is not None:
             self.server.set_runner(self.runner)

@@ -120,15 +120,20 @@ class ChannelDecoder:
     def refresh(self, job: DecodeJob) -> DecodeJob | None:
         """The scheduler is about to run ``job``: the job to run instead, or None to skip it.
 
-        Finals run as asked. A waiting interim takes the newest audio of its
+        Finals run as asked, except a pause decode (speculative) after which
+        speech resumed: it is skipped. A waiting interim takes the newest audio of its
         utterance (the stable prefix cannot have moved: it is the only job in
         flight); it is skipped once the utterance has paused or ended, since a
         final-quality decode is owed next. Call :meth:`job_skipped` when the
         skip is reported.
         """
-        if job is not self._in_flight or job.request.kind is DecodeKind.FINAL:
+        if job is not self._in_flight:
             return job
         utt = self._utterances.get(job.utterance)
+        if job.request.kind is DecodeKind.FINAL:
+            # A pause decode whose speaker went on talking can no longer become the final.
+            resumed = job.speculative and utt is not None and utt.ended is None and utt.paused_at != job.audio_end
+            return None if resumed else job
         if utt is None or utt.ended is not None or utt.paused_at is not None:
             return None
         if utt.end == job.audio_end:

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "BatchKey",
     "INTERIM_ENCODER_PAD_S",
+    "FINAL_ENCODER_PAD_S",
 ]
 
 log = logging.getLogger("asr_server.inference")
@@ -175,6 +176,7 @@ def _download(size: str) -> str:
 # fixture sentences: 0.116 vs 0.108 word error rate (2 words of 259).
 
 INTERIM_ENCODER_PAD_S = 10.0
+FINAL_ENCODER_PAD_S = 30.0
 FULL_WINDOW_FRAMES = 3000
 WINDOW_STEP_FRAMES = 500
 HOP_SAMPLES = 160  # one feature frame
@@ -234,18 +236,23 @@ class WhisperRunner:
         compute_type: str = "auto",
         cpu_threads: int = 0,
         interim_encoder_pad_s: float = INTERIM_ENCODER_PAD_S,
+        final_encoder_pad_s: float = FINAL_ENCODER_PAD_S,
+        workers: int = 1,
     ) -> None:
+        """``*_encoder_pad_s``: seconds of silence after the audio in the encoder window (30: Whisper's full window)."""
         from faster_whisper import WhisperModel
 
         self.interim_pad_frames = int(min(30.0, max(1.0, interim_encoder_pad_s)) * 100)
+        self.final_pad_frames = int(min(30.0, max(1.0, final_encoder_pad_s)) * 100)
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()
-        self.model = WhisperModel(model_path, device=device, compute_type=compute_type, cpu_threads=threads, num_workers=1)
+        # num_workers: how many transcribe_batch calls may run at once (one per scheduler worker).
+        self.model = WhisperModel(model_path, device=device, compute_type=compute_type, cpu_threads=threads, num_workers=max(1, workers))
         self.model_path = model_path
         self.device = device
         self.languages: tuple[str, ...] = tuple(self.model.supported_languages)
         self._tokenizers: dict[str, Any] = {}
-        log.info("model loaded path=%s device=%s compute_type=%s threads=%d in %.2fs", model_path, device, compute_type, threads, time.monotonic() - t0)
+        log.info("model loaded path=%s device=%s compute_type=%s threads=%d workers=%d in %.2fs", model_path, device, compute_type, threads, workers, time.monotonic() - t0)
 
     # -- public -------------------------------------------------------------------------
 
@@ -265,9 +272,10 @@ class WhisperRunner:
         self.transcribe_batch([DecodeRequest(audio, DecodeKind.FINAL, language=language, word_timestamps=True)] * size)
 
     def window_frames(self, request: DecodeRequest) -> int:
-        if request.kind is DecodeKind.FINAL:
+        pad = self.final_pad_frames if request.kind is DecodeKind.FINAL else self.interim_pad_frames
+        if pad >= FULL_WINDOW_FRAMES:
             return FULL_WINDOW_FRAMES
-        wanted = len(request.audio) // HOP_SAMPLES + self.interim_pad_frames
+        wanted = len(request.audio) // HOP_SAMPLES + pad
         return min(FULL_WINDOW_FRAMES, -(-wanted // WINDOW_STEP_FRAMES) * WINDOW_STEP_FRAMES)
 
     def batch_key(self, request: DecodeRequest) -> BatchKey:

@@ -77,6 +77,7 @@ class AsrServer:
         batch: BatchLimits = BatchLimits(),
         memory_probe: Callable[[], int] = process_rss,
         tick_s: float = 0.25,
+        workers: int = 1,
     ) -> None:
         """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
         the governor's memory-critical step (compared with ``budget.total``)."""
@@ -89,6 +90,7 @@ class AsrServer:
         self.governor = LoadGovernor(governor)
         self.memory_probe = memory_probe
         self.tick_s = tick_s
+        self.workers = workers
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
         self.runner: Runner | None = None
@@ -139,7 +141,7 @@ class AsrServer:
         self.interim_runner = interim_runner
         if budget is not None:
             self.budget = budget
-        self.scheduler = Scheduler(runner, self.metrics, self.batch_limits, interim_runner)
+        self.scheduler = Scheduler(runner, self.metrics, self.batch_limits, interim_runner, workers=self.workers)
         self.scheduler.start()
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever(), name="asr-governor")
         self.metrics.model_ready.set(1)
@@ -167,10 +169,7 @@ class AsrServer:
         if level != before:
             server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs finals=%d interims=%d",
                             before, level, level.name.lower(), state.oldest_final_wait, state.finals, state.interims)
-            scale = self.governor.interim_scale(self.interim_runner is not None)
-            use_model = self.governor.use_interim_model() and self.interim_runner is not None
-            for conn in list(self._connections):
-                await conn.set_load(int(level), scale, use_model)
+            await self.announce_level()
         if self.governor.memory_critical:
             victims = [c for c in self._connections if c.options.priority == Priority.BATCH.value and not c.shedding]
             if victims:
@@ -178,6 +177,18 @@ class AsrServer:
                 server_log.warning("memory critical (%d of %d bytes): closing batch session %s", used, self.budget.total if self.budget else 0, victim.sid)
                 self.metrics.streams_shed.inc()
                 await victim.shed()
+
+    async def announce_level(self) -> None:
+        """Apply the governor's level to every session's interims; each is told if its own change."""
+        self.metrics.degradation_level.set(int(self.governor.level))
+        for conn in list(self._connections):
+            await conn.set_load(*self.interim_settings())
+
+    def interim_settings(self) -> tuple[int, int, bool]:
+        """(level, interim_ms multiplier, interims on the interim model) at the current level."""
+        level = self.governor.level
+        scale = self.governor.interim_scale(self.interim_runner is not None)
+        return int(level), scale, self.governor.use_interim_model() and self.interim_runner is not None
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, tell every client, finish what they are owed, close."""
@@ -332,6 +343,8 @@ class Connection:
         log.info("session=%s event=start options=%s", self.sid, json.dumps(self.options.to_wire(), separators=(",", ":")))
         try:
             await self._apply(self.session.start())
+            if self.server.governor.level:
+                await self.set_load(*self.server.interim_settings())  # admitted under load: start degraded
             if self.options.is_container:
                 self._container = ContainerDecoder(self.options.encoding, self.options.channels, self.limits.max_container_buffer_bytes)
                 self._container_task = self._spawn(self._pump_container())

@@ -178,3 +178,12 @@ def test_interims_slow_down_when_the_server_asks():
     ev = d.job_done(job, Hypothesis("a"))
     assert not only(d.feed([audio(0, 0.5)]) + ev, SubmitJob)  # 0.5 s < 0.8 s
     assert only(d.feed([audio(0, 0.3)]), SubmitJob)
+
+
+def test_a_waiting_pause_decode_is_skipped_once_speech_resumes():
+    d = ChannelDecoder(0, StreamOptions(interim_results=False))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0), UtterancePaused(0, SR)]), SubmitJob)]
+    assert job.speculative and d.refresh(job) is job  # still paused: it may become the final
+    d.feed([audio(0, 0.4)])  # the speaker goes on
+    assert d.refresh(job) is None
+    assert not only(d.job_skipped(job), SubmitJob)  # no interims asked: nothing until the next pause

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 
-from asr_server.inference import whisper as W
 from asr_server.inference.whisper import DecodeKind, DecodeRequest, ModelNotFound, resolve_model
 
 
