@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-channels", type=int, default=None,
                    help=f"channels transcribed at once; more streams are refused with 'overloaded' (default: {CHANNELS_PER_CORE:g} per core on CPU, no limit on CUDA; 0: no limit)")
     p.add_argument("--max-batch", type=int, default=None, help="decodes per model call (default 8 on CPU, 32 on CUDA)")
+    p.add_argument("--max-batch-seconds", type=float, default=None,
+                   help="padded encoder seconds per model call, which bounds how long one call takes (default 60 on CPU: two 30 s finals or four 15 s interims; 30 x max-batch on CUDA)")
     p.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
                    help="memory budget in MiB on CPU (default: half of the memory available at start); on CUDA the device's free memory is used (needs torch)")
     p.add_argument("--interim-model", default=None,
@@ -46,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Measured on 2 cores with tiny.en (README, "Several streams at once"): the
 # largest number of real-time channels that holds p95 final latency under 1.5 s.
-CHANNELS_PER_CORE = 2
+CHANNELS_PER_CORE = 3
 
 
 def _measure_budget(args: argparse.Namespace, runner: WhisperRunner, baseline: int, loaded: int, max_batch: int) -> MemoryBudget | None:
@@ -73,11 +75,13 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     if max_channels is None:
         max_channels = int(CHANNELS_PER_CORE * (os.cpu_count() or 1)) if args.device == "cpu" else 0
     max_batch = args.max_batch or (32 if args.device == "cuda" else 8)
+    batch_seconds = args.max_batch_seconds or (30.0 * max_batch if args.device == "cuda" else 60.0)
+    max_frames = max(1, int(batch_seconds * 100))
     cores = os.cpu_count() or 1
     workers = args.workers or (1 if args.device == "cuda" else cores)
     threads = args.cpu_threads or max(1, cores // workers)
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels)
-    server = AsrServer(args.host, args.port, limits, model_name=args.model, batch=BatchLimits(max_batch=max_batch, max_frames=max_batch * 3000), workers=workers)
+    server = AsrServer(args.host, args.port, limits, model_name=args.model, batch=BatchLimits(max_batch=max_batch, max_frames=max_frames), workers=workers)
     await server.start()
     print(f"asr-server listening on ws://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
 
@@ -99,7 +103,8 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
             interim.warm_up()
         loaded = process_rss()
         runner.warm_up()
-        budget = _measure_budget(args, runner, baseline, loaded, max_batch)
+        # The largest batch the limits allow, in 30 s finals: its working memory is the most a call needs.
+        budget = _measure_budget(args, runner, baseline, loaded, max(1, min(max_batch, max_frames // 3000)))
         if budget is not None:
             log.info("memory budget %s", budget.to_wire())
         return runner, interim, budget

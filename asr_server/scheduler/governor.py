@@ -19,7 +19,8 @@ order:
 
 Independently, memory above ``critical_fraction`` of the budget is
 ``memory_critical``: the server then closes its longest-running ``batch``
-stream (finals flushed first), one per observation, until it is not.
+stream (finals flushed first); once that one has ended, the next, until it
+is not.
 
 A plain object: no clock, no I/O.
 """

@@ -83,6 +83,7 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=self._n_workers, thread_name_prefix="asr-model")
         self._workers: list[asyncio.Task[None]] = []
         self._running: dict[int, float] = {}  # worker -> estimated cost of its batch
+        self._running_kind: dict[int, DecodeKind] = {}
 
     @property
     def depth(self) -> int:
@@ -156,9 +157,16 @@ class Scheduler:
         return self.runner
 
     def _next_batch(self) -> list[_Entry]:
-        """Form the next batch; skipped jobs are answered on the way."""
+        """Form the next batch; skipped jobs are answered on the way.
+
+        With several workers, at most all but one run interims at a time: a
+        final that arrives then finds a worker free instead of waiting behind
+        interim batches.
+        """
+        interims_running = sum(1 for kind in self._running_kind.values() if kind is DecodeKind.INTERIM)
+        queues = (self._finals,) if interims_running >= max(1, self._n_workers - 1) else (self._finals, self._interims)
         while True:
-            batch, skipped = form_batch((self._finals, self._interims), self._inspect, self.limits)
+            batch, skipped = form_batch(queues, self._inspect, self.limits)
             for ticket in skipped:
                 entry = ticket.item
                 if not entry.future.done():
@@ -183,6 +191,7 @@ class Scheduler:
             kind = requests[0].kind
             now = loop.time()
             self._running[worker] = sum(estimated_cost(kind is DecodeKind.FINAL, r.duration) for r in requests)
+            self._running_kind[worker] = kind
             try:
                 hyps = await loop.run_in_executor(self._executor, self._runner_for(requests[0]).transcribe_batch, requests)
             except Exception:
@@ -191,6 +200,8 @@ class Scheduler:
                 continue
             finally:
                 self._running.pop(worker, None)
+                self._running_kind.pop(worker, None)
+                self._wakeup.set()  # a worker kept off interims may take them now
             if self.metrics is not None:
                 self.metrics.batch_size.labels(kind.value).observe(len(batch))
                 self.metrics.decode_seconds.labels(kind.value).observe(sum(h.decode_s for h in hyps))

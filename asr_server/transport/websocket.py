@@ -170,8 +170,9 @@ class AsrServer:
             server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs finals=%d interims=%d",
                             before, level, level.name.lower(), state.oldest_final_wait, state.finals, state.interims)
             await self.announce_level()
-        if self.governor.memory_critical:
-            victims = [c for c in self._connections if c.options.priority == Priority.BATCH.value and not c.shedding]
+        # One stream at a time: the next is shed only once the last has finished and freed its memory.
+        if self.governor.memory_critical and not any(c.shedding for c in self._connections):
+            victims = [c for c in self._connections if c.options.priority == Priority.BATCH.value]
             if victims:
                 victim = min(victims, key=lambda c: c.started_at)
                 server_log.warning("memory critical (%d of %d bytes): closing batch session %s", used, self.budget.total if self.budget else 0, victim.sid)

@@ -21,14 +21,19 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1")
 
 
 def test_server_starts_reports_healthy_and_stops_on_sigterm():
-    proc = subprocess.Popen([sys.executable, "-m", "asr_server", "--port", "0"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "asr_server", "--port", "0", "--memory-limit", "2048"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         first = proc.stdout.readline()
         port = int(re.search(r"127\.0\.0\.1:(\d+)", first).group(1))
         assert "ready" in proc.stdout.readline()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-            assert r.status == 200 and json.loads(r.read())["model"] == "tiny.en"
+            health = json.loads(r.read())
+            assert r.status == 200 and health["model"] == "tiny.en"
+        # The budget was measured at start-up: the model and a warm-up batch take part of the 2 GiB.
+        memory = health["memory"]
+        assert memory["total_mib"] == 2048 and memory["weights_mib"] > 10 and 0 < memory["for_streams_mib"] < 2048
+        assert health["load_level"] == 0 and health["accepting"] == ["interactive", "standard", "batch"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     finally:

@@ -109,3 +109,33 @@ def test_refresh_replaces_a_waiting_interim_or_skips_it():
     assert ran is newer and hyp.text == "newer"
     assert nothing is None and skipped_job.request.prompt == "stale"
     assert [r.prompt for r in runner.requests] == ["newer"]
+
+
+def test_with_two_workers_a_final_does_not_wait_behind_interims():
+    import threading
+
+    release = threading.Event()
+
+    class SlowInterims(FakeRunner):
+        def transcribe_batch(self, requests):
+            if requests[0].kind is DecodeKind.INTERIM:
+                release.wait(10)
+            return super().transcribe_batch(requests)
+
+    runner = SlowInterims(lambda r: r.prompt)
+
+    async def main():
+        s = Scheduler(runner, limits=BatchLimits(max_batch=1), workers=2)
+        s.start()
+        interims = [asyncio.ensure_future(s.decode(f"i{i}", job(f"i{i}"))) for i in range(3)]
+        await asyncio.sleep(0.05)  # one worker is now stuck in an interim; the other must stay free
+        final = DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt="f"), False, 1600)
+        _, hyp = await asyncio.wait_for(s.decode("late", final), timeout=5)
+        stuck = sum(not i.done() for i in interims)
+        release.set()
+        await asyncio.gather(*interims)
+        await s.stop()
+        return hyp, stuck
+
+    hyp, stuck = asyncio.run(main())
+    assert hyp.text == "f" and stuck == 3
