@@ -252,6 +252,7 @@ class WhisperRunner:
         self.device = device
         self.languages: tuple[str, ...] = tuple(self.model.supported_languages)
         self._tokenizers: dict[str, Any] = {}
+        self._prompt_cache: dict[tuple[int, str], list[int]] = {}  # shared by threads: dict operations are atomic; a lost entry is recomputed
         log.info("model loaded path=%s device=%s compute_type=%s threads=%d workers=%d in %.2fs", model_path, device, compute_type, threads, workers, time.monotonic() - t0)
 
     # -- public -------------------------------------------------------------------------
@@ -327,12 +328,19 @@ class WhisperRunner:
             self._tokenizers[language] = tok
         return tok
 
-    @staticmethod
-    def _prompt_tokens(tokenizer: Any, prompt: str) -> list[int]:
+    def _prompt_tokens(self, tokenizer: Any, prompt: str) -> list[int]:
+        """The prompt's last power-of-two tokens; cached, since the scheduler asks for each waiting job's key."""
         if not prompt.strip():
             return []
-        tokens = tokenizer.encode(" " + prompt.strip())
-        return tokens[len(tokens) - _bucket(len(tokens)) :]
+        key = (id(tokenizer), prompt)
+        tokens = self._prompt_cache.get(key)
+        if tokens is None:
+            encoded = tokenizer.encode(" " + prompt.strip())
+            tokens = encoded[len(encoded) - _bucket(len(encoded)) :]
+            if len(self._prompt_cache) >= 4096:
+                self._prompt_cache.clear()
+            self._prompt_cache[key] = tokens
+        return tokens
 
     def _item(self, tokenizer: Any, request: DecodeRequest, frames: int) -> _Item:
         feats = self.model.feature_extractor(request.audio)

@@ -1,4 +1,4 @@
-"""One model, many sessions: decode jobs run in batches in one worker thread.
+"""One model, many sessions: decode jobs run in batches on worker threads.
 
 Waiting jobs are ordered by weighted fair queuing across sessions
 (:mod:`.policy`): a session's weight comes from its ``priority`` class.
@@ -57,7 +57,6 @@ class QueueState:
     finals: int
     interims: int
     oldest_final_wait: float
-    backlog: float  # estimated model seconds of the waiting finals and the running batch
 
 
 class Scheduler:
@@ -82,8 +81,7 @@ class Scheduler:
         self._n_workers = max(1, workers)
         self._executor = ThreadPoolExecutor(max_workers=self._n_workers, thread_name_prefix="asr-model")
         self._workers: list[asyncio.Task[None]] = []
-        self._running: dict[int, float] = {}  # worker -> estimated cost of its batch
-        self._running_kind: dict[int, DecodeKind] = {}
+        self._running: dict[int, DecodeKind] = {}  # worker -> kind of the batch it runs
 
     @property
     def depth(self) -> int:
@@ -92,8 +90,7 @@ class Scheduler:
     def state(self, now: float) -> QueueState:
         finals = self._finals.in_order()
         oldest = max((now - t.item.queued_at for t in finals), default=0.0)
-        backlog = sum(self._running.values()) + sum(estimated_cost(True, t.item.job.request.duration) for t in finals)
-        return QueueState(len(finals), len(self._interims), oldest, backlog)
+        return QueueState(len(finals), len(self._interims), oldest)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -163,7 +160,7 @@ class Scheduler:
         final that arrives then finds a worker free instead of waiting behind
         interim batches.
         """
-        interims_running = sum(1 for kind in self._running_kind.values() if kind is DecodeKind.INTERIM)
+        interims_running = sum(1 for kind in self._running.values() if kind is DecodeKind.INTERIM)
         queues = (self._finals,) if interims_running >= max(1, self._n_workers - 1) else (self._finals, self._interims)
         while True:
             batch, skipped = form_batch(queues, self._inspect, self.limits)
@@ -190,8 +187,7 @@ class Scheduler:
             requests = [e.job.request for e in batch]
             kind = requests[0].kind
             now = loop.time()
-            self._running[worker] = sum(estimated_cost(kind is DecodeKind.FINAL, r.duration) for r in requests)
-            self._running_kind[worker] = kind
+            self._running[worker] = kind
             try:
                 hyps = await loop.run_in_executor(self._executor, self._runner_for(requests[0]).transcribe_batch, requests)
             except Exception:
@@ -200,7 +196,6 @@ class Scheduler:
                 continue
             finally:
                 self._running.pop(worker, None)
-                self._running_kind.pop(worker, None)
                 self._wakeup.set()  # a worker kept off interims may take them now
             if self.metrics is not None:
                 self.metrics.batch_size.labels(kind.value).observe(len(batch))
