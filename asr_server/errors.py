@@ -13,11 +13,14 @@ string ``code``. The tree separates who is at fault::
     │   ├── InvalidAudio         bytes that do not decode as the declared encoding
     │   ├── AudioFormatMismatch  container whose channels disagree with the options
     │   ├── IdleTimeout          no message for ``idle_timeout_s``
-    │   └── ResultsNotRead       results not read for ``send_timeout_s``
+    │   ├── ResultsNotRead       results not read for ``send_timeout_s``
+    │   └── InvalidOffer         a WebRTC offer we cannot answer
     ├── OverloadError        we cannot take more work now (retry later)
     │   ├── NotReady             the model is still loading / warming up
     │   ├── ShuttingDown         the server is stopping
-    │   └── MemoryPressure       memory is critical: a batch stream is shed
+    │   ├── MemoryPressure       memory is critical: a batch stream is shed
+    │   └── AudioOverrun         live (WebRTC) audio outran the model
+    ├── WebRtcFailed         the peer connection did not connect, or failed
     └── ServerError          our fault
         ├── InferenceFailed      the model raised while decoding
         └── InternalError        anything else
@@ -44,7 +47,10 @@ __all__ = [
     "AudioFormatMismatch",
     "IdleTimeout",
     "ResultsNotRead",
+    "InvalidOffer",
     "MemoryPressure",
+    "AudioOverrun",
+    "WebRtcFailed",
     "OverloadError",
     "NotReady",
     "ShuttingDown",
@@ -108,6 +114,10 @@ class ResultsNotRead(ClientError):
     code = "results_not_read"
 
 
+class InvalidOffer(ClientError):
+    code = "invalid_offer"
+
+
 class OverloadError(AsrError):
     code = "overloaded"
 
@@ -122,6 +132,16 @@ class ShuttingDown(OverloadError):
 
 class MemoryPressure(OverloadError):
     code = "memory_pressure"
+
+
+class AudioOverrun(OverloadError):
+    code = "audio_overrun"
+
+
+class WebRtcFailed(AsrError):
+    """Neither side's fault as far as we can tell: the network path failed."""
+
+    code = "webrtc_failed"
 
 
 class ServerError(AsrError):
@@ -154,10 +174,13 @@ WIRE_TABLE: dict[str, WireInfo] = {
     "audio_format_mismatch": WireInfo(False, 1007),
     "idle_timeout": WireInfo(False, 1008),
     "results_not_read": WireInfo(False, 1008),
+    "invalid_offer": WireInfo(False, 1008),
     "overloaded": WireInfo(True, 1013),
     "not_ready": WireInfo(True, 1013),
     "shutting_down": WireInfo(True, 1001),
     "memory_pressure": WireInfo(True, 1013),
+    "audio_overrun": WireInfo(True, 1013),
+    "webrtc_failed": WireInfo(True, 1011),
     "inference_failed": WireInfo(True, 1011),
     "internal_error": WireInfo(True, 1011),
 }

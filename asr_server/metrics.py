@@ -56,6 +56,7 @@ class Metrics:
             "asr_guard_drops_total", "Finals from which a guard removed text, by guard", ["guard"], registry=r
         )
         self.errors = Counter("asr_errors_total", "Errors sent to clients, by code", ["code"], registry=r)
+        self.webrtc_peers = Gauge("asr_webrtc_peers", "Open WebRTC peer connections", registry=r)
         self.model_ready = Gauge("asr_model_ready", "1 once the model is loaded and warmed up", registry=r)
 
     def render(self) -> bytes:

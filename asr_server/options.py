@@ -19,12 +19,18 @@ __all__ = [
     "StreamOptions",
     "Limits",
     "ServerOptions",
+    "IceServer",
+    "RtcOptions",
     "parse_stream_options",
 ]
 
 RAW_ENCODINGS = ("pcm_s16le", "pcm_f32le", "mulaw", "alaw")
 CONTAINER_ENCODINGS = ("ogg", "webm", "wav", "mp3", "flac")
-ENCODINGS = RAW_ENCODINGS + CONTAINER_ENCODINGS
+# Audio arrives over a WebRTC peer connection negotiated on the WebSocket.
+WEBRTC = "webrtc"
+ENCODINGS = RAW_ENCODINGS + CONTAINER_ENCODINGS + (WEBRTC,)
+# A WebRTC audio track is decoded to stereo at most.
+MAX_WEBRTC_CHANNELS = 2
 
 MIN_RATE, MAX_RATE = 8000, 48000
 MAX_CHANNELS = 8
@@ -52,6 +58,10 @@ class StreamOptions:
     def is_container(self) -> bool:
         return self.encoding in CONTAINER_ENCODINGS
 
+    @property
+    def is_webrtc(self) -> bool:
+        return self.encoding == WEBRTC
+
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -73,9 +83,49 @@ class Limits:
     # Seconds a result may wait to be written to a client that does not read
     # before the connection is closed (results_not_read).
     send_timeout_s: float = 30.0
+    # WebRTC: seconds for ICE and DTLS to connect after the answer (webrtc_failed).
+    webrtc_connect_timeout_s: float = 15.0
+    # WebRTC audio cannot be slowed down: while finals are owed (backpressure) it
+    # waits in a buffer of at most this many seconds, then audio_overrun.
+    max_live_backlog_s: float = 30.0
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class IceServer:
+    """A STUN or TURN server, as a browser's ``RTCIceServer`` takes it."""
+
+    urls: tuple[str, ...]
+    username: str | None = None
+    credential: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"urls": list(self.urls)}
+        if self.username is not None:
+            out["username"] = self.username
+        if self.credential is not None:
+            out["credential"] = self.credential
+        return out
+
+
+@dataclass(frozen=True)
+class RtcOptions:
+    """WebRTC ingest settings shared by every session.
+
+    ``ice_servers`` are used by the server and sent to clients in the
+    ``session`` message (none by default: host candidates only, which is what
+    a browser on the same host or LAN needs). ``host_addresses``, when given,
+    are the only addresses offered as host candidates (127.0.0.1 included,
+    which is otherwise never offered).
+    """
+
+    ice_servers: tuple[IceServer, ...] = ()
+    host_addresses: tuple[str, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"ice_servers": [s.to_wire() for s in self.ice_servers]}
 
 
 @dataclass(frozen=True)
@@ -159,8 +209,8 @@ def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str
     if encoding not in ENCODINGS:
         raise InvalidOption(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
     sample_rate: int | None
-    if encoding in CONTAINER_ENCODINGS:
-        # The container carries its own rate; a stated one is checked for range only.
+    if encoding in CONTAINER_ENCODINGS or encoding == WEBRTC:
+        # The container (or the WebRTC codec) carries its own rate; a stated one is checked for range only.
         if "sample_rate" in single:
             _int("sample_rate", single["sample_rate"], MIN_RATE, MAX_RATE)
         sample_rate = None
@@ -177,7 +227,7 @@ def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str
     return StreamOptions(
         encoding=encoding,
         sample_rate=sample_rate,
-        channels=_int("channels", single.get("channels", "1"), 1, MAX_CHANNELS),
+        channels=_int("channels", single.get("channels", "1"), 1, MAX_WEBRTC_CHANNELS if encoding == WEBRTC else MAX_CHANNELS),
         language=language,
         interim_results=_bool("interim_results", single.get("interim_results", "true")),
         interim_ms=_int("interim_ms", single.get("interim_ms", "500"), 100, 10000),

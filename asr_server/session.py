@@ -66,8 +66,11 @@ class Session:
         limits: Limits = Limits(),
         model_name: str = "",
         vad_options: VadOptions = VadOptions(),
+        webrtc: dict[str, Any] | None = None,
     ) -> None:
+        """``webrtc``: what the ``session`` message tells a WebRTC client (its ICE servers)."""
         self.session_id = session_id
+        self._webrtc = webrtc
         self.options = options
         self.limits = limits
         self.model_name = model_name
@@ -104,7 +107,13 @@ class Session:
 
     def start(self) -> list[SessionOutput]:
         self._transition(SessionState.NEW, SessionState.STREAMING)
-        return [Send(self._writer.session(self.options, self.limits, self.model_name))]
+        return [Send(self._writer.session(self.options, self.limits, self.model_name, self._webrtc))]
+
+    def webrtc_answer(self, sdp: str) -> list[SessionOutput]:
+        """The transport answered the client's WebRTC offer: send the answer."""
+        if self.state is not SessionState.STREAMING:
+            return []
+        return [Send(self._writer.webrtc_answer(sdp))]
 
     def receive_audio(self, planar: np.ndarray) -> list[SessionOutput]:
         """Feed ``(channels, n)`` float32 audio at 16 kHz."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import AudioFormatMismatch, InvalidAudio
 
-__all__ = ["MODEL_RATE", "PcmDecoder", "ContainerDecoder", "Resampler", "layout_for", "mulaw_to_float", "alaw_to_float"]
+__all__ = ["MODEL_RATE", "PcmDecoder", "ContainerDecoder", "FrameConverter", "Resampler", "layout_for", "mulaw_to_float", "alaw_to_float"]
 
 MODEL_RATE = 16000
 
@@ -96,6 +96,39 @@ class Resampler:
         if not frames:
             return np.zeros((self.channels, 0), np.float32)
         return np.concatenate([f.to_ndarray() for f in frames], axis=1).astype(np.float32, copy=False)
+
+
+class FrameConverter:
+    """Decoded :class:`av.AudioFrame` objects (a WebRTC track's) to 16 kHz planar float.
+
+    Any sample format, rate and layout; a change mid-stream starts a new
+    resampler. ``channels=1`` averages every input channel (a browser sends
+    its mono microphone as identical left and right); ``channels=2`` keeps
+    left and right apart (a mono input is copied to both).
+    """
+
+    def __init__(self, channels: int) -> None:
+        if channels not in (1, 2):
+            raise ValueError("a WebRTC track gives one or two channels")
+        self.channels = channels
+        self._swr: av.AudioResampler | None = None
+        self._key: tuple[str, int, int] | None = None
+
+    def convert(self, frame: av.AudioFrame) -> np.ndarray:
+        key = (frame.format.name, len(frame.layout.channels), frame.sample_rate)
+        if key != self._key:
+            self._key = key
+            self._swr = av.AudioResampler(format="fltp", layout=layout_for(min(key[1], 8)), rate=MODEL_RATE)
+        assert self._swr is not None
+        parts = [f.to_ndarray() for f in self._swr.resample(frame)]
+        if not parts:
+            return np.zeros((self.channels, 0), np.float32)
+        planar = np.concatenate(parts, axis=1).astype(np.float32, copy=False)
+        if self.channels == 1:
+            return planar.mean(axis=0, keepdims=True) if planar.shape[0] > 1 else planar
+        if planar.shape[0] == 1:
+            return np.repeat(planar, 2, axis=0)
+        return planar[:2]
 
 
 class PcmDecoder:

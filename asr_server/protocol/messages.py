@@ -15,7 +15,10 @@ from ..errors import AsrError, InvalidMessage, UnknownMessageType, wire_info
 from ..events import Final, Interim, SpeechStart
 from ..options import Limits, StreamOptions
 
-__all__ = ["MessageWriter", "Finalize", "CloseStream", "KeepAlive", "ClientCommand", "parse_client_message"]
+__all__ = ["MessageWriter", "Finalize", "CloseStream", "KeepAlive", "WebRtcOffer", "ClientCommand", "parse_client_message", "MAX_SDP_CHARS"]
+
+# An SDP offer for one audio track is a few kB; a browser's with every codec about 6 kB.
+MAX_SDP_CHARS = 65536
 
 
 class MessageWriter:
@@ -27,8 +30,14 @@ class MessageWriter:
         self.seq += 1
         return {"type": type_, "session_id": self.session_id, "seq": self.seq, **body}
 
-    def session(self, options: StreamOptions, limits: Limits, model: str) -> dict[str, Any]:
-        return self._message("session", {"config": options.to_wire(), "limits": limits.to_wire(), "model": model})
+    def session(self, options: StreamOptions, limits: Limits, model: str, webrtc: dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"config": options.to_wire(), "limits": limits.to_wire(), "model": model}
+        if webrtc is not None:
+            body["webrtc"] = webrtc
+        return self._message("session", body)
+
+    def webrtc_answer(self, sdp: str) -> dict[str, Any]:
+        return self._message("webrtc_answer", {"sdp": sdp})
 
     def event(self, event: SpeechStart | Interim | Final) -> dict[str, Any]:
         match event:
@@ -102,9 +111,15 @@ class KeepAlive:
     pass
 
 
-ClientCommand = Finalize | CloseStream | KeepAlive
+@dataclass(frozen=True)
+class WebRtcOffer:
+    sdp: str
+
+
+ClientCommand = Finalize | CloseStream | KeepAlive | WebRtcOffer
 
 _COMMANDS: dict[str, ClientCommand] = {"finalize": Finalize(), "close": CloseStream(), "keepalive": KeepAlive()}
+_KNOWN_TYPES = sorted([*_COMMANDS, "webrtc_offer"])
 
 
 def parse_client_message(text: str) -> ClientCommand:
@@ -115,8 +130,15 @@ def parse_client_message(text: str) -> ClientCommand:
         raise InvalidMessage("text frames must be JSON objects such as {\"type\": \"finalize\"}") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise InvalidMessage("a text frame must be a JSON object with a string \"type\"")
+    if message["type"] == "webrtc_offer":
+        sdp = message.get("sdp")
+        if not isinstance(sdp, str) or not sdp.strip():
+            raise InvalidMessage("webrtc_offer needs \"sdp\": the offer's SDP text")
+        if len(sdp) > MAX_SDP_CHARS:
+            raise InvalidMessage(f"webrtc_offer sdp is longer than {MAX_SDP_CHARS} characters")
+        return WebRtcOffer(sdp)
     command = _COMMANDS.get(message["type"])
     if command is None:
-        known = ", ".join(sorted(_COMMANDS))
+        known = ", ".join(_KNOWN_TYPES)
         raise UnknownMessageType(f"unknown message type {message['type'][:40]!r}; known types: {known}")
     return command

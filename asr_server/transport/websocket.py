@@ -28,6 +28,8 @@ from websockets.http11 import Request, Response
 from ..audio.decode import ContainerDecoder, PcmDecoder
 from ..errors import (
     AsrError,
+    AudioOverrun,
+    InvalidMessage,
     FrameTooLarge,
     IdleTimeout,
     OverloadError,
@@ -42,13 +44,14 @@ from ..errors import (
 from ..events import Final, Interim, SubmitJob
 from ..inference.whisper import Runner
 from ..metrics import Metrics
-from ..options import Limits, StreamOptions, parse_stream_options
-from ..protocol.messages import CloseStream, Finalize, KeepAlive, MessageWriter, parse_client_message
+from ..options import Limits, RtcOptions, StreamOptions, parse_stream_options
+from ..protocol.messages import CloseStream, Finalize, KeepAlive, MessageWriter, WebRtcOffer, parse_client_message
 from ..scheduler import Scheduler
 from ..scheduler.budget import MemoryBudget, process_rss, stream_bytes
 from ..scheduler.governor import GovernorOptions, LoadGovernor
 from ..scheduler.policy import WEIGHTS, BatchLimits, Priority
 from ..session import Close, Send, Session, SessionOutput
+from .webrtc import RtcIngest, restrict_host_addresses
 
 __all__ = ["AsrServer"]
 
@@ -78,9 +81,11 @@ class AsrServer:
         memory_probe: Callable[[], int] = process_rss,
         tick_s: float = 0.25,
         workers: int = 1,
+        rtc: RtcOptions = RtcOptions(),
     ) -> None:
         """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
-        the governor's memory-critical step (compared with ``budget.total``)."""
+        the governor's memory-critical step (compared with ``budget.total``); ``rtc``:
+        ICE servers and host addresses for ``encoding=webrtc`` sessions."""
         self.host = host
         self.port = port
         self.limits = limits
@@ -91,12 +96,16 @@ class AsrServer:
         self.memory_probe = memory_probe
         self.tick_s = tick_s
         self.workers = workers
+        self.rtc = rtc
+        if rtc.host_addresses:
+            restrict_host_addresses(rtc.host_addresses)
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
         self.runner: Runner | None = None
         self.interim_runner: Runner | None = None
         self._server: Server | None = None
         self._connections: set[Connection] = set()
+        self.peers: set[RtcIngest] = set()  # open WebRTC peer connections
         self._stopping = False
         self._ticker: asyncio.Task[None] | None = None
 
@@ -113,10 +122,12 @@ class AsrServer:
         return sum(c.reserved_bytes for c in self._connections)
 
     def stream_bytes(self, options: StreamOptions) -> int:
-        return stream_bytes(
-            options.channels, options.max_utterance_s, self.limits.max_pending_finals,
-            self.limits.max_container_buffer_bytes if options.is_container else 0,
-        )
+        buffered = 0
+        if options.is_container:
+            buffered = self.limits.max_container_buffer_bytes
+        elif options.is_webrtc:
+            buffered = int(self.limits.max_live_backlog_s * 16000 * 4 * options.channels)
+        return stream_bytes(options.channels, options.max_utterance_s, self.limits.max_pending_finals, buffered)
 
     async def start(self) -> None:
         self._server = await serve(
@@ -249,7 +260,8 @@ class AsrServer:
             await self._refuse(ws, writer_for_refusal, error, session_id)
             return
         # No await between the capacity check and this add: admission is atomic.
-        conn = Connection(self, ws, Session(session_id, options, self.limits, self.model_name))
+        webrtc = self.rtc.to_wire() if options.is_webrtc else None
+        conn = Connection(self, ws, Session(session_id, options, self.limits, self.model_name, webrtc=webrtc))
         self._connections.add(conn)
         self.metrics.sessions_started.inc()
         self.metrics.active_sessions.inc()
@@ -327,8 +339,13 @@ class Connection:
         self._arrivals: list[tuple[int, float]] = []
         self._first_audio_at: float | None = None
         self._first_interim_seen = False
-        self._pcm = None if self.options.is_container else PcmDecoder(self.options.encoding, self.options.sample_rate or 16000, self.options.channels)
+        raw = not (self.options.is_container or self.options.is_webrtc)
+        self._pcm = PcmDecoder(self.options.encoding, self.options.sample_rate or 16000, self.options.channels) if raw else None
         self._container: ContainerDecoder | None = None
+        self._rtc: RtcIngest | None = None
+        # WebRTC audio that arrived while the session was backpressured (it cannot be slowed).
+        self._backlog: list[np.ndarray] = []
+        self._backlog_samples = 0
         self._container_task: asyncio.Task[None] | None = None
         self._ending = False
         self.started_at = time.monotonic()
@@ -399,6 +416,8 @@ class Connection:
                 except TimeoutError:
                     if self._ending:
                         continue  # waiting for our own decodes, not for the client
+                    if self._rtc_audio_recent():
+                        continue  # the audio flows over WebRTC, not over this socket
                     await self._fail(IdleTimeout(f"no audio or message for {self.limits.idle_timeout_s:g} s"))
                     continue
                 if self._ending:
@@ -413,6 +432,9 @@ class Connection:
             self.done.set()
 
     async def _on_audio(self, data: bytes) -> None:
+        if self.options.is_webrtc:
+            await self._fail(InvalidMessage("this session's audio travels over WebRTC (encoding=webrtc): binary frames are ignored"))
+            return
         if len(data) > self.limits.max_frame_bytes:
             await self._fail(FrameTooLarge(f"binary frame of {len(data)} bytes exceeds the limit of {self.limits.max_frame_bytes}"))
             return
@@ -456,9 +478,89 @@ class Connection:
                 await self._end_of_input()
             case KeepAlive():
                 pass
+            case WebRtcOffer(sdp=sdp):
+                await self._on_offer(sdp)
+
+    # -- WebRTC ----------------------------------------------------------------------
+
+    async def _on_offer(self, sdp: str) -> None:
+        if not self.options.is_webrtc:
+            await self._fail(InvalidMessage("webrtc_offer is only accepted on a session opened with encoding=webrtc"))
+            return
+        if self._rtc is not None:
+            await self._fail(InvalidMessage("this session already has its WebRTC connection; open a new session for another"))
+            return
+        log.info("session=%s event=webrtc_offer", self.sid)
+        self._rtc = RtcIngest(
+            self.server.rtc, self.options.channels, self._on_rtc_audio, self._on_rtc_end,
+            connect_timeout_s=self.limits.webrtc_connect_timeout_s, label=self.sid,
+        )
+        self.server.peers.add(self._rtc)
+        self.metrics.webrtc_peers.set(len(self.server.peers))
+        try:
+            answer = await self._rtc.answer(sdp)
+        except AsrError as error:
+            await self._fail(error)
+            return
+        await self._apply(self.session.webrtc_answer(answer))
+
+    def _rtc_audio_recent(self) -> bool:
+        last = self._rtc.last_audio_at if self._rtc is not None else None
+        return last is not None and time.monotonic() - last < self.limits.idle_timeout_s
+
+    async def _on_rtc_audio(self, planar: np.ndarray) -> None:
+        """Live audio: fed at once, or held (bounded) while the session is backpressured."""
+        if self._ending or self.done.is_set():
+            return
+        try:
+            await self._take_live_audio(planar)
+        except ConnectionClosed:
+            self.done.set()
+
+    async def _take_live_audio(self, planar: np.ndarray) -> None:
+        if self._first_audio_at is None:
+            self._first_audio_at = time.monotonic()
+        if not self._backlog and not self.session.backpressured:
+            await self._audio(planar)
+            return
+        self._backlog.append(planar)
+        self._backlog_samples += planar.shape[1]
+        if self._backlog_samples > self.limits.max_live_backlog_s * 16000:
+            self._backlog, self._backlog_samples = [], 0
+            await self._fail(AudioOverrun(
+                f"the server fell more than {self.limits.max_live_backlog_s:g} s behind this live stream; what it had was finalized",
+                retry_after=10.0,
+            ))
+            return
+        while self._backlog and not self.session.backpressured:
+            await self._feed_backlog(1)
+
+    async def _feed_backlog(self, count: int | None = None) -> None:
+        taken = self._backlog[:count] if count else self._backlog
+        self._backlog = self._backlog[len(taken):]
+        for planar in taken:
+            self._backlog_samples -= planar.shape[1]
+            await self._audio(planar)
+
+    async def _on_rtc_end(self, reason: str, error: AsrError | None) -> None:
+        """The track ended or the peer connection closed or failed: finish the session."""
+        if self._ending or self.done.is_set():
+            return
+        if error is not None:
+            await self._fail(error)
+            return
+        log.info("session=%s event=webrtc_ended reason=%s", self.sid, reason)
+        self._ending = True
+        try:
+            await self._end_of_input()
+        except ConnectionClosed:
+            self.done.set()
 
     async def _end_of_input(self) -> None:
-        if self._container is not None:
+        if self.options.is_webrtc:
+            await self._feed_backlog()
+            await self._close_rtc()
+        elif self._container is not None:
             self._container.end()
             if self._container_task is not None:
                 await asyncio.shield(self._container_task)
@@ -633,9 +735,16 @@ class Connection:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    async def _close_rtc(self) -> None:
+        if self._rtc is not None:
+            await self._rtc.close()
+            self.server.peers.discard(self._rtc)
+            self.metrics.webrtc_peers.set(len(self.server.peers))
+
     async def _cleanup(self) -> None:
         self.done.set()
         self._progress.set()
+        await self._close_rtc()
         if self._container is not None:
             self._container.close()
         if self.server.scheduler is not None:
