@@ -1,0 +1,219 @@
+"""WebRTC ingest end to end: an aiortc peer on loopback sends a fixture as its microphone.
+
+The server and the peer both offer only 127.0.0.1 as a host candidate (aioice
+never offers loopback by itself); ``webrtc`` in the server's options does it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+
+import pytest
+import websockets
+from aiortc import RTCPeerConnection
+from aiortc.rtcrtpreceiver import RemoteStreamTrack
+
+from asr_server.inference.whisper import DecodeKind
+from asr_server.options import Limits, RtcOptions
+
+from ..fakes import FakeRunner
+from ..harness import MANIFEST, ServerThread, load_mono, replay
+from ..rtc_client import ArrayTrack, offer_sdp, run_rtc, to_48k
+from ..wer import wer
+
+pytestmark = pytest.mark.e2e
+
+LOOPBACK = RtcOptions(host_addresses=("127.0.0.1",))
+FIXTURE = "cards_16k.wav"
+
+
+@pytest.fixture(scope="module")
+def rtc_server(whisper_runner):
+    server = ServerThread(whisper_runner, Limits(idle_timeout_s=5.0, webrtc_connect_timeout_s=3.0), rtc=LOOPBACK).start()
+    yield server
+    server.stop()
+
+
+def reference(name: str) -> str:
+    return " ".join(MANIFEST[name]["references"][0])
+
+
+def live_objects() -> tuple[int, int]:
+    gc.collect()
+    objects = gc.get_objects()
+    return sum(isinstance(o, RTCPeerConnection) for o in objects), sum(isinstance(o, RemoteStreamTrack) for o in objects)
+
+
+def server_tasks(server: ServerThread) -> int:
+    return server.call(lambda: len(asyncio.all_tasks()))
+
+
+def wait_until(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_webrtc_gives_the_same_results_as_websocket(rtc_server):
+    audio = to_48k(load_mono(FIXTURE))
+    run = asyncio.run(run_rtc(rtc_server.url, ArrayTrack(audio)))
+    msgs = run.messages
+    assert [m["seq"] for m in msgs] == list(range(1, len(msgs) + 1))
+    assert msgs[0]["type"] == "session" and msgs[0]["config"]["encoding"] == "webrtc"
+    assert msgs[0]["webrtc"] == {"ice_servers": []}
+    assert msgs[1]["type"] == "webrtc_answer" and "a=candidate" in msgs[1]["sdp"]
+    assert msgs[-1]["type"] == "closed" and run.close_code == 1000
+    # Offsets and interims exactly as on WebSocket: every final comes after an interim of its
+    # utterance and starts where the transcript so far ends.
+    transcript = ""
+    interims = set()
+    for m in msgs:
+        if m["type"] == "interim":
+            interims.add(m["utterance"])
+            assert m["offset"] == (len(transcript) + 1 if transcript else 0)
+        elif m["type"] == "final" and m["text"]:
+            assert m["utterance"] in interims and m["offset"] == (len(transcript) + 1 if transcript else 0)
+            transcript = (transcript + " " + m["text"]).strip()
+    finals = [m for m in run.of_type("final") if m["text"]]
+    assert len(finals) == len(MANIFEST[FIXTURE]["spans"][0])
+    assert all(f["reason"] == "endpoint" for f in finals)
+    # Opus at 48 kHz and back costs little: accuracy within a few words of the WebSocket path.
+    over_ws = asyncio.run(replay(rtc_server.url, FIXTURE))
+    rtc_wer, ws_wer = wer(reference(FIXTURE), run.final_text()), wer(reference(FIXTURE), over_ws.final_text())
+    assert rtc_wer <= ws_wer + 0.1, (run.final_text(), over_ws.final_text())
+    # Times are stream time: the first sentence starts where it does in the file (±0.3 s).
+    first_span = MANIFEST[FIXTURE]["spans"][0][0]
+    assert abs(finals[0]["start"] - first_span[0]) < 0.3 + 0.25, finals[0]
+
+
+@pytest.mark.parametrize("how", ["close", "track_end", "pc_close", "ws_close"])
+def test_every_ending_releases_peer_tracks_and_tasks(rtc_server, how):
+    """The first sentence, then the session ends one way or another: nothing is left behind."""
+    tasks_before = server_tasks(rtc_server)
+    audio = to_48k(load_mono(FIXTURE)[: int(16000 * 2.2)])  # "ten of clubs" and its pause
+    run = asyncio.run(run_rtc(rtc_server.url, ArrayTrack(audio, tail_s=1.0), how_to_end=how))
+    if how != "ws_close":
+        # Ended by the client or by the media path: results flushed, closed cleanly.
+        assert run.of_type("closed") and run.close_code == 1000, (run.messages[-3:], run.close_code)
+        first = MANIFEST[FIXTURE]["references"][0][0]
+        assert wer(first, run.final_text()) <= 0.34, run.final_text()  # Opus may turn "clubs" into "close"
+    assert wait_until(lambda: not rtc_server.server.peers and not rtc_server.server._connections)
+    assert wait_until(lambda: live_objects() == (0, 0)), live_objects()
+    assert wait_until(lambda: server_tasks(rtc_server) <= tasks_before), (server_tasks(rtc_server), tasks_before)
+    metrics = rtc_server.call(lambda: rtc_server.server.metrics.webrtc_peers._value.get())
+    assert metrics == 0
+
+
+async def _signal(url: str, query: str, messages: list, *, close_after: float = 3.0) -> tuple[list[dict], int | None]:
+    """Send ``messages`` (str or bytes) after ``session``; collect replies for a while."""
+    got: list[dict] = []
+    async with websockets.connect(f"{url}/v1/listen?{query}") as ws:
+        got.append(json.loads(await ws.recv()))
+        for m in messages:
+            await ws.send(m)
+        try:
+            try:
+                async with asyncio.timeout(close_after):
+                    async for raw in ws:
+                        got.append(json.loads(raw))
+            except TimeoutError:
+                await ws.send(json.dumps({"type": "close"}))
+                async for raw in ws:
+                    got.append(json.loads(raw))
+        except websockets.ConnectionClosed:
+            pass
+        return got, ws.close_code
+
+
+def errors(messages: list[dict]) -> list[str]:
+    return [m["code"] for m in messages if m["type"] == "error"]
+
+
+async def _offer_without_audio() -> str:
+    pc = RTCPeerConnection()
+    pc.createDataChannel("x")
+    try:
+        return await offer_sdp(pc)
+    finally:
+        await pc.close()
+
+
+def test_bad_offers_get_invalid_offer(rtc_server):
+    got, code = asyncio.run(_signal(rtc_server.url, "encoding=webrtc", [json.dumps({"type": "webrtc_offer", "sdp": "v=0\r\nnonsense"})]))
+    assert errors(got) == ["invalid_offer"] and code == 1008
+    sdp = asyncio.run(_offer_without_audio())
+    got, code = asyncio.run(_signal(rtc_server.url, "encoding=webrtc", [json.dumps({"type": "webrtc_offer", "sdp": sdp})]))
+    assert errors(got) == ["invalid_offer"] and code == 1008
+    got, code = asyncio.run(_signal(rtc_server.url, "encoding=webrtc", [json.dumps({"type": "webrtc_offer"})]))
+    assert errors(got) == ["invalid_message"]  # not fatal: a proper offer may follow
+    assert not rtc_server.server.peers
+
+
+def test_misplaced_messages_are_refused_and_the_session_goes_on(rtc_server):
+    # An offer on a WebSocket-audio session, and audio bytes on a WebRTC session.
+    got, code = asyncio.run(_signal(rtc_server.url, "encoding=pcm_s16le", [json.dumps({"type": "webrtc_offer", "sdp": "v=0"})], close_after=0.5))
+    assert errors(got) == ["invalid_message"] and got[-1]["type"] == "closed" and code == 1000
+    got, code = asyncio.run(_signal(rtc_server.url, "encoding=webrtc", [b"\x00\x01" * 800], close_after=0.5))
+    assert errors(got) == ["invalid_message"] and got[-1]["type"] == "closed" and code == 1000
+    got, code = asyncio.run(_signal(rtc_server.url, "encoding=webrtc&channels=3", []))
+    assert errors(got) == ["invalid_option"] and code == 1008
+
+
+async def _offer_and_vanish(url: str) -> tuple[list[dict], int | None, float]:
+    """Offer, but never apply the answer: ICE never completes on our side."""
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio", direction="sendonly")
+    got: list[dict] = []
+    try:
+        async with websockets.connect(f"{url}/v1/listen?encoding=webrtc") as ws:
+            got.append(json.loads(await ws.recv()))
+            await ws.send(json.dumps({"type": "webrtc_offer", "sdp": await offer_sdp(pc)}))
+            sent = time.monotonic()
+            try:
+                async for raw in ws:
+                    got.append(json.loads(raw))
+            except websockets.ConnectionClosed:
+                pass
+            return got, ws.close_code, time.monotonic() - sent
+    finally:
+        await pc.close()
+
+
+def test_a_connection_that_never_comes_up_fails_in_bounded_time(rtc_server):
+    got, code, took = asyncio.run(_offer_and_vanish(rtc_server.url))
+    assert [m["type"] for m in got[:2]] == ["session", "webrtc_answer"]
+    error = next(m for m in got if m["type"] == "error")
+    assert error["code"] == "webrtc_failed" and error["retryable"] is True and code == 1011
+    assert took < 3.0 + 3.0  # the server's webrtc_connect_timeout_s, plus slack
+    assert wait_until(lambda: not rtc_server.server.peers)
+
+
+class SlowFinals(FakeRunner):
+    """Finals take 3 s of model time: live audio outruns the model."""
+
+    def transcribe_batch(self, requests):
+        if any(r.kind is DecodeKind.FINAL for r in requests):
+            time.sleep(3.0)
+        return super().transcribe_batch(requests)
+
+
+def test_live_audio_that_outruns_the_model_ends_with_audio_overrun():
+    limits = Limits(max_pending_finals=1, max_live_backlog_s=1.0, idle_timeout_s=5.0)
+    server = ServerThread(SlowFinals(), limits, rtc=LOOPBACK).start()
+    try:
+        audio = to_48k(load_mono(FIXTURE))
+        run = asyncio.run(run_rtc(server.url, ArrayTrack(audio), timeout_s=60))
+        error = next(m for m in run.messages if m["type"] == "error")
+        assert error["code"] == "audio_overrun" and error["retryable"] and run.close_code == 1013
+        # What the server held was finalized after the error; nothing already sent was lost.
+        after = [m for m in run.messages if m["seq"] > error["seq"]]
+        assert any(m["type"] == "final" for m in after)
+        assert wait_until(lambda: not server.server.peers)
+    finally:
+        server.stop()
