@@ -7,10 +7,11 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 import sys
 
 from .inference.whisper import DEFAULT_MODEL, FINAL_ENCODER_PAD_S, INTERIM_ENCODER_PAD_S, ModelNotFound, WhisperRunner, resolve_model
-from .options import Limits
+from .options import IceServer, Limits, RtcOptions
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
 from .scheduler.policy import BatchLimits
 from .transport.websocket import AsrServer
@@ -42,6 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget in MiB on CPU (default: half of the memory available at start); on CUDA the device's free memory is used (needs torch)")
     p.add_argument("--interim-model", default=None,
                    help="a smaller model for interim results under load (degradation step 2); same forms as --model (default: none)")
+    p.add_argument("--ice-server", action="append", default=[], metavar="URL",
+                   help="a STUN or TURN server for WebRTC (stun:host:port, turn:host:port?transport=udp); repeatable; "
+                        "also sent to browsers. Default: none (host candidates: same host or LAN)")
+    p.add_argument("--ice-username", default=None, help="username for the TURN servers given with --ice-server")
+    p.add_argument("--ice-credential", default=None, help="credential for the TURN servers given with --ice-server")
+    p.add_argument("--webrtc-host", action="append", default=[], metavar="ADDR",
+                   help="offer only these local addresses as WebRTC host candidates (repeatable; 127.0.0.1 allowed). Default: every interface except loopback")
+    p.add_argument("--webrtc-connect-timeout", type=float, default=Limits.webrtc_connect_timeout_s,
+                   help="seconds for a WebRTC connection to come up after the answer (default %(default)s)")
+    p.add_argument("--certfile", default=None, help="TLS certificate (PEM): serve https and wss, which browsers on other machines need for the microphone")
+    p.add_argument("--keyfile", default=None, help="TLS private key (PEM) for --certfile")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -70,6 +82,22 @@ def _measure_budget(args: argparse.Namespace, runner: WhisperRunner, baseline: i
     return MemoryBudget(total=total, weights=weights, baseline=baseline, batch_working=batch_working)
 
 
+def _rtc_options(args: argparse.Namespace) -> RtcOptions:
+    servers = tuple(
+        IceServer((url,), args.ice_username, args.ice_credential) if url.startswith("turn") else IceServer((url,))
+        for url in args.ice_server
+    )
+    return RtcOptions(ice_servers=servers, host_addresses=tuple(args.webrtc_host))
+
+
+def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    if not args.certfile:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(args.certfile, args.keyfile)
+    return context
+
+
 async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None) -> int:
     max_channels = args.max_channels
     if max_channels is None:
@@ -80,10 +108,14 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     cores = os.cpu_count() or 1
     workers = args.workers or (1 if args.device == "cuda" else cores)
     threads = args.cpu_threads or max(1, cores // workers)
-    limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels)
-    server = AsrServer(args.host, args.port, limits, model_name=args.model, batch=BatchLimits(max_batch=max_batch, max_frames=max_frames), workers=workers)
+    limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
+                    webrtc_connect_timeout_s=args.webrtc_connect_timeout)
+    server = AsrServer(args.host, args.port, limits, model_name=args.model, batch=BatchLimits(max_batch=max_batch, max_frames=max_frames),
+                       workers=workers, rtc=_rtc_options(args), ssl=_tls(args))
     await server.start()
-    print(f"asr-server listening on ws://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
+    scheme = "https" if server.ssl else "http"
+    print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
+    print(f"captions page: {scheme}://{'localhost' if server.host in ('127.0.0.1', '::1') else server.host}:{server.port}/", flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

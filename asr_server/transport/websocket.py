@@ -51,6 +51,7 @@ from ..scheduler.budget import MemoryBudget, process_rss, stream_bytes
 from ..scheduler.governor import GovernorOptions, LoadGovernor
 from ..scheduler.policy import WEIGHTS, BatchLimits, Priority
 from ..session import Close, Send, Session, SessionOutput
+from .static import load_static
 from .webrtc import RtcIngest, restrict_host_addresses
 
 __all__ = ["AsrServer"]
@@ -82,10 +83,13 @@ class AsrServer:
         tick_s: float = 0.25,
         workers: int = 1,
         rtc: RtcOptions = RtcOptions(),
+        ssl: Any = None,
     ) -> None:
         """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
         the governor's memory-critical step (compared with ``budget.total``); ``rtc``:
-        ICE servers and host addresses for ``encoding=webrtc`` sessions."""
+        ICE servers and host addresses for ``encoding=webrtc`` sessions; ``ssl``: an
+        :class:`ssl.SSLContext` to serve https/wss (browsers give the microphone only to
+        secure pages, or to localhost)."""
         self.host = host
         self.port = port
         self.limits = limits
@@ -97,6 +101,7 @@ class AsrServer:
         self.tick_s = tick_s
         self.workers = workers
         self.rtc = rtc
+        self.ssl = ssl
         if rtc.host_addresses:
             restrict_host_addresses(rtc.host_addresses)
         self.metrics = Metrics()
@@ -106,6 +111,7 @@ class AsrServer:
         self._server: Server | None = None
         self._connections: set[Connection] = set()
         self.peers: set[RtcIngest] = set()  # open WebRTC peer connections
+        self.static = load_static()
         self._stopping = False
         self._ticker: asyncio.Task[None] | None = None
 
@@ -141,10 +147,11 @@ class AsrServer:
             max_queue=16,
             ping_interval=20,
             ping_timeout=20,
+            ssl=self.ssl,
         )
         sock = next(iter(self._server.sockets))
         self.port = sock.getsockname()[1]
-        server_log.info("listening on ws://%s:%d%s", self.host, self.port, LISTEN_PATH)
+        server_log.info("listening on %s://%s:%d%s", "wss" if self.ssl else "ws", self.host, self.port, LISTEN_PATH)
 
     def set_runner(self, runner: Runner, interim_runner: Runner | None = None, budget: MemoryBudget | None = None) -> None:
         """The model is loaded and warm: start serving (``budget`` may come with it, measured)."""
@@ -245,6 +252,9 @@ class AsrServer:
             return _response(status, json.dumps(body).encode(), "application/json")
         if path == "/metrics":
             return _response(http.HTTPStatus.OK, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        page = self.static.get(path)
+        if page is not None:
+            return _response(http.HTTPStatus.OK, page.body, page.content_type, cache="no-cache")
         return _response(http.HTTPStatus.NOT_FOUND, b'{"error": "not found"}', "application/json")
 
     # -- WebSocket -------------------------------------------------------------------
@@ -315,8 +325,11 @@ class AsrServer:
             pass
 
 
-def _response(status: http.HTTPStatus, body: bytes, content_type: str) -> Response:
-    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")])
+def _response(status: http.HTTPStatus, body: bytes, content_type: str, cache: str = "no-store") -> Response:
+    headers = Headers([
+        ("Content-Type", content_type), ("Content-Length", str(len(body))), ("Cache-Control", cache),
+        ("X-Content-Type-Options", "nosniff"),
+    ])
     return Response(status.value, status.phrase, headers, body)
 
 

@@ -1,0 +1,255 @@
+// The live captioning page served by asr-server at "/".
+//
+// Query parameters: transport=auto|webrtc|websocket, autostart=1, and any
+// stream option of the protocol (interim_ms, endpoint_ms, language, ...).
+import { AsrClient } from "/client/client.js";
+
+const STREAM_OPTIONS = ["language", "interim_results", "interim_ms", "endpoint_ms", "max_utterance_s", "priority"];
+// Errors after which trying again later can work; the rest need the user.
+const RETRY_CODES = new Set([
+  "overloaded", "not_ready", "shutting_down", "memory_pressure", "audio_overrun",
+  "connection_lost", "connect_failed", "timeout", "webrtc_failed", "internal_error", "inference_failed",
+]);
+const MAX_BACKOFF_S = 30;
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  start: $("start"),
+  transport: $("transport"),
+  clear: $("clear"),
+  status: $("status"),
+  notice: $("notice"),
+  noticeText: $("notice-text"),
+  retry: $("retry"),
+  transcript: $("transcript"),
+  latency: $("latency"),
+  interimLag: $("interim-lag"),
+  load: $("load"),
+  model: $("model"),
+};
+
+const params = new URLSearchParams(location.search);
+const options = {};
+for (const name of STREAM_OPTIONS) if (params.has(name)) options[name] = params.get(name);
+if (["auto", "webrtc", "websocket"].includes(params.get("transport"))) ui.transport.value = params.get("transport");
+
+const app = {
+  client: null,
+  wanted: false, // the user wants captions: retry after failures that allow it
+  earlier: [], // final text of earlier sessions on this page
+  attempts: 0,
+  retryTimer: null,
+  countdownTimer: null,
+  lastFinalLatency: null,
+  lastInterimLag: null,
+};
+window.asrApp = {
+  get state() {
+    return app.client?.state ?? "idle";
+  },
+  get transport() {
+    return app.client?.transport ?? null;
+  },
+  finalText: () => [...app.earlier, app.client?.transcript.finalText() ?? ""].filter(Boolean).join(" "),
+  text: () => [...app.earlier, app.client?.transcript.text() ?? ""].filter(Boolean).join(" "),
+  messages: [],
+  errors: [],
+  latencies: [],
+};
+
+function setStatus(state, text) {
+  ui.status.dataset.state = state;
+  ui.status.textContent = text;
+}
+
+function showNotice(text, kind = "warn", retry = false) {
+  ui.notice.hidden = false;
+  ui.notice.dataset.kind = kind;
+  ui.noticeText.textContent = text;
+  ui.retry.hidden = !retry;
+}
+
+function hideNotice() {
+  ui.notice.hidden = true;
+}
+
+function setRunning(running) {
+  ui.start.textContent = running ? "Stop" : "Start";
+  ui.start.dataset.running = String(running);
+  ui.transport.disabled = running;
+}
+
+function render() {
+  const box = ui.transcript;
+  box.replaceChildren();
+  for (const text of app.earlier) {
+    const p = document.createElement("p");
+    p.className = "earlier";
+    p.textContent = text;
+    box.append(p);
+  }
+  const view = app.client?.transcript.view();
+  if (!view || !(view.final || view.stable || view.unstable)) {
+    if (!app.earlier.length) {
+      const p = document.createElement("p");
+      p.className = "placeholder";
+      p.textContent = app.wanted ? "Listening… speak and words appear here." : "Press Start, allow the microphone, and speak.";
+      box.append(p);
+    }
+    return;
+  }
+  const p = document.createElement("p");
+  p.className = "current";
+  const add = (cls, text) => {
+    if (!text) return;
+    const span = document.createElement("span");
+    span.className = cls;
+    span.textContent = text;
+    p.append(span);
+  };
+  add("final", view.final);
+  if (view.final && (view.stable || view.unstable)) p.append(" ");
+  add("stable", view.stable);
+  add("unstable", view.unstable);
+  box.append(p);
+  box.scrollTop = box.scrollHeight;
+}
+
+function seconds(s) {
+  return s === null ? "–" : `${s.toFixed(1)} s`;
+}
+
+function keepEarlierText() {
+  const text = app.client?.transcript.finalText();
+  if (text) app.earlier.push(text);
+}
+
+function clearTimers() {
+  clearTimeout(app.retryTimer);
+  clearInterval(app.countdownTimer);
+  app.retryTimer = app.countdownTimer = null;
+}
+
+async function startSession() {
+  clearTimers();
+  hideNotice();
+  keepEarlierText();
+  const client = new AsrClient({ transport: ui.transport.value, options });
+  app.client = client;
+  client.addEventListener("transcript", render);
+  client.addEventListener("message", (e) => window.asrApp.messages.push(e.detail));
+  client.addEventListener("state", (e) => onState(client, e.detail.state));
+  client.addEventListener("error", (e) => window.asrApp.errors.push({ code: e.detail.code, message: e.detail.message }));
+  client.addEventListener("latency", (e) => {
+    window.asrApp.latencies.push(e.detail);
+    if (e.detail.kind === "final") app.lastFinalLatency = e.detail.seconds;
+    else app.lastInterimLag = e.detail.seconds;
+    ui.latency.textContent = seconds(app.lastFinalLatency);
+    ui.interimLag.textContent = seconds(app.lastInterimLag);
+  });
+  client.addEventListener("load", (e) => {
+    const m = e.detail;
+    ui.load.hidden = m.level === 0;
+    ui.load.textContent = m.level === 0 ? "" : `Server busy: updates every ${(m.interim_ms / 1000).toFixed(1)} s`;
+  });
+  render();
+  try {
+    await client.start();
+    app.attempts = 0;
+    ui.model.textContent = `${client.session.model} · ${client.transport === "webrtc" ? "WebRTC" : "WebSocket"}`;
+  } catch {
+    // onState("failed") has reported it
+  }
+}
+
+function onState(client, state) {
+  if (client !== app.client) return;
+  switch (state) {
+    case "connecting":
+      setStatus("connecting", "Connecting…");
+      setRunning(true);
+      break;
+    case "streaming":
+      setStatus("streaming", "Listening");
+      hideNotice();
+      break;
+    case "stopping":
+      setStatus("stopping", "Finishing…");
+      break;
+    case "closed":
+      setStatus("idle", app.wanted ? "Ended" : "Stopped");
+      setRunning(false);
+      if (app.wanted) {
+        // The server ended the session cleanly (its audio path closed): offer to go on.
+        app.wanted = false;
+        showNotice("The session ended. Press Start to go on.", "warn");
+      }
+      break;
+    case "failed":
+      onFailure(client.lastError);
+      break;
+  }
+  render();
+}
+
+function onFailure(error) {
+  const code = error?.code ?? "connection_lost";
+  if (!app.wanted || !RETRY_CODES.has(code)) {
+    app.wanted = false;
+    setRunning(false);
+    setStatus("failed", code === "microphone_denied" ? "Microphone blocked" : "Stopped");
+    const advice = code === "microphone_denied"
+      ? "Microphone access was refused. Allow it for this site in the browser's settings, then press Start."
+      : `${error?.message ?? "Something went wrong."} (${code})`;
+    showNotice(advice, "error");
+    return;
+  }
+  // Retry: after the server's retry_after when it gave one, else with backoff.
+  app.attempts += 1;
+  const wait = Math.min(MAX_BACKOFF_S, error?.retryAfter ?? 2 ** Math.min(app.attempts - 1, 5));
+  const busy = ["overloaded", "not_ready", "memory_pressure", "audio_overrun", "shutting_down"].includes(code);
+  const why = busy ? "The server is busy" : "The connection was lost";
+  setStatus("retrying", busy ? "Server busy" : "Reconnecting");
+  let left = Math.ceil(wait);
+  const tell = () => showNotice(`${why} (${code}). Trying again in ${left} s…`, "warn", true);
+  tell();
+  clearTimers();
+  app.countdownTimer = setInterval(() => {
+    left = Math.max(0, left - 1);
+    tell();
+  }, 1000);
+  app.retryTimer = setTimeout(startSession, wait * 1000);
+}
+
+ui.start.addEventListener("click", async () => {
+  if (ui.start.dataset.running === "true") {
+    app.wanted = false;
+    clearTimers();
+    hideNotice();
+    ui.start.disabled = true;
+    if (app.client && (app.client.state === "streaming" || app.client.state === "connecting")) await app.client.stop();
+    else {
+      setRunning(false);
+      setStatus("idle", "Stopped");
+    }
+    ui.start.disabled = false;
+    return;
+  }
+  app.wanted = true;
+  app.attempts = 0;
+  setRunning(true);
+  await startSession();
+});
+
+ui.retry.addEventListener("click", () => {
+  clearTimers();
+  startSession();
+});
+
+ui.clear.addEventListener("click", () => {
+  app.earlier = [];
+  app.client?.transcript.clear();
+  render();
+});
+
+if (params.get("autostart") === "1") ui.start.click();

@@ -1,0 +1,415 @@
+// Browser client for asr-server: microphone in, live transcript out.
+//
+//   import { AsrClient } from "./client.js";
+//   const client = new AsrClient({ transport: "webrtc" });
+//   client.addEventListener("transcript", () => render(client.transcript.view()));
+//   await client.start();   // asks for the microphone, connects, streams
+//   ...
+//   await client.stop();    // last finals arrive, then everything is released
+//
+// Two transports carry the audio; results always come back on the WebSocket:
+// * "webrtc": the microphone as an Opus track over a peer connection whose
+//   offer/answer travel on the session's WebSocket (docs/protocol.md, "WebRTC");
+// * "websocket": 16 kHz s16 PCM from an AudioWorklet, in binary frames. Works
+//   wherever WebRTC does not.
+// "auto" picks webrtc when the browser has RTCPeerConnection.
+import { Transcript } from "./transcript.js";
+
+export const TRANSPORTS = ["webrtc", "websocket"];
+
+/** Client-side error codes, next to the server's (docs/protocol.md, "Errors"). */
+export const CLIENT_ERRORS = {
+  microphone_denied: "the microphone permission was refused",
+  microphone_unavailable: "no microphone could be opened",
+  connect_failed: "could not reach the server",
+  connection_lost: "the connection to the server was lost",
+  webrtc_unavailable: "this browser cannot use WebRTC",
+  timeout: "the server did not answer in time",
+};
+
+export class AsrError extends Error {
+  /**
+   * @param {string} code stable code: a server one, or a key of CLIENT_ERRORS
+   * @param {string} message for people
+   * @param {{retryable?: boolean, retryAfter?: number|null, fromServer?: boolean}} [info]
+   */
+  constructor(code, message, info = {}) {
+    super(message);
+    this.name = "AsrError";
+    this.code = code;
+    this.retryable = info.retryable ?? false;
+    this.retryAfter = info.retryAfter ?? null;
+    this.fromServer = info.fromServer ?? false;
+  }
+
+  static fromMessage(m) {
+    return new AsrError(m.code, m.message, { retryable: m.retryable, retryAfter: m.retry_after ?? null, fromServer: true });
+  }
+}
+
+/** ws(s)://host:port of the page's own server (the page is served by asr-server). */
+export function defaultServerUrl(loc = globalThis.location) {
+  if (!loc) return "ws://127.0.0.1:8765";
+  return `${loc.protocol === "https:" ? "wss:" : "ws:"}//${loc.host}`;
+}
+
+const MIC_CONSTRAINTS = { echoCancellation: false, noiseSuppression: false, autoGainControl: false, channelCount: 1 };
+
+/**
+ * States: idle -> connecting -> streaming -> stopping -> closed, or -> failed
+ * from any of them. Events (all CustomEvent, payload in `detail`):
+ * `state` {state}, `message` (each server message), `transcript` {channel},
+ * `error` (an AsrError), `load` (the server's load message),
+ * `latency` {kind, seconds}: how far behind live an interim or final arrived.
+ */
+export class AsrClient extends EventTarget {
+  /**
+   * @param {object} [config]
+   * @param {string} [config.url] ws(s)://host:port of the server (default: the page's own)
+   * @param {"auto"|"webrtc"|"websocket"} [config.transport]
+   * @param {Record<string, string|number|boolean>} [config.options] query options (interim_ms, endpoint_ms, ...)
+   * @param {MediaTrackConstraints} [config.audio] extra microphone constraints (deviceId, ...)
+   * @param {number} [config.connectTimeoutMs] session, answer and ICE, each
+   * @param {number} [config.stopTimeoutMs] how long stop() waits for the last finals
+   */
+  constructor(config = {}) {
+    super();
+    this.url = config.url ?? defaultServerUrl();
+    this.transportChoice = config.transport ?? "auto";
+    this.options = config.options ?? {};
+    this.audioConstraints = config.audio ?? {};
+    this.connectTimeoutMs = config.connectTimeoutMs ?? 15000;
+    this.stopTimeoutMs = config.stopTimeoutMs ?? 30000;
+    this.transcript = new Transcript();
+    this.transport = null;
+    this.session = null;
+    this.state = "idle";
+    this.lastError = null;
+    this._ws = null;
+    this._pc = null;
+    this._stream = null;
+    this._ownStream = false;
+    this._audioContext = null;
+    this._worklet = null;
+    this._audioStartedAt = null;
+    this._closedMessage = null;
+    this._waiters = new Set();
+    this._wsClosed = null;
+  }
+
+  /** Open the microphone (unless `stream` is given), connect and start streaming. */
+  async start(stream = null) {
+    if (this.state !== "idle") throw new Error(`start() in state ${this.state}; make a new AsrClient`);
+    this._setState("connecting");
+    try {
+      this.transport = this._pickTransport();
+      this._stream = stream ?? (await this._openMicrophone());
+      this._ownStream = !stream;
+      if (this.transport === "websocket") await this._startAudioContext();
+      await this._openSocket();
+      this.session = await this._next((m) => m.type === "session", "the server did not start a session");
+      if (this.transport === "webrtc") await this._negotiate();
+      else this._pipePcm();
+      this._setState("streaming");
+    } catch (err) {
+      this._fail(err instanceof AsrError ? err : new AsrError("connect_failed", String(err?.message ?? err), { retryable: true }));
+      throw this.lastError;
+    }
+  }
+
+  /** Close the current utterance now: its final comes at once. */
+  finalize() {
+    this._send({ type: "finalize" });
+  }
+
+  /** Stop sending audio; resolves once the last finals have arrived and everything is released. */
+  async stop() {
+    if (this.state !== "streaming") {
+      if (this.state === "connecting") this.abort();
+      return;
+    }
+    this._setState("stopping");
+    this._releaseMicrophone();
+    if (this._worklet) {
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, 500);
+        this._worklet.port.onmessage = (e) => {
+          if (e.data?.type === "pcm") this._sendBinary(e.data.buffer);
+          else if (e.data?.type === "flushed") {
+            clearTimeout(timer);
+            resolve();
+          }
+        };
+        this._worklet.port.postMessage("flush");
+      });
+    }
+    this._send({ type: "close" });
+    const closed = await Promise.race([this._wsClosed, delay(this.stopTimeoutMs).then(() => false)]);
+    if (closed === false) this._ws?.close(1000, "client gave up waiting");
+    this._release();
+    if (this.state === "stopping") this._setState("closed");
+  }
+
+  /** Drop everything at once (what was received stays in `transcript`). */
+  abort() {
+    this._release();
+    if (this.state !== "failed") this._setState("closed");
+  }
+
+  // -- set-up -----------------------------------------------------------------------
+
+  _pickTransport() {
+    const choice = this.transportChoice === "auto" ? (typeof RTCPeerConnection === "function" ? "webrtc" : "websocket") : this.transportChoice;
+    if (!TRANSPORTS.includes(choice)) throw new AsrError("connect_failed", `unknown transport ${choice}`);
+    if (choice === "webrtc" && typeof RTCPeerConnection !== "function") {
+      throw new AsrError("webrtc_unavailable", CLIENT_ERRORS.webrtc_unavailable + "; choose the WebSocket transport");
+    }
+    return choice;
+  }
+
+  async _openMicrophone() {
+    if (!navigator.mediaDevices?.getUserMedia) {
+      throw new AsrError("microphone_unavailable", "the microphone needs a secure page: open it over https, or on localhost");
+    }
+    try {
+      return await navigator.mediaDevices.getUserMedia({ audio: { ...MIC_CONSTRAINTS, ...this.audioConstraints } });
+    } catch (err) {
+      if (err?.name === "NotAllowedError" || err?.name === "SecurityError") {
+        throw new AsrError("microphone_denied", "microphone access was refused; allow it in the browser's site settings and try again");
+      }
+      throw new AsrError("microphone_unavailable", `no microphone could be opened (${err?.name ?? err})`);
+    }
+  }
+
+  async _startAudioContext() {
+    this._audioContext = new AudioContext({ sampleRate: 16000 });
+    await this._audioContext.audioWorklet.addModule(new URL("./pcm-worklet.js", import.meta.url));
+  }
+
+  _query() {
+    const q = new URLSearchParams();
+    if (this.transport === "webrtc") q.set("encoding", "webrtc");
+    else {
+      q.set("encoding", "pcm_s16le");
+      q.set("sample_rate", String(Math.round(this._audioContext.sampleRate)));
+    }
+    for (const [k, v] of Object.entries(this.options)) if (v !== undefined && v !== null && v !== "") q.set(k, String(v));
+    return q.toString();
+  }
+
+  _openSocket() {
+    return new Promise((resolve, reject) => {
+      let ws;
+      try {
+        ws = new WebSocket(`${this.url}/v1/listen?${this._query()}`);
+      } catch (err) {
+        reject(new AsrError("connect_failed", `bad server address ${this.url}: ${err.message}`));
+        return;
+      }
+      ws.binaryType = "arraybuffer";
+      this._ws = ws;
+      const timer = setTimeout(() => reject(new AsrError("timeout", "the server did not accept the connection in time", { retryable: true })), this.connectTimeoutMs);
+      this._wsClosed = new Promise((closed) => {
+        ws.onclose = (e) => {
+          clearTimeout(timer);
+          reject(new AsrError("connect_failed", `could not connect to ${this.url}`, { retryable: true }));
+          this._onSocketClosed(e);
+          closed(true);
+        };
+      });
+      ws.onopen = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+      ws.onmessage = (e) => this._onMessage(e.data);
+    });
+  }
+
+  async _negotiate() {
+    const iceServers = this.session?.webrtc?.ice_servers ?? [];
+    const pc = (this._pc = new RTCPeerConnection({ iceServers }));
+    for (const track of this._stream.getAudioTracks()) pc.addTrack(track, this._stream);
+    await pc.setLocalDescription(await pc.createOffer());
+    await this._gathered(pc);
+    this._send({ type: "webrtc_offer", sdp: pc.localDescription.sdp });
+    const answer = await this._next((m) => m.type === "webrtc_answer", "the server did not answer the WebRTC offer");
+    await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+    await this._connected(pc);
+    this._audioStartedAt = performance.now();
+    pc.addEventListener("connectionstatechange", () => {
+      if (pc.connectionState === "failed" && this.state === "streaming") {
+        this._fail(new AsrError("connection_lost", "the WebRTC audio connection failed", { retryable: true }));
+      }
+    });
+  }
+
+  _gathered(pc) {
+    // Non-trickle: the offer carries every candidate found within the time limit.
+    if (pc.iceGatheringState === "complete") return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => {
+        if (pc.iceGatheringState === "complete") finish();
+      };
+      const finish = () => {
+        clearTimeout(timer);
+        pc.removeEventListener("icegatheringstatechange", done);
+        resolve();
+      };
+      const timer = setTimeout(finish, 3000);
+      pc.addEventListener("icegatheringstatechange", done);
+    });
+  }
+
+  _connected(pc) {
+    return new Promise((resolve, reject) => {
+      const check = () => {
+        if (pc.connectionState === "connected") finish(resolve);
+        else if (pc.connectionState === "failed" || pc.connectionState === "closed") {
+          finish(() => reject(new AsrError("connection_lost", "the WebRTC connection could not be set up", { retryable: true })));
+        }
+      };
+      const finish = (then) => {
+        clearTimeout(timer);
+        pc.removeEventListener("connectionstatechange", check);
+        this._waiters.delete(cancel);
+        then();
+      };
+      const cancel = (err) => finish(() => reject(err));
+      const timer = setTimeout(
+        () => finish(() => reject(new AsrError("timeout", "the WebRTC connection did not come up in time (is UDP blocked?)", { retryable: true }))),
+        this.connectTimeoutMs,
+      );
+      this._waiters.add(cancel);
+      pc.addEventListener("connectionstatechange", check);
+      check();
+    });
+  }
+
+  _pipePcm() {
+    const ctx = this._audioContext;
+    const source = ctx.createMediaStreamSource(this._stream);
+    this._worklet = new AudioWorkletNode(ctx, "asr-pcm-sender", { numberOfOutputs: 0, processorOptions: { blockMs: 100 } });
+    this._worklet.port.onmessage = (e) => {
+      if (e.data?.type !== "pcm") return;
+      if (this._audioStartedAt === null) this._audioStartedAt = performance.now() - (e.data.buffer.byteLength / 2 / ctx.sampleRate) * 1000;
+      this._sendBinary(e.data.buffer);
+    };
+    source.connect(this._worklet);
+  }
+
+  // -- messages ---------------------------------------------------------------------
+
+  _onMessage(data) {
+    if (typeof data !== "string") return;
+    let m;
+    try {
+      m = JSON.parse(data);
+    } catch {
+      return;
+    }
+    this._emit("message", m);
+    for (const waiter of [...this._waiters]) waiter(null, m);
+    switch (m.type) {
+      case "interim":
+      case "final":
+        if (this.transcript.apply(m)) this._emit("transcript", { channel: m.channel ?? 0 });
+        if (this._audioStartedAt !== null && (m.type === "final" ? m.text : true)) {
+          const seconds = (performance.now() - this._audioStartedAt) / 1000 - m.end;
+          this._emit("latency", { kind: m.type, seconds: Math.max(0, seconds) });
+        }
+        break;
+      case "load":
+        this._emit("load", m);
+        break;
+      case "error":
+        this.lastError = AsrError.fromMessage(m);
+        this._emit("error", this.lastError);
+        break;
+      case "closed":
+        this._closedMessage = m;
+        break;
+    }
+  }
+
+  /** The next message matching `pred`; an error message or a close first rejects. */
+  _next(pred, what) {
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => finish(new AsrError("timeout", what, { retryable: true })), this.connectTimeoutMs);
+      const finish = (err, m) => {
+        clearTimeout(timer);
+        this._waiters.delete(waiter);
+        if (err) reject(err);
+        else resolve(m);
+      };
+      const waiter = (err, m) => {
+        if (err) finish(err);
+        else if (m.type === "error" && !(m.code === "invalid_message" || m.code === "unknown_message_type")) finish(AsrError.fromMessage(m));
+        else if (pred(m)) finish(null, m);
+      };
+      this._waiters.add(waiter);
+    });
+  }
+
+  _onSocketClosed(event) {
+    const lost = new AsrError("connection_lost", `${CLIENT_ERRORS.connection_lost} (close code ${event.code})`, { retryable: true });
+    for (const waiter of [...this._waiters]) waiter(this.lastError?.fromServer ? this.lastError : lost);
+    if (this.state === "stopping" || this.state === "closed" || this.state === "failed") return;
+    // The server ended the session: cleanly after our close or a track end, or with an error it sent.
+    if (this._closedMessage && event.code === 1000) {
+      this._release();
+      this._setState("closed");
+      return;
+    }
+    this._fail(this.lastError?.fromServer ? this.lastError : lost);
+  }
+
+  // -- plumbing ---------------------------------------------------------------------
+
+  _send(message) {
+    if (this._ws?.readyState === WebSocket.OPEN) this._ws.send(JSON.stringify(message));
+  }
+
+  _sendBinary(buffer) {
+    if (this._ws?.readyState === WebSocket.OPEN && this.state !== "closed") this._ws.send(buffer);
+  }
+
+  _fail(error) {
+    if (this.state === "failed" || this.state === "closed") return;
+    if (this.lastError !== error) {
+      this.lastError = error;
+      if (!error.fromServer) this._emit("error", error);
+    }
+    this._release();
+    this._setState("failed");
+  }
+
+  _releaseMicrophone() {
+    if (this._ownStream && this._stream) for (const t of this._stream.getTracks()) t.stop();
+  }
+
+  _release() {
+    this._releaseMicrophone();
+    this._worklet?.port.postMessage("stop");
+    this._worklet?.disconnect();
+    this._worklet = null;
+    this._audioContext?.close().catch(() => {});
+    this._audioContext = null;
+    this._pc?.close();
+    this._pc = null;
+    if (this._ws && this._ws.readyState <= WebSocket.OPEN) this._ws.close(1000);
+  }
+
+  _setState(state) {
+    if (this.state === state) return;
+    this.state = state;
+    this._emit("state", { state });
+  }
+
+  _emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+}
+
+function delay(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

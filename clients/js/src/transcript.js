@@ -1,0 +1,114 @@
+// The running transcript of each channel, built from `interim` and `final` messages.
+//
+// The protocol's rule (docs/protocol.md, "Offsets"): a message replaces everything
+// from its `offset` to the end with its `text`, with one space before it when
+// `offset > 0`. Finals are kept; the newest interim of the open utterance is shown
+// after them, split at `stable` into the part that will not change and the part
+// that may still be revised.
+//
+// Plain data in, plain data out: no DOM, no sockets, so it runs under `node --test`.
+
+/**
+ * @typedef {{final: string, stable: string, unstable: string}} ChannelView
+ *   `final` ends with the last final (a space is added before interim text by
+ *   `text`); `stable` + `unstable` is the open utterance's newest interim.
+ */
+
+class ChannelTranscript {
+  constructor() {
+    /** Finalized text: the non-empty finals joined by single spaces. */
+    this.final = "";
+    /** Utterances at or below this number are final; their interims are stale. */
+    this.lastFinalUtterance = -1;
+    /** @type {{utterance: number, offset: number, text: string, stable: number} | null} */
+    this.interim = null;
+  }
+
+  /** @returns {boolean} whether the channel's text changed */
+  apply(message) {
+    const { utterance, offset, text } = message;
+    if (utterance <= this.lastFinalUtterance) return false; // late interim of a closed utterance
+    if (message.type === "interim") {
+      if (this.interim && this.interim.utterance > utterance) return false; // out of order
+      const next = { utterance, offset, text, stable: clamp(message.stable ?? 0, 0, text.length) };
+      const same = this.interim && this.interim.text === next.text && this.interim.stable === next.stable && this.interim.offset === offset;
+      this.interim = next;
+      return !same;
+    }
+    // final
+    this.lastFinalUtterance = utterance;
+    const hadInterim = this.interim !== null;
+    this.interim = null;
+    if (!text) return hadInterim; // an empty final takes no room
+    this.final = offset > 0 ? this.final.slice(0, offset - 1) + " " + text : text;
+    return true;
+  }
+
+  /** @returns {ChannelView} */
+  view() {
+    if (!this.interim) return { final: this.final, stable: "", unstable: "" };
+    const { offset, text, stable } = this.interim;
+    // The interim's offset says where its text starts; finals before it stay as they are.
+    const final = offset > 0 ? this.final.slice(0, offset - 1) : "";
+    return { final, stable: text.slice(0, stable), unstable: text.slice(stable) };
+  }
+
+  text() {
+    const v = this.view();
+    const open = v.stable + v.unstable;
+    return v.final && open ? v.final + " " + open : v.final + open;
+  }
+}
+
+function clamp(x, lo, hi) {
+  return Math.max(lo, Math.min(hi, x));
+}
+
+/**
+ * Every channel's transcript. `apply(message)` takes any server message and
+ * returns true when a channel's text changed; other message types are ignored.
+ * Dispatches a `change` event ({detail: {channel}}) on every change.
+ */
+export class Transcript extends EventTarget {
+  constructor() {
+    super();
+    /** @type {Map<number, ChannelTranscript>} */
+    this.channels = new Map();
+  }
+
+  apply(message) {
+    if (!message || (message.type !== "interim" && message.type !== "final")) return false;
+    const channel = message.channel ?? 0;
+    let ch = this.channels.get(channel);
+    if (!ch) {
+      ch = new ChannelTranscript();
+      this.channels.set(channel, ch);
+    }
+    const changed = ch.apply(message);
+    if (changed) this.dispatchEvent(new CustomEvent("change", { detail: { channel } }));
+    return changed;
+  }
+
+  /** @returns {ChannelView} */
+  view(channel = 0) {
+    const ch = this.channels.get(channel);
+    return ch ? ch.view() : { final: "", stable: "", unstable: "" };
+  }
+
+  /** The whole text of a channel: finals, then the open utterance's interim. */
+  text(channel = 0) {
+    const ch = this.channels.get(channel);
+    return ch ? ch.text() : "";
+  }
+
+  /** Only the finalized text of a channel. */
+  finalText(channel = 0) {
+    const ch = this.channels.get(channel);
+    return ch ? ch.final : "";
+  }
+
+  clear() {
+    this.channels.clear();
+    this.dispatchEvent(new CustomEvent("change", { detail: { channel: 0 } }));
+  }
+}

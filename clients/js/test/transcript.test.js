@@ -1,0 +1,114 @@
+// Transcript model tests: `node --test clients/js/test/` (or `npm test` in clients/js).
+// Real message sequences recorded from the server (fixtures/record.py), plus hand-made
+// ones for the edge cases a live connection can produce.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { Transcript } from "../src/transcript.js";
+
+const recorded = (name) => JSON.parse(readFileSync(new URL(`./fixtures/${name}`, import.meta.url), "utf8"));
+
+function finalsOf(messages, channel = 0) {
+  return messages
+    .filter((m) => m.type === "final" && m.channel === channel && m.text)
+    .map((m) => m.text)
+    .join(" ");
+}
+
+const interim = (utterance, offset, text, stable, channel = 0) => ({ type: "interim", channel, utterance, offset, text, stable });
+const final = (utterance, offset, text, channel = 0) => ({ type: "final", channel, utterance, offset, text, reason: "endpoint" });
+
+test("a recorded real-time stream rebuilds exactly the finals, with every revision applied in place", () => {
+  const { messages } = recorded("librivox_realtime.json");
+  const t = new Transcript();
+  let revisions = 0;
+  let lastOpen = null;
+  for (const m of messages) {
+    const before = t.view();
+    t.apply(m);
+    const after = t.view();
+    if (m.type === "interim") {
+      // What is already final never changes under an interim.
+      assert.equal(after.final, before.final);
+      // The open utterance shows exactly this interim, split at `stable`.
+      assert.equal(after.stable + after.unstable, m.text);
+      assert.equal(after.stable, m.text.slice(0, m.stable));
+      if (lastOpen !== null && lastOpen.utterance === m.utterance && !m.text.startsWith(lastOpen.text)) revisions++;
+      lastOpen = m;
+      assert.equal(t.text(), (after.final ? after.final + " " : "") + m.text);
+    } else if (m.type === "final") {
+      assert.equal(after.stable + after.unstable, "", "a final closes the open utterance");
+      lastOpen = null;
+    }
+  }
+  assert.ok(revisions >= 5, `the recording should contain revisions, found ${revisions}`);
+  assert.equal(t.finalText(), finalsOf(messages));
+  assert.equal(t.text(), finalsOf(messages));
+});
+
+test("channels of a recorded stereo call are kept apart", () => {
+  const { messages } = recorded("call_stereo.json");
+  const t = new Transcript();
+  const changes = [];
+  t.addEventListener("change", (e) => changes.push(e.detail.channel));
+  for (const m of messages) t.apply(m);
+  assert.equal(t.finalText(0), finalsOf(messages, 0));
+  assert.equal(t.finalText(1), finalsOf(messages, 1));
+  assert.ok(t.finalText(0).length > 0 && t.finalText(1).length > 0);
+  assert.ok(changes.includes(0) && changes.includes(1));
+});
+
+test("a revision replaces exactly the unstable tail, from the message's offset", () => {
+  const t = new Transcript();
+  t.apply(final(0, 0, "Hello there."));
+  t.apply(interim(1, 13, "How are yo", 8));
+  assert.deepEqual(t.view(), { final: "Hello there.", stable: "How are ", unstable: "yo" });
+  t.apply(interim(1, 13, "How are you doing", 12));
+  assert.deepEqual(t.view(), { final: "Hello there.", stable: "How are you ", unstable: "doing" });
+  assert.equal(t.text(), "Hello there. How are you doing");
+  t.apply(final(1, 13, "How are you doing?"));
+  assert.equal(t.text(), "Hello there. How are you doing?");
+  assert.deepEqual(t.view(), { final: "Hello there. How are you doing?", stable: "", unstable: "" });
+});
+
+test("an empty final takes no room and clears its interim", () => {
+  const t = new Transcript();
+  t.apply(final(0, 0, "One."));
+  t.apply(interim(1, 5, "uh", 0));
+  assert.equal(t.text(), "One. uh");
+  assert.equal(t.apply(final(1, 5, "")), true);
+  assert.equal(t.text(), "One.");
+  t.apply(interim(2, 5, "Two", 0));
+  t.apply(final(2, 5, "Two."));
+  assert.equal(t.text(), "One. Two.");
+});
+
+test("stale interims after their final, and out-of-order interims, are ignored", () => {
+  const t = new Transcript();
+  t.apply(interim(0, 0, "Ten of", 0));
+  t.apply(final(0, 0, "Ten of clubs."));
+  assert.equal(t.apply(interim(0, 0, "Ten of cl", 6)), false);
+  assert.equal(t.text(), "Ten of clubs.");
+  t.apply(interim(2, 14, "Seven", 0));
+  assert.equal(t.apply(interim(1, 14, "Four", 0)), false);
+  assert.equal(t.text(), "Ten of clubs. Seven");
+});
+
+test("non-transcript messages change nothing; a repeated interim is not a change", () => {
+  const t = new Transcript();
+  let changes = 0;
+  t.addEventListener("change", () => changes++);
+  for (const m of [{ type: "session" }, { type: "speech_start", channel: 0, at: 1 }, { type: "load", level: 1 }, { type: "closed" }, null]) {
+    assert.equal(t.apply(m), false);
+  }
+  assert.equal(t.apply(interim(0, 0, "Hi", 0)), true);
+  assert.equal(t.apply(interim(0, 0, "Hi", 0)), false);
+  assert.equal(changes, 1);
+  assert.equal(t.text(1), "");
+});
+
+test("stable beyond the text is clamped", () => {
+  const t = new Transcript();
+  t.apply(interim(0, 0, "abc", 10));
+  assert.deepEqual(t.view(), { final: "", stable: "abc", unstable: "" });
+});
