@@ -1,0 +1,173 @@
+"""The captioning page in real headless Chromium (Debian's package), driven by Playwright.
+
+A fixture WAV is the browser's microphone (Chromium's fake capture device); the
+page streams it over WebRTC and then over WebSocket, and its final transcript
+must match the fixture's reference as closely as the WebSocket tests require.
+A screenshot of the page mid-sentence is saved under ``test-artifacts/`` (or
+``$ASR_TEST_ARTIFACTS``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from asr_server.options import Limits, RtcOptions
+
+from ..harness import FIXTURES, MANIFEST, ServerThread
+from ..wer import wer
+from .test_streaming import WER_FILE_MARGIN, _offline_text
+
+pytestmark = pytest.mark.e2e
+
+FIXTURE = "cards_16k.wav"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("ASR_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+# Quiet, deterministic, offline Chromium; loopback ICE candidates allowed.
+BASE_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--allow-loopback-in-peer-connection",
+]
+
+
+def microphone_args(wav: Path) -> list[str]:
+    return ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}%noloop"]
+
+
+@pytest.fixture(scope="module")
+def playwright():
+    assert Path(CHROMIUM).exists(), "Chromium is needed: apt-get install chromium (README, 'Run the tests')"
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def page_server(whisper_runner):
+    server = ServerThread(whisper_runner, Limits(idle_timeout_s=10.0), rtc=RtcOptions(host_addresses=("127.0.0.1",))).start()
+    yield server
+    server.stop()
+
+
+def launch(playwright, args: list[str]):
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=BASE_ARGS + args, headless=True)
+
+
+def caption(playwright, server: ServerThread, transport: str, screenshot: Path | None = None) -> dict:
+    """Open the page, start captioning, let the fixture play out, stop; what the page showed."""
+    browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+    try:
+        page = browser.new_page(viewport={"width": 1000, "height": 640})
+        page_errors: list[str] = []
+        page.on("pageerror", lambda e: page_errors.append(str(e)))
+        page.goto(f"{server.http}/?transport={transport}")
+        page.click("#start")
+        page.wait_for_function("window.asrApp.state === 'streaming'", timeout=20_000)
+        assert page.evaluate("window.asrApp.transport") == transport
+        shot_taken = False
+        length = max(e for _, e in MANIFEST[FIXTURE]["spans"][0]) + 1.5
+        deadline = time.monotonic() + length + 5
+        while time.monotonic() < deadline:
+            closed = [m for m in page.evaluate("window.asrApp.messages") if m["type"] == "final" and m["text"]]
+            # Mid-sentence: a few finals, and interim text after them.
+            if screenshot is not None and not shot_taken and len(closed) >= 2 and page.locator(
+                "#transcript .unstable, #transcript .stable"
+            ).count():
+                page.screenshot(path=str(screenshot))
+                shot_taken = True
+            if len(closed) == len(MANIFEST[FIXTURE]["spans"][0]) and shot_taken == (screenshot is not None):
+                break
+            time.sleep(0.1)
+        page.click("#start")  # Stop: the last finals, then closed
+        page.wait_for_function("window.asrApp.state === 'closed'", timeout=30_000)
+        return {
+            "final": page.evaluate("window.asrApp.finalText()"),
+            "messages": page.evaluate("window.asrApp.messages"),
+            "errors": page.evaluate("window.asrApp.errors"),
+            "status": page.inner_text("#status"),
+            "latency": page.inner_text("#latency"),
+            "page_errors": page_errors,
+            "shot": shot_taken,
+        }
+    finally:
+        browser.close()
+
+
+@pytest.mark.parametrize("transport", ["webrtc", "websocket"])
+def test_page_captions_the_microphone(playwright, page_server, whisper_runner, transport):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"captions-{transport}.png"
+    shot.unlink(missing_ok=True)
+    got = caption(playwright, page_server, transport, screenshot=shot)
+    assert got["page_errors"] == [] and got["errors"] == []
+    messages = got["messages"]
+    assert messages[0]["type"] == "session" and messages[0]["config"]["encoding"] == ("webrtc" if transport == "webrtc" else "pcm_s16le")
+    assert messages[-1]["type"] == "closed"
+    # The fake microphone really delivered the file (a wrong path gives silence, not an error).
+    assert messages[-1]["audio_received_s"] >= max(e for _, e in MANIFEST[FIXTURE]["spans"][0])
+    reference = " ".join(MANIFEST[FIXTURE]["references"][0])
+    offline = wer(reference, _offline_text(whisper_runner, FIXTURE))
+    assert wer(reference, got["final"]) <= offline + WER_FILE_MARGIN, got["final"]
+    # What the page shows as final is exactly what the server finalized.
+    assert got["final"] == " ".join(m["text"] for m in messages if m["type"] == "final" and m["text"])
+    assert got["status"] == "Stopped" and got["latency"].endswith(" s")
+    assert got["shot"] and shot.stat().st_size > 10_000
+
+
+def test_page_reports_a_refused_microphone(playwright, page_server):
+    # Without the fake-UI flag, headless Chromium refuses the permission prompt.
+    browser = launch(playwright, ["--use-fake-device-for-media-stream"])
+    try:
+        page = browser.new_page()
+        page.goto(page_server.http + "/")
+        page.click("#start")
+        page.wait_for_function("window.asrApp.state === 'failed'", timeout=15_000)
+        assert page.evaluate("window.asrApp.errors")[0]["code"] == "microphone_denied"
+        assert page.is_visible("#notice") and "Allow it" in page.inner_text("#notice-text")
+        assert page.inner_text("#start") == "Start"  # nothing is retried: the user must act
+        assert not page_server.server._connections  # no session was opened
+    finally:
+        browser.close()
+
+
+def test_page_waits_out_a_busy_server_and_then_captions(playwright, whisper_runner):
+    """Refused (the model is not ready: retry_after), the page counts down, retries, and streams."""
+    server = ServerThread(None, Limits(idle_timeout_s=10.0)).start()
+    browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+    try:
+        page = browser.new_page()
+        page.goto(f"{server.http}/?transport=websocket")
+        page.click("#start")
+        page.wait_for_function("document.getElementById('status').dataset.state === 'retrying'", timeout=15_000)
+        assert page.evaluate("window.asrApp.errors")[0]["code"] == "not_ready"
+        assert "Trying again in" in page.inner_text("#notice-text")
+        server.set_runner(whisper_runner)
+        page.wait_for_function("window.asrApp.state === 'streaming'", timeout=20_000)
+        assert not page.is_visible("#notice")
+        page.wait_for_function("window.asrApp.text().length > 0", timeout=20_000)
+        page.click("#start")
+        page.wait_for_function("window.asrApp.state === 'closed'", timeout=30_000)
+        assert page.evaluate("window.asrApp.finalText()")
+    finally:
+        browser.close()
+        server.stop()
+
+
+def test_page_works_on_a_phone_screen(playwright, page_server):
+    browser = launch(playwright, [])
+    try:
+        page = browser.new_page(viewport={"width": 375, "height": 667}, device_scale_factor=2, is_mobile=True, has_touch=True)
+        page.goto(page_server.http + "/")
+        start = page.locator("#start").bounding_box()
+        assert start is not None and start["width"] >= 300 and start["height"] >= 40  # a full-width, thumb-sized button
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 375, f"the page scrolls sideways on a phone ({width}px)"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "captions-phone.png"))
+    finally:
+        browser.close()
