@@ -3,7 +3,7 @@ import threading
 import numpy as np
 import pytest
 
-from asr_server.audio.decode import ContainerDecoder, PcmDecoder, alaw_to_float, mulaw_to_float
+from asr_server.audio.decode import ContainerDecoder, FrameConverter, PcmDecoder, alaw_to_float, mulaw_to_float
 from asr_server.errors import AsrError, AudioFormatMismatch, InvalidAudio
 
 from ..harness import FIXTURES, MANIFEST
@@ -129,3 +129,32 @@ def test_empty_frames_in_a_container_stream_are_harmless():
     total = sum(chunk.shape[1] for chunk in decoder.frames())
     feeder.join(5)
     assert total > 29 * 16000
+
+
+def _frames(left: np.ndarray, right: np.ndarray | None, rate: int = 48000, block: int = 960):
+    import av
+
+    for i in range(0, len(left) - block + 1, block):
+        rows = [left[i:i + block]] if right is None else [left[i:i + block], right[i:i + block]]
+        interleaved = np.stack(rows).T.reshape(1, -1).astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(interleaved, format="s16", layout="mono" if right is None else "stereo")
+        frame.sample_rate = rate
+        yield frame
+
+
+def test_webrtc_frames_become_16k_audio_mixed_or_kept_apart():
+    t = np.arange(48000) / 48000
+    left = (0.5 * 32767 * np.sin(2 * np.pi * 300 * t)).astype(np.int16)
+    right = (0.2 * 32767 * np.sin(2 * np.pi * 300 * t)).astype(np.int16)
+    mono = FrameConverter(1)
+    out = np.concatenate([mono.convert(f) for f in _frames(left, right)], axis=1)
+    assert out.shape[0] == 1 and abs(out.shape[1] - 16000) < 100  # one second at 16 kHz (the resampler holds a few samples)
+    assert abs(np.abs(out[0, 1000:]).max() - 0.35) < 0.01  # the average of the two channels, not their sum
+    stereo = FrameConverter(2)
+    both = np.concatenate([stereo.convert(f) for f in _frames(left, right)], axis=1)
+    assert both.shape[0] == 2 and abs(both.shape[1] - 16000) < 100
+    assert abs(np.abs(both[0, 1000:]).max() - 0.5) < 0.01 and abs(np.abs(both[1, 1000:]).max() - 0.2) < 0.01
+    # A mono track (PCMU from a gateway, at 8 kHz) is copied to both channels when two are asked for.
+    from_mono = FrameConverter(2)
+    pcmu = np.concatenate([from_mono.convert(f) for f in _frames(left[:8000], None, rate=8000, block=160)], axis=1)
+    assert pcmu.shape[0] == 2 and np.allclose(pcmu[0], pcmu[1]) and abs(pcmu.shape[1] - 16000) < 100

@@ -217,3 +217,18 @@ def test_live_audio_that_outruns_the_model_ends_with_audio_overrun():
         assert wait_until(lambda: not server.server.peers)
     finally:
         server.stop()
+
+
+def test_host_addresses_can_be_restricted_and_restored():
+    import aioice.ice
+
+    from asr_server.transport.webrtc import restrict_host_addresses
+
+    try:
+        restrict_host_addresses(["127.0.0.1", "::1"])
+        assert aioice.ice.get_host_addresses(True, False) == ["127.0.0.1"]
+        assert aioice.ice.get_host_addresses(True, True) == ["127.0.0.1", "::1"]
+        restrict_host_addresses([])
+        assert "127.0.0.1" not in aioice.ice.get_host_addresses(True, False)  # aioice's own: never loopback
+    finally:
+        restrict_host_addresses(["127.0.0.1"])  # as the other tests here need it

@@ -1,8 +1,16 @@
 import pytest
 
 from asr_server.errors import WIRE_TABLE, AsrError, InvalidMessage, InvalidOption, UnknownMessageType, UnsupportedLanguage
-from asr_server.options import parse_stream_options
-from asr_server.protocol.messages import CloseStream, Finalize, KeepAlive, MessageWriter, parse_client_message
+from asr_server.options import IceServer, Limits, RtcOptions, parse_stream_options
+from asr_server.protocol.messages import (
+    MAX_SDP_CHARS,
+    CloseStream,
+    Finalize,
+    KeepAlive,
+    MessageWriter,
+    WebRtcOffer,
+    parse_client_message,
+)
 
 
 def q(**kw):
@@ -74,3 +82,21 @@ def test_docs_table_lists_every_code():
         row = next((line for line in doc.splitlines() if line.startswith(f"| `{code}`")), None)
         assert row is not None, f"{code} missing from docs/protocol.md"
         assert str(info.close_code or "-") in row
+
+
+def test_webrtc_options_and_offer_messages():
+    o = parse_stream_options(q(encoding="webrtc"), ["en"])
+    assert o.is_webrtc and not o.is_container and o.sample_rate is None
+    assert parse_stream_options(q(encoding="webrtc", channels=2), ["en"]).channels == 2
+    with pytest.raises(InvalidOption):
+        parse_stream_options(q(encoding="webrtc", channels=3), ["en"])
+    assert parse_client_message('{"type":"webrtc_offer","sdp":"v=0\\r\\n"}') == WebRtcOffer("v=0\r\n")
+    for bad in ('{"type":"webrtc_offer"}', '{"type":"webrtc_offer","sdp":""}', '{"type":"webrtc_offer","sdp":5}',
+                '{"type":"webrtc_offer","sdp":"' + "a" * (MAX_SDP_CHARS + 1) + '"}'):
+        with pytest.raises(InvalidMessage):
+            parse_client_message(bad)
+    w = MessageWriter("s")
+    session = w.session(o, Limits(), "tiny.en", RtcOptions(ice_servers=(IceServer(("turn:h:3478",), "u", "p"),)).to_wire())
+    assert session["webrtc"] == {"ice_servers": [{"urls": ["turn:h:3478"], "username": "u", "credential": "p"}]}
+    assert "webrtc" not in w.session(parse_stream_options({}, ["en"]), Limits(), "tiny.en")
+    assert w.webrtc_answer("v=0") == {"type": "webrtc_answer", "session_id": "s", "seq": 3, "sdp": "v=0"}
