@@ -26,7 +26,12 @@ def test_server_starts_reports_healthy_and_stops_on_sigterm():
     try:
         first = proc.stdout.readline()
         port = int(re.search(r"127\.0\.0\.1:(\d+)", first).group(1))
+        assert proc.stdout.readline().strip() == f"captions page: http://localhost:{port}/"
         assert "ready" in proc.stdout.readline()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/html") and b"/app.js" in r.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/client/client.js", timeout=5) as r:
+            assert r.headers["Content-Type"].startswith("text/javascript") and b"export class AsrClient" in r.read()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
             health = json.loads(r.read())
             assert r.status == 200 and health["model"] == "tiny.en"
