@@ -42,6 +42,10 @@ class ArrayTrack(MediaStreamTrack):
         self._start: float | None = None
         self.sent_s = 0.0
 
+    @property
+    def started_at(self) -> float | None:
+        return self._start
+
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
@@ -76,8 +80,10 @@ def to_48k(audio16k: np.ndarray) -> np.ndarray:
 @dataclass
 class RtcRun:
     messages: list[dict[str, Any]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # monotonic time of each message
     close_code: int | None = None
     answer_at: float = 0.0
+    audio_started_at: float | None = None  # monotonic time the track sent its first frame
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m["type"] == kind]
@@ -104,6 +110,7 @@ async def run_rtc(url: str, track: MediaStreamTrack | None, *, query: str = "enc
     try:
         async with websockets.connect(f"{url}/v1/listen?{query}", max_size=None) as ws:
             run.messages.append(json.loads(await ws.recv()))
+            run.arrivals.append(time.monotonic())
             sender = None
             if track is not None:
                 sender = pc.addTrack(track)
@@ -116,6 +123,7 @@ async def run_rtc(url: str, track: MediaStreamTrack | None, *, query: str = "enc
                     async for raw in ws:
                         message = json.loads(raw)
                         run.messages.append(message)
+                        run.arrivals.append(time.monotonic())
                         if message["type"] == "webrtc_answer":
                             await pc.setRemoteDescription(RTCSessionDescription(sdp=message["sdp"], type="answer"))
                             run.answer_at = time.monotonic()
@@ -141,4 +149,5 @@ async def run_rtc(url: str, track: MediaStreamTrack | None, *, query: str = "enc
             await asyncio.wait_for(reading, timeout_s)
     finally:
         await pc.close()
+    run.audio_started_at = getattr(track, "started_at", None)
     return run
