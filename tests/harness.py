@@ -136,6 +136,8 @@ class ServerThread:
         self.call(self.server.set_runner, runner)
 
     def stop(self) -> None:
+        if not self._thread.is_alive():
+            return  # already stopped (stopping twice is fine)
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)

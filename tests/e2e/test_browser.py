@@ -149,13 +149,34 @@ def test_page_waits_out_a_busy_server_and_then_captions(playwright, whisper_runn
         server.set_runner(whisper_runner)
         page.wait_for_function("window.asrApp.state === 'streaming'", timeout=20_000)
         assert not page.is_visible("#notice")
-        page.wait_for_function("window.asrApp.text().length > 0", timeout=20_000)
-        page.click("#start")
-        page.wait_for_function("window.asrApp.state === 'closed'", timeout=30_000)
-        assert page.evaluate("window.asrApp.finalText()")
+        page.wait_for_function("window.asrApp.finalText().length > 0", timeout=20_000)
+        received = page.evaluate("window.asrApp.finalText()")
+        # The server goes away mid-stream: the page says so, keeps the transcript, and keeps retrying.
+        server.stop()
+        page.wait_for_function("document.getElementById('status').dataset.state === 'retrying'", timeout=15_000)
+        assert page.evaluate("window.asrApp.errors").pop()["code"] in ("shutting_down", "connection_lost", "connect_failed")
+        assert page.evaluate("window.asrApp.finalText()").startswith(received)
+        assert received in page.inner_text("#transcript")
+        page.click("#start")  # Stop: no more retries
+        assert page.inner_text("#start") == "Start" and not page.is_visible("#notice")
     finally:
         browser.close()
         server.stop()
+
+
+def test_without_webrtc_the_page_falls_back_to_websocket(playwright, page_server):
+    browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+    try:
+        page = browser.new_page()
+        page.add_init_script("delete window.RTCPeerConnection;")
+        page.goto(f"{page_server.http}/?transport=auto&autostart=1")
+        page.wait_for_function("window.asrApp.state === 'streaming'", timeout=20_000)
+        assert page.evaluate("window.asrApp.transport") == "websocket"
+        page.wait_for_function("window.asrApp.finalText().length > 0", timeout=20_000)
+        page.click("#start")
+        page.wait_for_function("window.asrApp.state === 'closed'", timeout=30_000)
+    finally:
+        browser.close()
 
 
 def test_page_works_on_a_phone_screen(playwright, page_server):
