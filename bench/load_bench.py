@@ -63,6 +63,16 @@ def health(port: int) -> dict:
         return json.loads(resp.read())
 
 
+def model_seconds(port: int) -> dict[str, float]:
+    """Model time spent so far, by decode kind (asr_decode_seconds_sum)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith('asr_decode_seconds_sum{kind="'):
+            out[line.split('"')[1]] = float(line.split()[-1])
+    return out
+
+
 def wait_calm(port: int, limit_s: float = 60.0) -> None:
     """Let the server's load level fall back to 0 between sweep levels."""
     deadline = time.monotonic() + limit_s
@@ -70,7 +80,7 @@ def wait_calm(port: int, limit_s: float = 60.0) -> None:
         time.sleep(1.0)
 
 
-async def run_level(url: str, n: int, seed: int, pid: int) -> dict:
+async def run_level(url: str, n: int, seed: int, pid: int, port: int) -> dict:
     rng = random.Random(seed)
     peak = [rss_mib(pid)]
 
@@ -80,9 +90,11 @@ async def run_level(url: str, n: int, seed: int, pid: int) -> dict:
             await asyncio.sleep(0.5)
 
     watcher = asyncio.create_task(watch())
-    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    cpu0, t0, model0 = cpu_seconds(pid), time.monotonic(), model_seconds(port)
     results = await asyncio.gather(*(one_client(url, FIXTURES[i % len(FIXTURES)], rng.random()) for i in range(n)))
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
+    model1 = model_seconds(port)
+    model = {k: model1[k] - model0.get(k, 0.0) for k in model1}
     watcher.cancel()
     latencies, first, interims, errors, words, refused, stream_s = [], [], 0, 0, 0, 0, 0.0
     refusal_s: list[float] = []
@@ -115,6 +127,9 @@ async def run_level(url: str, n: int, seed: int, pid: int) -> dict:
         "first": pct(first, 0.5) if first else float("nan"), "interim_rate": interims / stream_s if stream_s else 0.0,
         "wer": errors / words if words else float("nan"), "cpu": cpu / wall, "rss": max(peak), "refused": refused,
         "refusal": max(refusal_s) if refusal_s else float("nan"), "broken": broken,
+        # Model seconds per second of audio streamed, by decode kind.
+        "model_interim": model.get("interim", 0.0) / stream_s if stream_s else 0.0,
+        "model_final": model.get("final", 0.0) / stream_s if stream_s else 0.0,
     }
 
 
@@ -133,7 +148,7 @@ def main() -> None:
     try:
         for n in (int(x) for x in args.streams.split(",")):
             wait_calm(port)
-            row = asyncio.run(run_level(url, n, args.seed + n, proc.pid))
+            row = asyncio.run(run_level(url, n, args.seed + n, proc.pid, port))
             rows.append(row)
             print(f"N={n}: p95 {row['p95']:.2f}s", file=sys.stderr, flush=True)
             if row["p95"] <= args.limit and row["refused"] == 0:
@@ -143,12 +158,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interims/stream-s | WER | server CPU (cores) | peak RSS (MiB) | refused | slowest refusal (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interims/stream-s | WER | server CPU (cores) | model s/audio s (interim + final) | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
         broken = f" ({r['broken']} broken)" if r["broken"] else ""
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['cpu']:.2f} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['cpu']:.2f} | {r['model_interim']:.2f} + {r['model_final']:.2f} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 
