@@ -90,6 +90,7 @@ export class AsrClient extends EventTarget {
     this._stream = null;
     this._ownStream = false;
     this._audioContext = null;
+    this._source = null;
     this._worklet = null;
     this._audioStartedAt = null;
     this._closedMessage = null;
@@ -182,8 +183,29 @@ export class AsrClient extends EventTarget {
   }
 
   async _startAudioContext() {
-    this._audioContext = new AudioContext({ sampleRate: 16000 });
-    await this._audioContext.audioWorklet.addModule(new URL("./pcm-worklet.js", import.meta.url));
+    // 16 kHz is what the model wants, and the browser resamples well. Firefox cannot
+    // connect a microphone to a context at another rate than the device's: there the
+    // context runs at its own rate, which goes in the query, and the server resamples.
+    for (const rate of [16000, undefined]) {
+      const ctx = new AudioContext(rate ? { sampleRate: rate } : {});
+      try {
+        this._source = ctx.createMediaStreamSource(this._stream);
+      } catch (err) {
+        await ctx.close().catch(() => {});
+        if (rate === undefined) throw new AsrError("microphone_unavailable", `the microphone could not be read (${err?.name ?? err})`);
+        continue;
+      }
+      try {
+        await ctx.audioWorklet.addModule(new URL("./pcm-worklet.js", import.meta.url));
+      } catch (err) {
+        this._source = null;
+        await ctx.close().catch(() => {});
+        throw new AsrError("connect_failed", `could not load the audio worklet from the server (${err?.name ?? err})`, { retryable: true });
+      }
+      await ctx.resume();
+      this._audioContext = ctx;
+      return;
+    }
   }
 
   _query() {
@@ -287,7 +309,7 @@ export class AsrClient extends EventTarget {
 
   _pipePcm() {
     const ctx = this._audioContext;
-    const source = ctx.createMediaStreamSource(this._stream);
+    const source = this._source;
     this._worklet = new AudioWorkletNode(ctx, "asr-pcm-sender", { numberOfOutputs: 0, processorOptions: { blockMs: 100 } });
     this._worklet.port.onmessage = (e) => {
       if (e.data?.type !== "pcm") return;
@@ -392,6 +414,8 @@ export class AsrClient extends EventTarget {
     this._worklet?.port.postMessage("stop");
     this._worklet?.disconnect();
     this._worklet = null;
+    this._source?.disconnect();
+    this._source = null;
     this._audioContext?.close().catch(() => {});
     this._audioContext = null;
     this._pc?.close();
