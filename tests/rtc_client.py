@@ -34,9 +34,11 @@ class ArrayTrack(MediaStreamTrack):
     kind = "audio"
 
     def __init__(self, audio: np.ndarray, *, tail_s: float = 1.5, end_after_audio: bool = False) -> None:
+        """``audio``: mono ``(n,)`` or stereo ``(2, n)`` float at 48 kHz (mono is sent on both channels)."""
         super().__init__()
-        pcm = np.clip(audio * 32767, -32768, 32767).astype(np.int16)
-        self._pcm = np.concatenate([pcm, np.zeros(int(tail_s * RATE), np.int16)])
+        stereo = audio if audio.ndim == 2 else np.stack([audio, audio])
+        pcm = np.clip(stereo.T * 32767, -32768, 32767).astype(np.int16)  # (n, 2)
+        self._pcm = np.concatenate([pcm, np.zeros((int(tail_s * RATE), 2), np.int16)])
         self._end = end_after_audio
         self._pos = 0
         self._start: float | None = None
@@ -59,8 +61,8 @@ class ArrayTrack(MediaStreamTrack):
             await asyncio.sleep(wait)
         block = self._pcm[self._pos:self._pos + FRAME]
         if len(block) < FRAME:
-            block = np.zeros(FRAME, np.int16)
-        frame = av.AudioFrame.from_ndarray(np.repeat(block, 2).reshape(1, -1), format="s16", layout="stereo")
+            block = np.zeros((FRAME, 2), np.int16)
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(block).reshape(1, -1), format="s16", layout="stereo")
         frame.sample_rate = RATE
         frame.pts = self._pos
         frame.time_base = fractions.Fraction(1, RATE)
@@ -70,6 +72,9 @@ class ArrayTrack(MediaStreamTrack):
 
 
 def to_48k(audio16k: np.ndarray) -> np.ndarray:
+    """16 kHz mono ``(n,)`` or planar ``(channels, n)`` to 48 kHz, same shape."""
+    if audio16k.ndim == 2:
+        return np.stack([to_48k(row) for row in audio16k])
     frame = av.AudioFrame.from_ndarray(audio16k.astype(np.float32).reshape(1, -1), format="flt", layout="mono")
     frame.sample_rate = 16000
     swr = av.AudioResampler(format="flt", layout="mono", rate=RATE)
@@ -132,7 +137,7 @@ async def run_rtc(url: str, track: MediaStreamTrack | None, *, query: str = "enc
                 run.close_code = ws.close_code
 
             reading = asyncio.ensure_future(reader())
-            length = getattr(track, "_pcm", np.zeros(0)).shape[0] / RATE
+            length = getattr(track, "_pcm", np.zeros((0, 2))).shape[0] / RATE
             until = after_s if after_s is not None else length
             deadline = time.monotonic() + timeout_s
             while not reading.done() and getattr(track, "sent_s", 0.0) < until and time.monotonic() < deadline:

@@ -20,7 +20,7 @@ from asr_server.inference.whisper import DecodeKind
 from asr_server.options import Limits, RtcOptions
 
 from ..fakes import FakeRunner
-from ..harness import MANIFEST, ServerThread, load_mono, replay
+from ..harness import MANIFEST, ServerThread, load_channels, load_mono, replay
 from ..rtc_client import ArrayTrack, offer_sdp, run_rtc, to_48k
 from ..wer import wer
 
@@ -232,3 +232,15 @@ def test_host_addresses_can_be_restricted_and_restored():
         assert "127.0.0.1" not in aioice.ice.get_host_addresses(True, False)  # aioice's own: never loopback
     finally:
         restrict_host_addresses(["127.0.0.1"])  # as the other tests here need it
+
+
+def test_a_stereo_call_over_webrtc_is_transcribed_per_channel(rtc_server):
+    """A gateway sending both legs of a call as one stereo track, channels=2: two transcripts."""
+    name = "call_8k_stereo.s16le"
+    run = asyncio.run(run_rtc(rtc_server.url, ArrayTrack(to_48k(load_channels(name))), query="encoding=webrtc&channels=2"))
+    assert run.of_type("closed") and run.close_code == 1000
+    for channel in (0, 1):
+        ref = " ".join(MANIFEST[name]["references"][channel])
+        assert wer(ref, run.final_text(channel)) < 0.35, (channel, run.final_text(channel))
+    # Each leg's words stay on its own channel: no sentence of one leg is heard on the other.
+    assert wer(" ".join(MANIFEST[name]["references"][0]), run.final_text(1)) > 0.8
