@@ -24,19 +24,24 @@ from dataclasses import dataclass
 
 from ..audio.decode import MODEL_RATE
 
-__all__ = ["MemoryBudget", "channel_bytes", "stream_bytes", "available_host_memory", "process_rss", "peak_rss", "cuda_free_memory"]
+__all__ = ["MemoryBudget", "audio_bytes", "channel_bytes", "stream_bytes", "available_host_memory", "process_rss", "peak_rss", "cuda_free_memory"]
 
 MiB = 1 << 20
 _PER_CHANNEL_OVERHEAD = 256 * 1024  # VAD, chunker, resampler and decoder state, Python objects
 
 
+def audio_bytes(seconds: float, channels: int = 1) -> int:
+    """Memory of ``seconds`` of pipeline audio (16 kHz float32) per channel."""
+    return int(seconds * MODEL_RATE * 4 * channels)
+
+
 def channel_bytes(max_utterance_s: float, max_pending_finals: int) -> int:
     """Worst-case memory of one channel: the open utterance plus every owed final, as float32."""
-    samples = (max_pending_finals + 1) * max_utterance_s * MODEL_RATE
-    return int(samples * 4) + _PER_CHANNEL_OVERHEAD
+    return audio_bytes((max_pending_finals + 1) * max_utterance_s) + _PER_CHANNEL_OVERHEAD
 
 
 def stream_bytes(channels: int, max_utterance_s: float, max_pending_finals: int, container_buffer: int) -> int:
+    """``container_buffer``: input held ahead of the pipeline (compressed bytes, or a WebRTC live backlog)."""
     return channels * channel_bytes(max_utterance_s, max_pending_finals) + container_buffer
 
 

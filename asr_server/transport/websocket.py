@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -25,7 +26,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from ..audio.decode import ContainerDecoder, PcmDecoder
+from ..audio.decode import MODEL_RATE, ContainerDecoder, PcmDecoder
 from ..errors import (
     AsrError,
     AudioOverrun,
@@ -47,7 +48,7 @@ from ..metrics import Metrics
 from ..options import Limits, RtcOptions, StreamOptions, parse_stream_options
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, MessageWriter, WebRtcOffer, parse_client_message
 from ..scheduler import Scheduler
-from ..scheduler.budget import MemoryBudget, process_rss, stream_bytes
+from ..scheduler.budget import MemoryBudget, audio_bytes, process_rss, stream_bytes
 from ..scheduler.governor import GovernorOptions, LoadGovernor
 from ..scheduler.policy import WEIGHTS, BatchLimits, Priority
 from ..session import Close, Send, Session, SessionOutput
@@ -132,7 +133,7 @@ class AsrServer:
         if options.is_container:
             buffered = self.limits.max_container_buffer_bytes
         elif options.is_webrtc:
-            buffered = int(self.limits.max_live_backlog_s * 16000 * 4 * options.channels)
+            buffered = audio_bytes(self.limits.max_live_backlog_s, options.channels)
         return stream_bytes(options.channels, options.max_utterance_s, self.limits.max_pending_finals, buffered)
 
     async def start(self) -> None:
@@ -357,8 +358,8 @@ class Connection:
         self._container: ContainerDecoder | None = None
         self._rtc: RtcIngest | None = None
         # WebRTC audio that arrived while the session was backpressured (it cannot be slowed).
-        self._backlog: list[np.ndarray] = []
-        self._backlog_samples = 0
+        self._backlog: deque[np.ndarray] = deque()
+        self._backlog_samples = 0  # kept with the deque: checked on every live frame
         self._container_task: asyncio.Task[None] | None = None
         self._ending = False
         self.started_at = time.monotonic()
@@ -538,20 +539,19 @@ class Connection:
             return
         self._backlog.append(planar)
         self._backlog_samples += planar.shape[1]
-        if self._backlog_samples > self.limits.max_live_backlog_s * 16000:
-            self._backlog, self._backlog_samples = [], 0
+        if self._backlog_samples > self.limits.max_live_backlog_s * MODEL_RATE:
+            self._backlog.clear()
+            self._backlog_samples = 0
             await self._fail(AudioOverrun(
                 f"the server fell more than {self.limits.max_live_backlog_s:g} s behind this live stream; what it had was finalized",
                 retry_after=10.0,
             ))
             return
-        while self._backlog and not self.session.backpressured:
-            await self._feed_backlog(1)
+        await self._feed_backlog(until_backpressured=True)
 
-    async def _feed_backlog(self, count: int | None = None) -> None:
-        taken = self._backlog[:count] if count else self._backlog
-        self._backlog = self._backlog[len(taken):]
-        for planar in taken:
+    async def _feed_backlog(self, *, until_backpressured: bool) -> None:
+        while self._backlog and not (until_backpressured and self.session.backpressured):
+            planar = self._backlog.popleft()
             self._backlog_samples -= planar.shape[1]
             await self._audio(planar)
 
@@ -571,7 +571,7 @@ class Connection:
 
     async def _end_of_input(self) -> None:
         if self.options.is_webrtc:
-            await self._feed_backlog()
+            await self._feed_backlog(until_backpressured=False)
             await self._close_rtc()
         elif self._container is not None:
             self._container.end()
