@@ -296,7 +296,10 @@ export class AsrClient extends EventTarget {
         this._waiters.delete(cancel);
         then();
       };
-      const cancel = (err) => finish(() => reject(err));
+      // Called for every message (err null) and when the socket closes (err set): only the latter aborts.
+      const cancel = (err) => {
+        if (err) finish(() => reject(err));
+      };
       const timer = setTimeout(
         () => finish(() => reject(new AsrError("timeout", "the WebRTC connection did not come up in time (is UDP blocked?)", { retryable: true }))),
         this.connectTimeoutMs,
