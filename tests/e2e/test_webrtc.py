@@ -244,3 +244,22 @@ def test_a_stereo_call_over_webrtc_is_transcribed_per_channel(rtc_server):
         assert wer(ref, run.final_text(channel)) < 0.35, (channel, run.final_text(channel))
     # Each leg's words stay on its own channel: no sentence of one leg is heard on the other.
     assert wer(" ".join(MANIFEST[name]["references"][0]), run.final_text(1)) > 0.8
+
+
+def test_a_healthy_session_is_untouched_by_bad_webrtc_sessions_beside_it(rtc_server):
+    async def together():
+        no_audio = await _offer_without_audio()
+        bad = [json.dumps({"type": "webrtc_offer", "sdp": "v=0\r\nnonsense"})]
+        return await asyncio.gather(
+            replay(rtc_server.url, FIXTURE),
+            _signal(rtc_server.url, "encoding=webrtc", bad),
+            _signal(rtc_server.url, "encoding=webrtc", [json.dumps({"type": "webrtc_offer", "sdp": no_audio})]),
+            _signal(rtc_server.url, "encoding=webrtc", [b"\x00" * 320], close_after=0.5),
+        )
+
+    good, (bad1, code1), (bad2, code2), (bad3, _code3) = asyncio.run(together())
+    assert errors(bad1) == ["invalid_offer"] and code1 == 1008
+    assert errors(bad2) == ["invalid_offer"] and code2 == 1008
+    assert errors(bad3) == ["invalid_message"]
+    assert good.of_type("closed") and not good.of_type("error")
+    assert len([f for f in good.of_type("final") if f.message["text"]]) == len(MANIFEST[FIXTURE]["spans"][0])
