@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster)")
     p.add_argument("--final-encoder-pad-s", type=float, default=FINAL_ENCODER_PAD_S,
                    help="seconds of silence after the audio in final decodes (default 30: Whisper's full window, most accurate)")
+    p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
+                   help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
     p.add_argument("--max-channels", type=int, default=None,
@@ -126,7 +128,8 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
         baseline = process_rss()
         runner = WhisperRunner(model_path, device=args.device, compute_type=args.compute_type,
                                cpu_threads=threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
-                               final_encoder_pad_s=args.final_encoder_pad_s, workers=workers)
+                               final_encoder_pad_s=args.final_encoder_pad_s, workers=workers,
+                               pack_finals=args.pack_finals)
         interim = None
         if interim_path is not None:
             interim = WhisperRunner(interim_path, device=args.device, compute_type=args.compute_type,

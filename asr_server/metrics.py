@@ -40,6 +40,11 @@ class Metrics:
         self.queue_wait_seconds = Histogram(
             "asr_queue_wait_seconds", "Time a decode waited for the model", ["kind"], buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.finals_packed = Counter(
+            "asr_finals_packed_total",
+            "Final decodes that shared a 30 s encoder window with other finals (the rest of asr_batch_size_sum{kind=\"final\"} ran alone)",
+            registry=r,
+        )
         self.decodes_skipped = Counter(
             "asr_decodes_skipped_total",
             "Waiting decodes dropped as stale: interims whose utterance paused or ended, pause decodes after speech resumed",

@@ -64,12 +64,16 @@ def health(port: int) -> dict:
 
 
 def model_seconds(port: int) -> dict[str, float]:
-    """Model time spent so far, by decode kind (asr_decode_seconds_sum)."""
+    """Model time spent so far by decode kind (asr_decode_seconds_sum), and decodes run ("decodes_<kind>")."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith('asr_decode_seconds_sum{kind="'):
             out[line.split('"')[1]] = float(line.split()[-1])
+        elif line.startswith('asr_batch_size_sum{kind="'):
+            out["decodes_" + line.split('"')[1]] = float(line.split()[-1])
+        elif line.startswith("asr_finals_packed_total "):
+            out["packed"] = float(line.split()[-1])
     return out
 
 
@@ -97,6 +101,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int) -> dict:
     model = {k: model1[k] - model0.get(k, 0.0) for k in model1}
     watcher.cancel()
     latencies, first, interims, errors, words, refused, stream_s = [], [], 0, 0, 0, 0, 0.0
+    finals_sent = 0
     refusal_s: list[float] = []
     broken = 0
     for name, r, _code, refused_after in results:
@@ -110,6 +115,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int) -> dict:
         entry = MANIFEST[name]
         stream_s += r.of_type("closed")[0].message["audio_received_s"] if r.of_type("closed") else 0.0
         interims += len(r.of_type("interim"))
+        finals_sent += len(r.of_type("final"))
         starts = [s for spans in entry["spans"] for s, _ in spans]
         if r.of_type("interim"):
             first.append(r.of_type("interim")[0].at - min(starts))
@@ -130,6 +136,9 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int) -> dict:
         # Model seconds per second of audio streamed, by decode kind.
         "model_interim": model.get("interim", 0.0) / stream_s if stream_s else 0.0,
         "model_final": model.get("final", 0.0) / stream_s if stream_s else 0.0,
+        # Final-quality decodes (pause decodes included) per final sent.
+        "final_decodes": model.get("decodes_final", 0.0) / finals_sent if finals_sent else float("nan"),
+        "packed": model.get("packed", 0.0) / model["decodes_final"] if model.get("decodes_final") else 0.0,
     }
 
 
@@ -158,12 +167,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interims/stream-s | WER | server CPU (cores) | model s/audio s (interim + final) | peak RSS (MiB) | refused | slowest refusal (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interims/stream-s | WER | server CPU (cores) | model s/audio s (interim + final) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
         broken = f" ({r['broken']} broken)" if r["broken"] else ""
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['cpu']:.2f} | {r['model_interim']:.2f} + {r['model_final']:.2f} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['cpu']:.2f} | {r['model_interim']:.2f} + {r['model_final']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 

@@ -200,6 +200,7 @@ class Scheduler:
             if self.metrics is not None:
                 self.metrics.batch_size.labels(kind.value).observe(len(batch))
                 self.metrics.decode_seconds.labels(kind.value).observe(sum(h.decode_s for h in hyps))
+                self.metrics.finals_packed.inc(sum(1 for h in hyps if h.packed))
                 for entry in batch:
                     self.metrics.queue_wait_seconds.labels(kind.value).observe(now - entry.queued_at)
             for entry, hyp in zip(batch, hyps):
