@@ -159,8 +159,6 @@ def _download(size: str) -> str:
         ) from None
 
 
-
-
 # -- decoding in batches ---------------------------------------------------------------
 #
 # Whisper was trained on 30 s windows (3000 feature frames, zero-padded). The
@@ -228,7 +226,7 @@ def _bucket(n: int) -> int:
     return 0 if n <= 0 else min(PROMPT_TOKEN_LIMIT, 1 << (n.bit_length() - 1))
 
 
-class WhisperRunner:
+class WhisperRunner(Runner):
     """A loaded Whisper model (CTranslate2 via faster-whisper). Construct once; share across sessions.
 
     ``transcribe_batch`` decodes several requests with one encoder call and one
@@ -258,7 +256,6 @@ class WhisperRunner:
         self.final_pad_frames = int(min(30.0, max(1.0, final_encoder_pad_s)) * 100)
         # Packing needs full windows: an item's words are told apart by where they sit in it.
         self.pack_finals = pack_finals and self.final_pad_frames >= FULL_WINDOW_FRAMES
-        self.pack_stats = {"packed": 0, "alone": 0, "failed": 0}  # members, since start (metrics)
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()
         # num_workers: how many transcribe_batch calls may run at once (one per scheduler worker).
@@ -279,13 +276,6 @@ class WhisperRunner:
         language = "en" if "en" in self.languages else self.languages[0]
         for kind in DecodeKind:
             self.transcribe(DecodeRequest(noise, kind, language=language, word_timestamps=kind is DecodeKind.FINAL))
-
-    def warm_up_batch(self, size: int) -> None:
-        """Decode one full batch of 30 s finals: the largest working memory a batch can need."""
-        rng = np.random.default_rng(1)
-        language = "en" if "en" in self.languages else self.languages[0]
-        audio = (rng.standard_normal(SAMPLE_RATE * 29) * 0.01).astype(np.float32)
-        self.transcribe_batch([DecodeRequest(audio, DecodeKind.FINAL, language=language, word_timestamps=True)] * size)
 
     def window_frames(self, request: DecodeRequest) -> int:
         pad = self.final_pad_frames if request.kind is DecodeKind.FINAL else self.interim_pad_frames
@@ -338,7 +328,7 @@ class WhisperRunner:
         encoded = self.model.model.encode(_storage(features))
         final = kind is DecodeKind.FINAL
         results = self._generate(tokenizer, items, features, encoded, temperatures=FINAL_TEMPERATURES if final else (0.0,), beam_size=FINAL_BEAM_SIZE if final else 1)
-        text_tokens = [[t for t in r[0] if t < tokenizer.eot] for r in results]
+        text_tokens = [_text_tokens(tokenizer, r[0]) for r in results]
         words: list[tuple[Word, ...]] = [()] * len(items)
         wanted = [i for i, it in enumerate(items) if it.request.word_timestamps and text_tokens[i]]
         if wanted:
@@ -364,12 +354,14 @@ class WhisperRunner:
         items, spans = [], []
         for pack in packs:
             pieces: list[np.ndarray] = []
-            starts = []
-            for n, r in enumerate(pack):
-                if n:
+            starts, position = [], 0
+            for r in pack:
+                if pieces:
                     pieces.append(gap)
-                starts.append(sum(len(p) for p in pieces) / SAMPLE_RATE)
+                    position += len(gap)
+                starts.append(position / SAMPLE_RATE)
                 pieces.append(r.audio)
+                position += len(r.audio)
             audio = np.concatenate(pieces).astype(np.float32, copy=False)
             item = self._item(tokenizer, DecodeRequest(audio, DecodeKind.FINAL, language=pack[0].language), FULL_WINDOW_FRAMES)
             item.max_new = min(448 - len(item.prompt) - 1, sum(max_new_tokens(r.duration) + 2 for r in pack))
@@ -383,11 +375,10 @@ class WhisperRunner:
         aligned: dict[int, list[dict]] = {}
         if ok:
             source = encoded if len(ok) == len(items) else _storage(features[ok])
-            text_tokens = [[t for t in results[i][0] if t < tokenizer.eot] for i in ok]
+            text_tokens = [_text_tokens(tokenizer, results[i][0]) for i in ok]
             aligned = dict(zip(ok, self._align(tokenizer, [items[i] for i in ok], text_tokens, source)))
         for i, pack in enumerate(packs):
             if i not in aligned:
-                self.pack_stats["failed"] += len(pack)
                 out.append([None] * len(pack))
                 continue
             tokens, avg_logprob, no_speech, _ = results[i]
@@ -395,14 +386,12 @@ class WhisperRunner:
             hyps: list[Hypothesis | None] = []
             for n, (r, (start, _end), words) in enumerate(zip(pack, spans[i], members)):
                 if not words:
-                    self.pack_stats["alone"] += 1
                     hyps.append(None)
                     continue
                 own = tuple(_to_word(a, r.duration, shift=start) for a in words)
                 text = " ".join("".join(w.word for w in own).split())
                 n_tokens = sum(len(a["tokens"]) for a in words)
                 logprob = sum(len(a["tokens"]) * float(np.log(max(float(a["probability"]), 1e-10))) for a in words) / (n_tokens + 1)
-                self.pack_stats["packed"] += 1
                 hyps.append(Hypothesis(text, own, logprob, no_speech if n == 0 else 0.0, _compression_ratio(text), packed=True))
             log.debug("pack of %d: %r", len(pack), [h.text if h else None for h in hyps])
             out.append(hyps)
@@ -536,6 +525,11 @@ class WhisperRunner:
         return out
 
 
+def _text_tokens(tokenizer: Any, tokens: list[int]) -> list[int]:
+    """The text of a token sequence, without timestamps and special tokens."""
+    return [t for t in tokens if t < tokenizer.eot]
+
+
 def _to_word(a: dict, limit: float, shift: float = 0.0) -> Word:
     """An aligned word dict as a :class:`Word`, ``shift`` seconds earlier, times within [0, limit]."""
     start = min(max(float(a["start"]) - shift, 0.0), limit)
@@ -628,8 +622,7 @@ def split_pack(tokenizer: Any, tokens: list[int], words: list[dict], spans: list
 
 def _usable_pack(tokenizer: Any, tokens: list[int], avg_logprob: float, ratio: float, max_new: int) -> bool:
     """A pack's decode is trusted only if Whisper's own checks pass and it was not cut short."""
-    text = [t for t in tokens if t < tokenizer.eot]
-    return bool(text) and ratio <= COMPRESSION_RATIO_THRESHOLD and avg_logprob >= LOG_PROB_THRESHOLD and len(tokens) < max_new
+    return bool(_text_tokens(tokenizer, tokens)) and ratio <= COMPRESSION_RATIO_THRESHOLD and avg_logprob >= LOG_PROB_THRESHOLD and len(tokens) < max_new
 
 
 def _storage(array: np.ndarray) -> Any:
