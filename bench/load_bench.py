@@ -4,7 +4,9 @@
 
 For each N, starts N clients at once (start times spread over one second,
 seeded), each replaying a real fixture at real-time pace (fixtures are dealt
-round-robin), and reports per N: final latency p50/p95 (end of sentence to
+round-robin; the copies of one fixture start at different sentences, the
+recording rotated at a pause, so that streams carry different speech at any
+moment, as independent callers do), and reports per N: final latency p50/p95 (end of sentence to
 final), time to first interim, interims per stream-second, word error rate of
 the finals, server CPU (cores busy) and peak memory, refused streams and how
 long the slowest refusal took from connecting. Between levels it waits for the
@@ -30,7 +32,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from stream_bench import cpu_seconds, pct, start_server  # noqa: E402
 
-from tests.harness import MANIFEST, Replay, replay  # noqa: E402
+from asr_client import stream_bytes  # noqa: E402
+
+from tests.harness import FIXTURES as FIXTURE_DIR, MANIFEST, Replay, bytes_per_second  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
 
 FIXTURES = ["librivox_16k.s16le", "espeak_8k.mulaw", "cards_44k.f32le", "call_8k_stereo.s16le"]
@@ -43,19 +47,50 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-async def one_client(url: str, name: str, delay: float) -> tuple[str, Replay | None, str | None, float | None]:
-    """(fixture, replay, first error code, seconds from connecting to a refusal)."""
+def rotated(name: str, turn: int) -> tuple[bytes, dict]:
+    """The fixture's bytes starting at its ``turn``-th pause (0: as recorded), and its manifest entry to match.
+
+    Pauses are the gaps where no channel speaks; the audio before the cut
+    moves to the end, and the sentences' times and order follow.
+    """
+    entry = MANIFEST[name]
+    data = (FIXTURE_DIR / name).read_bytes()
+    rate = bytes_per_second(name)
+    frame = int(rate // entry["sample_rate"])
+    spans = sorted(span for channel in entry["spans"] for span in channel)
+    gaps, reach = [], spans[0][1]
+    for start, end in spans[1:]:
+        if start > reach:
+            gaps.append((reach + start) / 2)
+        reach = max(reach, end)
+    cut = 0.0 if turn % (len(gaps) + 1) == 0 else gaps[turn % (len(gaps) + 1) - 1]
+    at = int(cut * rate) // frame * frame
+    length = len(data) / rate
+    out = dict(entry, spans=[], references=[])
+    for ch_spans, ch_refs in zip(entry["spans"], entry["references"]):
+        moved = sorted((((a - cut) % length, (b - cut) % length), ref) for (a, b), ref in zip(ch_spans, ch_refs))
+        out["spans"].append([list(span) for span, _ in moved])
+        out["references"].append([ref for _, ref in moved])
+    return data[at:] + data[:at], out
+
+
+async def one_client(url: str, name: str, turn: int, delay: float) -> tuple[dict, Replay | None, str | None, float | None]:
+    """(manifest entry as streamed, replay, first error code, seconds from connecting to a refusal)."""
+    data, entry = rotated(name, turn)
     await asyncio.sleep(delay)
     t0 = time.monotonic()
+    r = Replay(name)
+    options = {"encoding": entry["encoding"], "channels": entry["channels"], "sample_rate": entry["sample_rate"]}
     try:
-        r = await replay(url, name, realtime=True)
+        async for item in stream_bytes(url, data, bytes_per_second=bytes_per_second(name), realtime=True, **options):
+            r.messages.append(item)
     except Exception as exc:  # a broken stream
-        return name, None, type(exc).__name__, None
+        return entry, None, type(exc).__name__, None
     errors = r.of_type("error")
     code = errors[0].message["code"] if errors else None
     # Connect, handshake, error and close handshake: an upper bound on the time to refusal.
     refused_after = time.monotonic() - t0 if errors and r.messages[0].message["type"] == "error" else None
-    return name, r, code, refused_after
+    return entry, r, code, refused_after
 
 
 def health(port: int) -> dict:
@@ -95,7 +130,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int) -> dict:
 
     watcher = asyncio.create_task(watch())
     cpu0, t0, model0 = cpu_seconds(pid), time.monotonic(), model_seconds(port)
-    results = await asyncio.gather(*(one_client(url, FIXTURES[i % len(FIXTURES)], rng.random()) for i in range(n)))
+    results = await asyncio.gather(*(one_client(url, FIXTURES[i % len(FIXTURES)], i // len(FIXTURES), rng.random()) for i in range(n)))
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
     model1 = model_seconds(port)
     model = {k: model1[k] - model0.get(k, 0.0) for k in model1}
@@ -104,7 +139,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int) -> dict:
     finals_sent = 0
     refusal_s: list[float] = []
     broken = 0
-    for name, r, _code, refused_after in results:
+    for entry, r, _code, refused_after in results:
         if refused_after is not None:
             refused += 1
             refusal_s.append(refused_after)
@@ -112,7 +147,6 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int) -> dict:
         if r is None:
             broken += 1
             continue
-        entry = MANIFEST[name]
         stream_s += r.of_type("closed")[0].message["audio_received_s"] if r.of_type("closed") else 0.0
         interims += len(r.of_type("interim"))
         finals_sent += len(r.of_type("final"))
