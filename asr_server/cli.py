@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=None, help="decodes per model call (default 8 on CPU, 32 on CUDA)")
     p.add_argument("--max-batch-seconds", type=float, default=None,
                    help="padded encoder seconds per model call, which bounds how long one call takes (default 60 on CPU: two 30 s finals or four 15 s interims; 30 x max-batch on CUDA)")
+    p.add_argument("--final-batch-seconds", type=float, default=None,
+                   help="the same for calls of finals, where packed finals count their share of a shared window "
+                        "(default 30 on CPU: one window, so finals waiting together spread over the workers; --max-batch-seconds on CUDA)")
     p.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
                    help="memory budget in MiB on CPU (default: half of the memory available at start); on CUDA the device's free memory is used (needs torch)")
     p.add_argument("--interim-model", default=None,
@@ -113,12 +116,15 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     max_batch = args.max_batch or (32 if args.device == "cuda" else 8)
     batch_seconds = args.max_batch_seconds or (30.0 * max_batch if args.device == "cuda" else 60.0)
     max_frames = max(1, int(batch_seconds * 100))
+    final_frames = max(1, int((args.final_batch_seconds or (batch_seconds if args.device == "cuda" else 30.0)) * 100))
+    # The most 30 s windows one model call may encode: the batch measured at start-up.
+    max_windows = max(1, min(max_batch, max(max_frames, final_frames) // 3000))
     cores = os.cpu_count() or 1
     workers = args.workers or (1 if args.device == "cuda" else cores)
     threads = args.cpu_threads or max(1, cores // workers)
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
                     webrtc_connect_timeout_s=args.webrtc_connect_timeout)
-    server = AsrServer(args.host, args.port, limits, model_name=args.model, batch=BatchLimits(max_batch=max_batch, max_frames=max_frames),
+    server = AsrServer(args.host, args.port, limits, model_name=args.model, batch=BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames),
                        workers=workers, rtc=_rtc_options(args), ssl=_tls(args))
     await server.start()
     scheme = "https" if server.ssl else "http"
@@ -135,7 +141,7 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
         runner = WhisperRunner(model_path, device=args.device, compute_type=args.compute_type,
                                cpu_threads=threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
                                final_encoder_pad_s=args.final_encoder_pad_s, workers=workers,
-                               pack_finals=args.pack_finals)
+                               pack_finals=args.pack_finals, max_windows=max_windows)
         interim = None
         if interim_path is not None:
             interim = WhisperRunner(interim_path, device=args.device, compute_type=args.compute_type,
@@ -145,7 +151,7 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
         loaded = process_rss()
         runner.warm_up()
         # The largest batch the limits allow, in 30 s finals: its working memory is the most a call needs.
-        budget = _measure_budget(args, runner, baseline, loaded, max(1, min(max_batch, max_frames // 3000)))
+        budget = _measure_budget(args, runner, baseline, loaded, max_windows)
         if budget is not None:
             log.info("memory budget %s", budget.to_wire())
         return runner, interim, budget

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from collections.abc import Hashable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("asr_server.inference")
+T = TypeVar("T")
 
 DEFAULT_MODEL = "tiny.en"
 FINAL_TEMPERATURES: tuple[float, ...] = (0.0, 0.4, 0.8)
@@ -245,10 +246,15 @@ class WhisperRunner(Runner):
         final_encoder_pad_s: float = FINAL_ENCODER_PAD_S,
         workers: int = 1,
         pack_finals: bool = True,
+        max_windows: int = 0,
     ) -> None:
         """``*_encoder_pad_s``: seconds of silence after the audio in the encoder window (30: Whisper's full window).
 
         ``pack_finals``: finals decoded in one batch share 30 s windows (see :func:`plan_packs`).
+        ``max_windows``: encoder windows per model call (0: no limit); a batch
+        of finals that needs more (packs, and members decoded alone after
+        all) runs in several calls, so working memory stays that of
+        ``max_windows`` windows.
         """
         from faster_whisper import WhisperModel
 
@@ -256,6 +262,7 @@ class WhisperRunner(Runner):
         self.final_pad_frames = int(min(30.0, max(1.0, final_encoder_pad_s)) * 100)
         # Packing needs full windows: an item's words are told apart by where they sit in it.
         self.pack_finals = pack_finals and self.final_pad_frames >= FULL_WINDOW_FRAMES
+        self.max_windows = max(0, max_windows)
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()
         # num_workers: how many transcribe_batch calls may run at once (one per scheduler worker).
@@ -278,6 +285,9 @@ class WhisperRunner(Runner):
             self.transcribe(DecodeRequest(noise, kind, language=language, word_timestamps=kind is DecodeKind.FINAL))
 
     def window_frames(self, request: DecodeRequest) -> int:
+        """Encoder frames the request takes in a batch (a packed final: its share of a shared window)."""
+        if request.kind is DecodeKind.FINAL and self.pack_finals and request.duration <= PACK_MAX_ITEM_S:
+            return packed_frames(request.duration)
         pad = self.final_pad_frames if request.kind is DecodeKind.FINAL else self.interim_pad_frames
         if pad >= FULL_WINDOW_FRAMES:
             return FULL_WINDOW_FRAMES
@@ -307,8 +317,8 @@ class WhisperRunner(Runner):
         alone = list(range(len(requests)))
         if key.kind is DecodeKind.FINAL and self.pack_finals:
             packs = [p for p in plan_packs([r.duration for r in requests]) if len(p) > 1]
-            if packs:
-                for pack, hyps in zip(packs, self._decode_packs(tokenizer, [[requests[i] for i in p] for p in packs])):
+            for packs_call in self._calls(packs):
+                for pack, hyps in zip(packs_call, self._decode_packs(tokenizer, [[requests[i] for i in p] for p in packs_call])):
                     for i, h in zip(pack, hyps):
                         out[i] = h  # None: not clearly heard in the pack, decoded alone below
             alone = [i for i, h in enumerate(out) if h is None]
@@ -316,8 +326,10 @@ class WhisperRunner(Runner):
         for i in alone:
             by_prompt.setdefault(len(self._prompt_tokens(tokenizer, requests[i].prompt)), []).append(i)
         for group in by_prompt.values():
-            for i, h in zip(group, self._decode_group(tokenizer, [requests[i] for i in group], key.frames, key.kind)):
-                out[i] = h
+            # Only full windows are capped per call; shorter ones are bounded by the scheduler's frame budget.
+            for call in self._calls(group) if key.frames >= FULL_WINDOW_FRAMES else [group]:
+                for i, h in zip(call, self._decode_group(tokenizer, [requests[i] for i in call], key.frames, key.kind)):
+                    out[i] = h
         share = (time.monotonic() - t0) / len(requests)
         return [replace(h, decode_s=share) for h in out if h is not None]
 
@@ -398,6 +410,11 @@ class WhisperRunner(Runner):
         return out
 
     # -- pieces -------------------------------------------------------------------------
+
+    def _calls(self, windows: list[T]) -> list[list[T]]:
+        """Full windows split into model calls of at most ``max_windows``."""
+        step = self.max_windows or max(1, len(windows))
+        return [windows[i : i + step] for i in range(0, len(windows), step)]
 
     def _tokenizer(self, language: str) -> Any:
         tok = self._tokenizers.get(language)
@@ -549,6 +566,11 @@ def _to_word(a: dict, limit: float, shift: float = 0.0) -> Word:
 # words (Whisper can skip an utterance) is decoded alone after all.
 
 
+def packed_frames(duration: float) -> int:
+    """A packable utterance's share of a 30 s window (itself and one gap), in encoder frames."""
+    return -(-int(round((duration + PACK_GAP_S) * 100)) * FULL_WINDOW_FRAMES // int((PACK_CONTENT_S + PACK_GAP_S) * 100))
+
+
 def plan_packs(durations: Sequence[float]) -> list[list[int]]:
     """Group request indexes into windows: first fit, in order; long utterances stay alone."""
     packs: list[list[int]] = []
@@ -573,12 +595,13 @@ def split_pack(tokenizer: Any, tokens: list[int], words: list[dict], spans: list
     """Deal a pack's aligned words to its members (``spans``: each member's place in the window, s).
 
     Whisper's segments (text between timestamp tokens) decide: a segment goes
-    whole to the member it covers (more than a third of that member's audio
-    inside the segment's times; Whisper puts segment edges anywhere in the
-    gaps, so a small overlap with a neighbour means nothing). A member is None,
-    to be decoded alone, when a segment covering it covers another member too
-    (Whisper ran two utterances together), or has no end time. Words are never
-    dealt by cross-attention timing: it stretches over the gaps.
+    whole to the member whose audio it overlaps most (Whisper puts segment
+    edges anywhere in the gaps, often on whole seconds, so a small overlap
+    with a neighbour means nothing). A member is None, to be decoded alone,
+    when a segment of another member also covers more than a third of its
+    audio (Whisper ran two utterances together), or a segment reaching it has
+    no end time. Words are never dealt by cross-attention timing: it
+    stretches over the gaps.
     """
     begin, eot = tokenizer.timestamp_begin, tokenizer.eot
     segments: list[list[float | None]] = []  # [start, end] per segment, in seconds
@@ -603,10 +626,14 @@ def split_pack(tokenizer: Any, tokens: list[int], words: list[dict], spans: list
             owners.append(None)
             doubtful.update(range(len(spans)) if start is None else (j for j, (_, b) in enumerate(spans) if b > start))
             continue
-        covered = [j for j, (a, b) in enumerate(spans) if min(end, b) - max(start, a) > (b - a) / 3]
-        owners.append(covered[0] if len(covered) == 1 else None)
-        if len(covered) != 1:
-            doubtful.update(covered or range(len(spans)))
+        overlaps = [min(end, b) - max(start, a) for a, b in spans]
+        # Its member: the one whose audio it overlaps most (Whisper's times are coarse, often whole
+        # seconds, and a long utterance may be split over several segments); in a gap, the nearer one.
+        first = max(range(len(spans)), key=overlaps.__getitem__) if max(overlaps) > 0 else _member_at((start + end) / 2, spans)
+        others = [j for j, (a, b) in enumerate(spans) if j != first and overlaps[j] > (b - a) / 3]
+        owners.append(None if others else first)
+        if others:
+            doubtful.update([first, *others])
     position = 0
     for w in words:
         owner = owners[segment_of[position]] if position < len(segment_of) else None
@@ -618,6 +645,16 @@ def split_pack(tokenizer: Any, tokens: list[int], words: list[dict], spans: list
     for j in doubtful:
         out[j] = None
     return out
+
+
+def _member_at(time: float, spans: list[tuple[float, float]]) -> int:
+    """The member whose audio holds ``time``; in a gap, the member with the nearer edge."""
+    for j, (a, b) in enumerate(spans):
+        if time < a:
+            return j if j == 0 or a - time < time - spans[j - 1][1] else j - 1
+        if time < b:
+            return j
+    return len(spans) - 1
 
 
 def _usable_pack(tokenizer: Any, tokens: list[int], avg_logprob: float, ratio: float, max_new: int) -> bool:

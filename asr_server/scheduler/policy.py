@@ -11,7 +11,8 @@ progress, whatever its class (no strict priority).
 Batches (continuous batching): whenever the model is free, :func:`form_batch`
 takes the fair-order head and then, in fair order, the other waiting jobs that
 share its batch key (same kind, language, encoder window, prompt position),
-up to a batch size and a budget of padded encoder frames. Jobs that do not
+up to a batch size and a budget of padded encoder frames (finals have their
+own budget: on CPU one shared window's worth, see ``BatchLimits``). Jobs that do not
 match keep their place. Before a job is looked at, ``inspect`` may refresh it
 (an interim takes the newest audio of its utterance) or skip it (an interim
 made stale by a pause or an endpoint).
@@ -24,7 +25,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
@@ -121,25 +122,30 @@ class BatchLimits:
     max_batch: int = 8
     # Padded encoder frames per batch (3000 = one 30 s window): bounds working memory.
     max_frames: int = 8 * 3000
+    # The same for batches of finals (0: max_frames). Packed finals count their
+    # share of a shared window, so 3000 is one window's worth.
+    final_frames: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_frames < 1:
+        if self.max_batch < 1 or self.max_frames < 1 or self.final_frames < 0:
             raise ValueError("batch limits must be positive")
+
+    def for_finals(self) -> "BatchLimits":
+        return replace(self, max_frames=self.final_frames or self.max_frames, final_frames=0)
 
 
 def form_batch(
-    queues: Sequence[FairQueue[T]],
+    queues: Sequence[tuple[FairQueue[T], BatchLimits]],
     inspect: Callable[[T], tuple[Hashable, int] | None],
-    limits: BatchLimits,
 ) -> tuple[list[Ticket[T]], list[Ticket[T]]]:
     """The next batch and the tickets skipped on the way, both removed from their queue.
 
-    Queues are tried in order (finals before interims); the first that yields a
-    head forms the batch. ``inspect`` returns a job's ``(batch key, padded
-    frames)``, or None to skip it. The head always runs, even when it alone is
-    over ``max_frames``.
+    Queues are tried in order (finals before interims), each with its own
+    limits; the first that yields a head forms the batch. ``inspect`` returns
+    a job's ``(batch key, padded frames)``, or None to skip it. The head always
+    runs, even when it alone is over ``max_frames``.
     """
-    for queue in queues:
+    for queue, limits in queues:
         batch: list[Ticket[T]] = []
         skipped: list[Ticket[T]] = []
         key: Hashable = None

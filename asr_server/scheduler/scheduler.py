@@ -75,6 +75,7 @@ class Scheduler:
         self.interim_runner = interim_runner
         self.metrics = metrics
         self.limits = limits or BatchLimits()
+        self._final_limits = self.limits.for_finals()
         self._finals: FairQueue[_Entry] = FairQueue()
         self._interims: FairQueue[_Entry] = FairQueue()
         self._wakeup = asyncio.Event()
@@ -161,9 +162,11 @@ class Scheduler:
         interim batches.
         """
         interims_running = sum(1 for kind in self._running.values() if kind is DecodeKind.INTERIM)
-        queues = (self._finals,) if interims_running >= max(1, self._n_workers - 1) else (self._finals, self._interims)
+        queues = [(self._finals, self._final_limits)]
+        if interims_running < max(1, self._n_workers - 1):
+            queues.append((self._interims, self.limits))
         while True:
-            batch, skipped = form_batch(queues, self._inspect, self.limits)
+            batch, skipped = form_batch(queues, self._inspect)
             for ticket in skipped:
                 entry = ticket.item
                 if not entry.future.done():

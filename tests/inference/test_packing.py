@@ -14,6 +14,7 @@ from asr_server.inference.whisper import (
     PACK_MAX_ITEM_S,
     DecodeKind,
     DecodeRequest,
+    packed_frames,
     plan_packs,
     split_pack,
 )
@@ -69,11 +70,32 @@ def test_plan_packs_fills_windows_in_order_and_leaves_long_utterances_alone():
                 assert sum(durations[i] for i in p) + PACK_GAP_S * (len(p) - 1) <= PACK_CONTENT_S
 
 
+def test_a_packable_final_counts_its_share_of_a_window_so_one_windows_budget_takes_what_one_window_holds():
+    window = 3000
+    for durations in ([3.0] * 5, [2.0, 5.0, 1.0, 4.0], [12.0, 10.0], [0.5] * 8):
+        fits = sum(packed_frames(d) for d in durations) <= window
+        one_window = sum(durations) + PACK_GAP_S * (len(durations) - 1) <= PACK_CONTENT_S
+        assert fits == one_window, durations
+        if fits:
+            assert plan_packs(durations) == [list(range(len(durations)))]
+
+
 def test_segments_go_whole_to_the_member_they_cover_even_with_edges_in_the_gaps():
     spans = [(0.0, 3.5), (6.5, 10.1), (13.1, 16.5)]
     # Whisper put both edges of the first segment in gaps (0.6 s into the second member's audio).
     tokens, words = stream((0.0, ["thank", "you"], 7.0), (7.0, ["he", "might"], 13.0), (13.0, ["the", "fox"], 19.0))
     assert texts(split_pack(TOK, tokens, words, spans)) == ["thank you", "he might", "the fox"]
+
+
+def test_a_long_utterance_split_over_segments_stays_whole_although_one_segment_spills_into_the_gap():
+    # As decoded from three LibriVox sentences: the first sentence's second segment
+    # ends at the next one's onset, 0.56 s into its audio, and covers only 22% of its own.
+    spans = [(0.0, 7.4), (10.4, 13.7), (16.7, 22.0)]
+    tokens, words = stream((0.0, ["and", "mister"], 5.76), (5.76, ["his", "power"], 10.96), (10.96, ["he", "was"], 16.96), (16.96, ["unless"], 25.56))
+    assert texts(split_pack(TOK, tokens, words, spans)) == ["and mister his power", "he was", "unless"]
+    # A segment wholly inside a gap goes to the member nearer its middle.
+    tokens, words = stream((0.0, ["one"], 7.5), (7.6, ["two"], 8.0), (10.5, ["three"], 13.7), (16.7, ["four"], 22.0))
+    assert texts(split_pack(TOK, tokens, words, spans)) == ["one two", "three", "four"]
 
 
 def test_a_skipped_member_gets_no_words_and_a_run_together_pair_is_decoded_alone():
@@ -148,3 +170,23 @@ def test_a_silent_member_does_not_take_words_from_its_neighbours(whisper_runner)
     for h in (hyps[0], hyps[2]):
         assert "moment to talk" in h.text.lower()
     assert not {"call", "moment", "talk"} & set(hyps[1].text.lower().split())
+
+
+def test_a_batch_of_finals_needing_more_windows_than_allowed_runs_in_several_calls(whisper_runner):
+    """The working memory of one call stays that of ``max_windows`` windows, measured at start-up."""
+    sentences = _sentences(["librivox_16k.wav"])
+    # Sentences followed by silence, over PACK_MAX_ITEM_S in all: never packed, one window each.
+    long = [np.concatenate([a, np.zeros(int((PACK_MAX_ITEM_S + 1) * 16000), np.float32)]) for a, _ in sentences[:3]]
+    assert all(len(a) / 16000 > PACK_MAX_ITEM_S for a in long)
+    requests = [DecodeRequest(a, DecodeKind.FINAL) for a in long]
+    calls = []
+    decode_group = whisper_runner._decode_group
+    try:
+        whisper_runner.max_windows = 2
+        whisper_runner._decode_group = lambda tok, reqs, *rest: calls.append(len(reqs)) or decode_group(tok, reqs, *rest)
+        hyps = whisper_runner.transcribe_batch(requests)
+    finally:
+        whisper_runner.max_windows = 0
+        del whisper_runner._decode_group
+    assert calls == [2, 1]
+    assert all(len(h.text.split()) >= 5 for h in hyps), [h.text for h in hyps]

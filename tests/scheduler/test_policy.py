@@ -81,31 +81,43 @@ def _inspect(item):
 
 def test_a_batch_takes_compatible_jobs_in_fair_order_and_leaves_the_rest_waiting():
     q = _queue(("a", "k1", 500), ("b", "k2", 500), ("c", "k1", 500), ("d", "k1", 500))
-    batch, skipped = form_batch([q], _inspect, BatchLimits(max_batch=8, max_frames=10_000))
+    batch, skipped = form_batch([(q, BatchLimits(max_batch=8, max_frames=10_000))], _inspect)
     assert [t.owner for t in batch] == ["a", "c", "d"] and not skipped
     assert [t.owner for t in q.in_order()] == ["b"]
 
 
 def test_batch_size_and_frame_budget_bound_a_batch_but_the_head_always_runs():
     q = _queue(*[(o, "k", 3000) for o in "abcde"])
-    batch, _ = form_batch([q], _inspect, BatchLimits(max_batch=3, max_frames=100_000))
+    batch, _ = form_batch([(q, BatchLimits(max_batch=3, max_frames=100_000))], _inspect)
     assert [t.owner for t in batch] == ["a", "b", "c"]
-    batch, _ = form_batch([q], _inspect, BatchLimits(max_batch=8, max_frames=3000))
+    batch, _ = form_batch([(q, BatchLimits(max_batch=8, max_frames=3000))], _inspect)
     assert [t.owner for t in batch] == ["d"]
-    batch, _ = form_batch([q], _inspect, BatchLimits(max_batch=8, max_frames=10))
+    batch, _ = form_batch([(q, BatchLimits(max_batch=8, max_frames=10))], _inspect)
     assert [t.owner for t in batch] == ["e"]  # over the budget alone: still runs
+
+
+def test_finals_have_their_own_frame_budget():
+    limits = BatchLimits(max_batch=8, max_frames=6000, final_frames=3000)
+    assert limits.for_finals() == BatchLimits(max_batch=8, max_frames=3000)
+    assert BatchLimits(max_frames=6000).for_finals().max_frames == 6000  # 0: the same as everything else
+    finals = _queue(*[(o, "final", 1000) for o in "abcd"])
+    interims = _queue(*[(o, "k", 1000) for o in "efgh"])
+    queues = [(finals, limits.for_finals()), (interims, limits)]
+    assert [t.owner for t in form_batch(queues, _inspect)[0]] == ["a", "b", "c"]
+    assert [t.owner for t in form_batch(queues, _inspect)[0]] == ["d"]
+    assert [t.owner for t in form_batch(queues, _inspect)[0]] == ["e", "f", "g", "h"]
 
 
 def test_first_queue_with_work_wins_and_stale_jobs_are_skipped():
     finals = _queue()
     interims = _queue(("a", "stale", 1), ("b", "k", 1))
-    batch, skipped = form_batch([finals, interims], _inspect, BatchLimits())
+    batch, skipped = form_batch([(finals, BatchLimits()), (interims, BatchLimits())], _inspect)
     assert [t.owner for t in batch] == ["b"] and [t.owner for t in skipped] == ["a"]
     finals = _queue(("f", "final", 3000))
     interims = _queue(("i", "k", 1))
-    batch, _ = form_batch([finals, interims], _inspect, BatchLimits())
+    batch, _ = form_batch([(finals, BatchLimits()), (interims, BatchLimits())], _inspect)
     assert [t.owner for t in batch] == ["f"] and len(interims) == 1
-    assert form_batch([_queue(), _queue()], _inspect, BatchLimits()) == ([], [])
+    assert form_batch([(_queue(), BatchLimits()), (_queue(), BatchLimits())], _inspect) == ([], [])
 
 
 def test_every_stream_progresses_under_batching_whatever_its_class():
@@ -117,6 +129,6 @@ def test_every_stream_progresses_under_batching_whatever_its_class():
     q.push("low", ("k", 1), weight=WEIGHTS[Priority.BATCH], cost=1)
     seen = []
     for _ in range(3):
-        batch, _ = form_batch([q], _inspect, BatchLimits(max_batch=4))
+        batch, _ = form_batch([(q, BatchLimits(max_batch=4))], _inspect)
         seen += [t.owner for t in batch]
     assert "low" in seen
