@@ -16,7 +16,7 @@ import sys
 # where the parallelism is.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .inference.whisper import DEFAULT_MODEL, FINAL_ENCODER_PAD_S, INTERIM_ENCODER_PAD_S, ModelNotFound, WhisperRunner, resolve_model
+from .inference.whisper import DEFAULT_MODEL, FINAL_ENCODER_PAD_S, INTERIM_ENCODER_PAD_S, SHORT_INTERIM_PAD_S, ModelNotFound, WhisperRunner, resolve_model
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
 from .scheduler.policy import BatchLimits
@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: one per core on CPU, 1 on CUDA)")
     p.add_argument("--interim-encoder-pad-s", type=float, default=INTERIM_ENCODER_PAD_S,
                    help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster)")
+    p.add_argument("--busy-interim-encoder-pad-s", type=float, default=SHORT_INTERIM_PAD_S,
+                   help="the same while the server is loaded (load level 1 and up; default 2: cheaper, less accurate interims)")
     p.add_argument("--final-encoder-pad-s", type=float, default=FINAL_ENCODER_PAD_S,
                    help="seconds of silence after the audio in final decodes (default 30: Whisper's full window, most accurate)")
     p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
@@ -140,12 +142,14 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
         baseline = process_rss()
         runner = WhisperRunner(model_path, device=args.device, compute_type=args.compute_type,
                                cpu_threads=threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
+                               short_interim_pad_s=args.busy_interim_encoder_pad_s,
                                final_encoder_pad_s=args.final_encoder_pad_s, workers=workers,
                                pack_finals=args.pack_finals, max_windows=max_windows)
         interim = None
         if interim_path is not None:
             interim = WhisperRunner(interim_path, device=args.device, compute_type=args.compute_type,
                                     cpu_threads=threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
+                                    short_interim_pad_s=args.busy_interim_encoder_pad_s,
                                     final_encoder_pad_s=args.final_encoder_pad_s, workers=workers)
             interim.warm_up()
         loaded = process_rss()

@@ -30,6 +30,7 @@ from .events import DecodeJob, Final, Interim, PipelineEvent, SpeechStart, Submi
 from .inference.whisper import Hypothesis
 from .options import Limits, StreamOptions
 from .protocol.messages import MessageWriter
+from .scheduler.governor import InterimLoad
 
 __all__ = ["SessionState", "Send", "Close", "SessionOutput", "Session"]
 
@@ -155,16 +156,16 @@ class Session:
         out = self._pipeline(self._decoders[job.channel].job_skipped(job))
         return out + self._maybe_closed()
 
-    def set_load(self, level: int, interim_scale: int, interim_model: bool) -> list[SessionOutput]:
+    def set_load(self, load: InterimLoad) -> list[SessionOutput]:
         """The server's load level changed: adjust interims and tell the client if they change."""
-        interim_ms = self.options.interim_ms * interim_scale
+        settings = (self.options.interim_ms * load.scale, load.model, load.short_window)
         changed = False
         for d in self._decoders:
-            changed |= (d.interim_ms, d.interim_model) != (interim_ms, interim_model)
-            d.interim_ms, d.interim_model = interim_ms, interim_model
+            changed |= (d.interim_ms, d.interim_model, d.interim_short_window) != settings
+            d.interim_ms, d.interim_model, d.interim_short_window = settings
         if not changed or not self.options.interim_results or self.state is not SessionState.STREAMING:
             return []
-        return [Send(self._writer.load(level, interim_ms, interim_model))]
+        return [Send(self._writer.load(load.level, *settings))]
 
     def job_done(self, job: DecodeJob, hypothesis: Hypothesis) -> list[SessionOutput]:
         if self.state is SessionState.CLOSED:

@@ -85,6 +85,7 @@ class ChannelDecoder:
         # raises it under load (fewer, larger interims) and lowers it again.
         self.interim_ms = options.interim_ms
         self.interim_model = False  # interims on the server's smaller interim model
+        self.interim_short_window = False  # interims on the model's short encoder window
 
     # -- state the session looks at -------------------------------------------------
 
@@ -243,6 +244,7 @@ class ChannelDecoder:
             # Finals are always aligned: the guards use word timing even when the client did not ask for it.
             word_timestamps=final,
             model="interim" if self.interim_model and not final else "",
+            short_window=self.interim_short_window and not final,
         )
         job = DecodeJob(self.channel, utt.index, request, speculative, end)
         self._in_flight = job

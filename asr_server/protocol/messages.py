@@ -82,12 +82,14 @@ class MessageWriter:
             body["retry_after"] = error.retry_after
         return self._message("error", body)
 
-    def load(self, level: int, interim_ms: int, interim_model: bool) -> dict[str, Any]:
+    def load(self, level: int, interim_ms: int, interim_model: bool, interim_short_window: bool) -> dict[str, Any]:
         if level == 0:
             text = "load is normal again: interim results at the requested rate"
         else:
-            text = f"the server is busy: interim results every {interim_ms} ms of audio" + (" from a smaller model" if interim_model else "")
-        return self._message("load", {"level": level, "interim_ms": interim_ms, "interim_model": interim_model, "message": text})
+            text = (f"the server is busy: interim results every {interim_ms} ms of audio"
+                    + (" from a smaller model" if interim_model else "") + (", on a shorter window (less accurate)" if interim_short_window else ""))
+        body = {"level": level, "interim_ms": interim_ms, "interim_model": interim_model, "interim_short_window": interim_short_window, "message": text}
+        return self._message("load", body)
 
     def closed(self, audio_received_s: float, audio_transcribed_s: float) -> dict[str, Any]:
         return self._message(

@@ -1,15 +1,17 @@
 """Graceful degradation: the load level, raised and lowered one step at a time.
 
 Fed the scheduler's queue state and memory use at a time passed in, the
-:class:`LoadGovernor` keeps a :class:`Level`. Pressure means finals are
-waiting for the model longer than ``high_wait_s`` (finals are served first,
-so a waiting final means the model is saturated); calm means the oldest final
-waits less than ``low_wait_s``. Sustained pressure raises the level by one
+:class:`LoadGovernor` keeps a :class:`Level`. Pressure means a final has
+been waiting for its result (queued or being decoded) longer than
+``high_wait_s``: finals are served first, so that means the model is
+saturated, or its batches have grown long; calm means the oldest final waits
+less than ``low_wait_s``. Sustained pressure raises the level by one
 step every ``raise_after_s``; sustained calm lowers it one step every
 ``lower_after_s`` (slower down than up, so it does not flap). The steps, in
 order:
 
-1. ``FEWER_INTERIMS`` - interims every ``interim_factor`` times more audio;
+1. ``FEWER_INTERIMS`` - interims every ``interim_factor`` times more audio,
+   and on the runner's short encoder window (cheaper, less accurate);
 2. ``INTERIM_MODEL`` - interims on the smaller ``--interim-model`` (without
    one: interims slowed by the factor once more);
 3. ``REFUSE_BATCH`` - new ``batch`` streams are refused;
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 
 from .policy import Priority
 
-__all__ = ["Level", "GovernorOptions", "LoadGovernor"]
+__all__ = ["Level", "GovernorOptions", "LoadGovernor", "InterimLoad"]
 
 
 class Level(enum.IntEnum):
@@ -52,9 +54,19 @@ _REFUSED_FROM: dict[Priority, Level] = {
 
 
 @dataclass(frozen=True)
+class InterimLoad:
+    """What the load level does to interims."""
+
+    level: int = 0
+    scale: int = 1  # times the requested interim_ms
+    model: bool = False  # on the smaller --interim-model
+    short_window: bool = False  # on the short encoder window
+
+
+@dataclass(frozen=True)
 class GovernorOptions:
-    high_wait_s: float = 0.6
-    low_wait_s: float = 0.2
+    high_wait_s: float = 0.8
+    low_wait_s: float = 0.4
     raise_after_s: float = 1.0
     lower_after_s: float = 4.0
     interim_factor: int = 2
@@ -113,3 +125,11 @@ class LoadGovernor:
 
     def use_interim_model(self) -> bool:
         return self.level >= Level.INTERIM_MODEL
+
+    def short_interim_window(self) -> bool:
+        return self.level >= Level.FEWER_INTERIMS
+
+    def interim_load(self, has_interim_model: bool) -> InterimLoad:
+        """The interim settings of the current level."""
+        return InterimLoad(int(self.level), self.interim_scale(has_interim_model),
+                           self.use_interim_model() and has_interim_model, self.short_interim_window())

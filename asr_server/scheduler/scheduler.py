@@ -56,6 +56,8 @@ class QueueState:
 
     finals: int
     interims: int
+    # The longest any final not yet answered has waited since it was queued,
+    # running ones included: what its user is waiting for.
     oldest_final_wait: float
 
 
@@ -83,6 +85,7 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=self._n_workers, thread_name_prefix="asr-model")
         self._workers: list[asyncio.Task[None]] = []
         self._running: dict[int, DecodeKind] = {}  # worker -> kind of the batch it runs
+        self._running_finals_since: dict[int, float] = {}  # worker -> when its oldest running final was queued
 
     @property
     def depth(self) -> int:
@@ -90,8 +93,8 @@ class Scheduler:
 
     def state(self, now: float) -> QueueState:
         finals = self._finals.in_order()
-        oldest = max((now - t.item.queued_at for t in finals), default=0.0)
-        return QueueState(len(finals), len(self._interims), oldest)
+        since = [t.item.queued_at for t in finals] + list(self._running_finals_since.values())
+        return QueueState(len(finals), len(self._interims), max((now - t for t in since), default=0.0))
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -191,6 +194,8 @@ class Scheduler:
             kind = requests[0].kind
             now = loop.time()
             self._running[worker] = kind
+            if kind is DecodeKind.FINAL:
+                self._running_finals_since[worker] = min(e.queued_at for e in batch)
             try:
                 hyps = await loop.run_in_executor(self._executor, self._runner_for(requests[0]).transcribe_batch, requests)
             except Exception:
@@ -199,6 +204,7 @@ class Scheduler:
                 continue
             finally:
                 self._running.pop(worker, None)
+                self._running_finals_since.pop(worker, None)
                 self._wakeup.set()  # a worker kept off interims may take them now
             if self.metrics is not None:
                 self.metrics.batch_size.labels(kind.value).observe(len(batch))

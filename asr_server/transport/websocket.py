@@ -49,7 +49,7 @@ from ..options import Limits, RtcOptions, StreamOptions, parse_stream_options
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, MessageWriter, WebRtcOffer, parse_client_message
 from ..scheduler import Scheduler
 from ..scheduler.budget import MemoryBudget, audio_bytes, process_rss, stream_bytes
-from ..scheduler.governor import GovernorOptions, LoadGovernor
+from ..scheduler.governor import GovernorOptions, InterimLoad, LoadGovernor
 from ..scheduler.policy import WEIGHTS, BatchLimits, Priority
 from ..session import Close, Send, Session, SessionOutput
 from .static import load_static
@@ -202,13 +202,11 @@ class AsrServer:
         """Apply the governor's level to every session's interims; each is told if its own change."""
         self.metrics.degradation_level.set(int(self.governor.level))
         for conn in list(self._connections):
-            await conn.set_load(*self.interim_settings())
+            await conn.set_load(self.interim_load())
 
-    def interim_settings(self) -> tuple[int, int, bool]:
-        """(level, interim_ms multiplier, interims on the interim model) at the current level."""
-        level = self.governor.level
-        scale = self.governor.interim_scale(self.interim_runner is not None)
-        return int(level), scale, self.governor.use_interim_model() and self.interim_runner is not None
+    def interim_load(self) -> InterimLoad:
+        """What the current level does to interims."""
+        return self.governor.interim_load(self.interim_runner is not None)
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, tell every client, finish what they are owed, close."""
@@ -376,7 +374,7 @@ class Connection:
         try:
             await self._apply(self.session.start())
             if self.server.governor.level:
-                await self.set_load(*self.server.interim_settings())  # admitted under load: start degraded
+                await self.set_load(self.server.interim_load())  # admitted under load: start degraded
             if self.options.is_container:
                 self._container = ContainerDecoder(self.options.encoding, self.options.channels, self.limits.max_container_buffer_bytes)
                 self._container_task = self._spawn(self._pump_container())
@@ -396,9 +394,9 @@ class Connection:
         finally:
             await self._cleanup()
 
-    async def set_load(self, level: int, interim_scale: int, interim_model: bool) -> None:
+    async def set_load(self, load: InterimLoad) -> None:
         try:
-            await self._apply(self.session.set_load(level, interim_scale, interim_model))
+            await self._apply(self.session.set_load(load))
         except (ConnectionClosed, TimeoutError):
             self.done.set()
 

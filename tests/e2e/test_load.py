@@ -109,6 +109,7 @@ def test_degradation_is_announced_and_new_streams_refused_class_by_class(whisper
         msgs, batch, batch_code, late_load, standard, interactive, accepting = asyncio.run(main())
         loads = [m for m in msgs if m["type"] == "load"]
         assert loads and loads[0]["level"] == 1 and loads[0]["interim_ms"] == 1000 and not loads[0]["interim_model"]
+        assert loads[0]["interim_short_window"] and "shorter window" in loads[0]["message"]
         finals = " ".join(m["text"] for m in msgs if m["type"] == "final")
         assert wer(" ".join(MANIFEST["librivox_16k.wav"]["references"][0]), finals) < 0.2  # every sentence still finalized
         assert msgs[-1]["type"] == "closed" and [m["seq"] for m in msgs] == list(range(2, len(msgs) + 2))  # seq 1: session

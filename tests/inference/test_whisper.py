@@ -11,7 +11,10 @@ def test_real_model_interim_and_final(whisper_runner):
     audio = load_mono("espeak_16k.wav")[int((start - 0.3) * 16000) : int((end + 0.2) * 16000)]
     interim = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.INTERIM))
     final = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.FINAL, word_timestamps=True))
-    for hyp in (interim, final):
+    short = DecodeRequest(audio, DecodeKind.INTERIM, short_window=True)
+    assert whisper_runner.window_frames(short) < whisper_runner.window_frames(DecodeRequest(audio, DecodeKind.INTERIM))
+    assert whisper_runner.batch_key(short) != whisper_runner.batch_key(DecodeRequest(audio, DecodeKind.INTERIM))
+    for hyp in (interim, final, whisper_runner.transcribe(short)):
         assert "call me back" in hyp.text.lower()
     assert final.words and all(0 <= w.start <= w.end <= len(audio) / 16000 + 0.01 for w in final.words)
 

@@ -1,7 +1,7 @@
 import pytest
 
 from asr_server.scheduler.budget import MemoryBudget, channel_bytes, stream_bytes
-from asr_server.scheduler.governor import GovernorOptions, Level, LoadGovernor
+from asr_server.scheduler.governor import GovernorOptions, InterimLoad, Level, LoadGovernor
 from asr_server.scheduler.policy import Priority
 
 
@@ -42,6 +42,16 @@ def test_interim_rate_and_interim_model_by_level():
     assert gov.interim_scale(False) == 2
     gov.level = Level.INTERIM_MODEL
     assert gov.use_interim_model() and gov.interim_scale(True) == 2 and gov.interim_scale(False) == 4
+
+
+def test_interims_take_the_short_window_from_the_first_level():
+    gov = LoadGovernor(GovernorOptions(interim_factor=2))
+    assert gov.interim_load(False) == InterimLoad(0, 1, False, False)
+    gov.level = Level.FEWER_INTERIMS
+    assert gov.interim_load(False) == InterimLoad(1, 2, False, True)
+    gov.level = Level.INTERIM_MODEL
+    assert gov.interim_load(False) == InterimLoad(2, 4, False, True)
+    assert gov.interim_load(True) == InterimLoad(2, 2, True, True)
 
 
 def test_memory_critical_is_independent_of_the_level():

@@ -139,3 +139,34 @@ def test_with_two_workers_a_final_does_not_wait_behind_interims():
 
     hyp, stuck = asyncio.run(main())
     assert hyp.text == "f" and stuck == 3
+
+
+def test_a_final_being_decoded_still_counts_as_waiting_for_the_governor():
+    """What a user waits for is the result, so a long-running batch is pressure even with an empty queue."""
+    import threading
+
+    release = threading.Event()
+
+    def script(request):
+        release.wait(5)
+        return "done"
+
+    def final(tag):
+        return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag), False, 1600)
+
+    async def main():
+        s = Scheduler(FakeRunner(script))
+        s.start()
+        loop = asyncio.get_running_loop()
+        waiting = asyncio.ensure_future(s.decode("a", final("x")))
+        await asyncio.sleep(0.3)
+        running = s.state(loop.time())
+        release.set()
+        await waiting
+        done = s.state(loop.time())
+        await s.stop()
+        return running, done
+
+    running, done = asyncio.run(main())
+    assert running.finals == 0 and running.oldest_final_wait >= 0.25
+    assert done.oldest_final_wait == 0.0
