@@ -16,7 +16,8 @@ import sys
 # where the parallelism is.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .inference.whisper import DEFAULT_MODEL, FINAL_ENCODER_PAD_S, INTERIM_ENCODER_PAD_S, SHORT_INTERIM_PAD_S, ModelNotFound, WhisperRunner, resolve_model
+from .inference.whisper import (DEFAULT_MODEL, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, SHORT_INTERIM_PAD_S,
+                                ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
 from .scheduler.policy import BatchLimits
@@ -120,7 +121,7 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     max_frames = max(1, int(batch_seconds * 100))
     final_frames = max(1, int((args.final_batch_seconds or (batch_seconds if args.device == "cuda" else 30.0)) * 100))
     # The most 30 s windows one model call may encode: the batch measured at start-up.
-    max_windows = max(1, min(max_batch, max(max_frames, final_frames) // 3000))
+    max_windows = max(1, min(max_batch, max(max_frames, final_frames) // FULL_WINDOW_FRAMES))
     cores = os.cpu_count() or 1
     workers = args.workers or (1 if args.device == "cuda" else cores)
     threads = args.cpu_threads or max(1, cores // workers)

@@ -295,9 +295,9 @@ class WhisperRunner(Runner):
 
     def window_frames(self, request: DecodeRequest) -> int:
         """Encoder frames the request takes in a batch (a packed final: its share of a shared window)."""
-        if request.kind is DecodeKind.FINAL and self.pack_finals and request.duration <= PACK_MAX_ITEM_S:
-            return packed_frames(request.duration)
         if request.kind is DecodeKind.FINAL:
+            if self.pack_finals and request.duration <= PACK_MAX_ITEM_S:
+                return packed_frames(request.duration)
             pad = self.final_pad_frames
         else:
             pad = self.short_interim_pad_frames if request.short_window else self.interim_pad_frames
