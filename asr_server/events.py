@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .audio.chunker import EndReason
 from .inference.whisper import DecodeRequest, Word
 
-__all__ = ["SpeechStart", "Interim", "Final", "DecodeJob", "SubmitJob", "PipelineEvent"]
+__all__ = ["SpeechStart", "Interim", "Final", "DecodeJob", "SubmitJob", "WithdrawJob", "PipelineEvent"]
 
 
 @dataclass(frozen=True)
@@ -65,4 +65,15 @@ class SubmitJob:
     job: DecodeJob
 
 
-PipelineEvent = SpeechStart | Interim | Final | SubmitJob
+@dataclass(frozen=True)
+class WithdrawJob:
+    """The result of a submitted job is no longer wanted (an interim whose
+    utterance paused, a pause decode after which speech resumed). If it is
+    still waiting, the transport has it answered as skipped now rather than
+    when its turn comes, so the channel's next decode is not held behind it;
+    a job already running finishes as usual."""
+
+    job: DecodeJob
+
+
+PipelineEvent = SpeechStart | Interim | Final | SubmitJob | WithdrawJob

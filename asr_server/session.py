@@ -8,6 +8,8 @@ carries out what each call returns, in order:
 * :class:`~asr_server.events.SubmitJob` - run this decode job, then call
   :meth:`Session.job_done` (or :meth:`Session.job_skipped` if the scheduler
   skipped it after :meth:`Session.refresh_job` said so);
+* :class:`~asr_server.events.WithdrawJob` - if that submitted job is still
+  waiting, have it skipped now (then :meth:`Session.job_skipped` as above);
 * :class:`Close` - close the connection with this code (the last output).
 
 Per channel the data flows VAD -> chunker -> incremental decoder.
@@ -26,7 +28,7 @@ from .audio.decode import MODEL_RATE
 from .audio.vad import VadGate, VadOptions
 from .decoding.incremental import ChannelDecoder
 from .errors import AsrError, ServerError, wire_info
-from .events import DecodeJob, Final, Interim, PipelineEvent, SpeechStart, SubmitJob
+from .events import DecodeJob, Final, Interim, PipelineEvent, SpeechStart, SubmitJob, WithdrawJob
 from .inference.whisper import Hypothesis
 from .options import Limits, StreamOptions
 from .protocol.messages import MessageWriter
@@ -56,7 +58,7 @@ class Close:
     reason: str
 
 
-SessionOutput = Send | SubmitJob | Close
+SessionOutput = Send | SubmitJob | WithdrawJob | Close
 
 
 class Session:
@@ -218,7 +220,7 @@ class Session:
     def _pipeline(self, events: list[PipelineEvent]) -> list[SessionOutput]:
         out: list[SessionOutput] = []
         for event in events:
-            if isinstance(event, SubmitJob):
+            if isinstance(event, SubmitJob | WithdrawJob):
                 out.append(event)
             else:
                 out.append(Send(self._writer.event(event), event))

@@ -23,7 +23,7 @@ class FakeRunner:
     def window_frames(self, request: DecodeRequest) -> int:
         return 3000
 
-    def transcribe_batch(self, requests) -> list[Hypothesis]:
+    def transcribe_batch(self, requests, retry_later: bool = False) -> list[Hypothesis]:
         self.batches.append(list(requests))
         return [self.transcribe(r) for r in requests]
 

@@ -33,7 +33,7 @@ import numpy as np
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
-from ..events import DecodeJob, Final, Interim, PipelineEvent, SpeechStart, SubmitJob
+from ..events import DecodeJob, Final, Interim, PipelineEvent, SpeechStart, SubmitJob, WithdrawJob
 from ..inference.whisper import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
 from .stability import LocalAgreement
@@ -86,6 +86,7 @@ class ChannelDecoder:
         self.interim_ms = options.interim_ms
         self.interim_model = False  # interims on the server's smaller interim model
         self.interim_short_window = False  # interims on the model's short encoder window
+        self._withdrawn: DecodeJob | None = None  # the in-flight job already withdrawn
 
     # -- state the session looks at -------------------------------------------------
 
@@ -116,6 +117,13 @@ class ChannelDecoder:
                 case UtteranceEnded():
                     self._ended(event)
         out.extend(self._dispatch())
+        job = self._in_flight
+        if job is not None and job is not self._withdrawn and self._stale(job):
+            # A queued interim would hold this channel's pause decode (or a resumed
+            # pause decode its interims) until the scheduler reached it: under load,
+            # seconds. Ask for it to be answered as skipped now.
+            self._withdrawn = job
+            out.append(WithdrawJob(job))
         return out
 
     def refresh(self, job: DecodeJob) -> DecodeJob | None:
@@ -130,18 +138,28 @@ class ChannelDecoder:
         """
         if job is not self._in_flight:
             return job
-        utt = self._utterances.get(job.utterance)
-        if job.request.kind is DecodeKind.FINAL:
-            # A pause decode whose speaker went on talking can no longer become the final.
-            resumed = job.speculative and utt is not None and utt.ended is None and utt.paused_at != job.audio_end
-            return None if resumed else job
-        if utt is None or utt.ended is not None or utt.paused_at is not None:
+        if self._stale(job):
             return None
+        if job.request.kind is DecodeKind.FINAL:
+            return job
+        utt = self._utterances[job.utterance]  # an interim that is not stale: its utterance is open
         if utt.end == job.audio_end:
             return job
         utt.interim_len = len(utt.audio)
         fresh = self._submit(utt, DecodeKind.INTERIM, utt.end, speculative=False).job
         return fresh
+
+    def _stale(self, job: DecodeJob) -> bool:
+        """Whether the result of ``job`` (in flight) is no longer wanted.
+
+        An interim is stale once its utterance has paused or ended (a
+        final-quality decode is owed next); a pause decode once the speaker
+        went on talking (it can no longer become the final).
+        """
+        utt = self._utterances.get(job.utterance)
+        if job.request.kind is DecodeKind.FINAL:
+            return job.speculative and utt is not None and utt.ended is None and utt.paused_at != job.audio_end
+        return utt is None or utt.ended is not None or utt.paused_at is not None
 
     def job_skipped(self, job: DecodeJob) -> list[PipelineEvent]:
         """The scheduler skipped ``job`` (see :meth:`refresh`): decide what runs next."""

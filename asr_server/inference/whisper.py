@@ -67,6 +67,7 @@ class DecodeRequest:
     word_timestamps: bool = False
     model: str = ""  # "" for the main model, "interim" for the optional smaller interim model
     short_window: bool = False  # an interim on the runner's short encoder window (under load)
+    pack: bool = True  # a final that may share a window with other finals (see plan_packs)
 
     @property
     def duration(self) -> float:
@@ -109,7 +110,15 @@ class Runner(Protocol):
 
     def window_frames(self, request: DecodeRequest) -> int: ...
 
-    def transcribe_batch(self, requests: Sequence[DecodeRequest]) -> list[Hypothesis]: ...
+    def transcribe_batch(self, requests: Sequence[DecodeRequest], retry_later: bool = False) -> list[Hypothesis | None]:
+        """One hypothesis per request, in order.
+
+        A final that a shared window did not clearly transcribe is decoded
+        alone in the same call; with ``retry_later`` it comes back None
+        instead, for the caller to decode again with ``pack=False``, so the
+        finals that were heard need not wait for it.
+        """
+        ...
 
 
 class ModelNotFound(Exception):
@@ -296,7 +305,7 @@ class WhisperRunner(Runner):
     def window_frames(self, request: DecodeRequest) -> int:
         """Encoder frames the request takes in a batch (a packed final: its share of a shared window)."""
         if request.kind is DecodeKind.FINAL:
-            if self.pack_finals and request.duration <= PACK_MAX_ITEM_S:
+            if self.pack_finals and request.pack and request.duration <= PACK_MAX_ITEM_S:
                 return packed_frames(request.duration)
             pad = self.final_pad_frames
         else:
@@ -314,9 +323,11 @@ class WhisperRunner(Runner):
         return BatchKey(request.kind, request.language, self.window_frames(request), len(tokens))
 
     def transcribe(self, request: DecodeRequest) -> Hypothesis:
-        return self.transcribe_batch([request])[0]
+        [hyp] = self.transcribe_batch([request])
+        assert hyp is not None
+        return hyp
 
-    def transcribe_batch(self, requests: Sequence[DecodeRequest]) -> list[Hypothesis]:
+    def transcribe_batch(self, requests: Sequence[DecodeRequest], retry_later: bool = False) -> list[Hypothesis | None]:
         if not requests:
             return []
         keys = {self.batch_key(r) for r in requests}
@@ -328,12 +339,16 @@ class WhisperRunner(Runner):
         out: list[Hypothesis | None] = [None] * len(requests)
         alone = list(range(len(requests)))
         if key.kind is DecodeKind.FINAL and self.pack_finals:
-            packs = [p for p in plan_packs([r.duration for r in requests]) if len(p) > 1]
+            packable = [i for i, r in enumerate(requests) if r.pack]
+            packs = [[packable[j] for j in p] for p in plan_packs([requests[i].duration for i in packable]) if len(p) > 1]
+            retry = set()
             for packs_call in self._calls(packs):
                 for pack, hyps in zip(packs_call, self._decode_packs(tokenizer, [[requests[i] for i in p] for p in packs_call])):
                     for i, h in zip(pack, hyps):
-                        out[i] = h  # None: not clearly heard in the pack, decoded alone below
-            alone = [i for i, h in enumerate(out) if h is None]
+                        out[i] = h  # None: not clearly heard in the pack, decoded alone
+                        if h is None and retry_later:
+                            retry.add(i)
+            alone = [i for i, h in enumerate(out) if h is None and i not in retry]
         by_prompt: dict[int, list[int]] = {}
         for i in alone:
             by_prompt.setdefault(len(self._prompt_tokens(tokenizer, requests[i].prompt)), []).append(i)
@@ -343,7 +358,7 @@ class WhisperRunner(Runner):
                 for i, h in zip(call, self._decode_group(tokenizer, [requests[i] for i in call], key.frames, key.kind)):
                     out[i] = h
         share = (time.monotonic() - t0) / len(requests)
-        return [replace(h, decode_s=share) for h in out if h is not None]
+        return [None if h is None else replace(h, decode_s=share) for h in out]
 
     def _decode_group(self, tokenizer: Any, requests: list[DecodeRequest], frames: int, kind: DecodeKind) -> list[Hypothesis]:
         """One encoder and one generate call for requests of one window and prompt length."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
@@ -80,6 +81,16 @@ class FairQueue(Generic[T]):
         self._live += 1
         return ticket
 
+    def requeue(self, owner: str, item: T) -> Ticket[T]:
+        """Put an item that already had its turn back at the head, ahead of every waiting one.
+
+        The owner's tags do not move: it was charged when the item first came.
+        """
+        ticket = Ticket(owner, item, -math.inf, -math.inf, next(self._seq))
+        heapq.heappush(self._heap, (ticket.start, ticket.seq, ticket))
+        self._live += 1
+        return ticket
+
     def pop(self) -> Ticket[T] | None:
         """The next ticket to serve (smallest start tag, then arrival), or None."""
         while self._heap:
@@ -90,6 +101,10 @@ class FairQueue(Generic[T]):
             self._virtual = max(self._virtual, ticket.start)
             return ticket
         return None
+
+    def waiting(self) -> list[Ticket[T]]:
+        """Waiting tickets, in no particular order."""
+        return [t for _, _, t in self._heap if not t.cancelled]
 
     def in_order(self) -> list[Ticket[T]]:
         """Waiting tickets in the order :meth:`pop` would return them."""
@@ -110,7 +125,7 @@ class FairQueue(Generic[T]):
 
     def cancel_owner(self, owner: str) -> list[Ticket[T]]:
         """Cancel every waiting ticket of ``owner`` and forget its flow."""
-        dropped = [t for _, _, t in self._heap if t.owner == owner and not t.cancelled]
+        dropped = [t for t in self.waiting() if t.owner == owner]
         for ticket in dropped:
             self.cancel(ticket)
         self._last_finish.pop(owner, None)

@@ -25,7 +25,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 from ..events import DecodeJob
 from ..inference.whisper import DecodeKind, DecodeRequest, Hypothesis, Runner
@@ -48,6 +49,11 @@ class _Entry:
     future: asyncio.Future[tuple[DecodeJob, Hypothesis | None]] = field(repr=False)
     queued_at: float
     refresh: Refresh | None = None
+    alone: bool = False  # a final a shared window did not clearly transcribe: decode it in its own
+
+    @property
+    def request(self) -> DecodeRequest:
+        return replace(self.job.request, pack=False) if self.alone else self.job.request
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,21 @@ class Scheduler:
             self._observe_depth()
             raise
 
+    def withdraw(self, job: DecodeJob) -> bool:
+        """Answer ``job`` as skipped now if it is still waiting (its result is no longer wanted).
+
+        Returns False when it is not waiting (running, done, or unknown): a
+        running job finishes as usual.
+        """
+        for queue in (self._interims, self._finals):
+            ticket = next((t for t in queue.waiting() if t.item.job is job), None)
+            if ticket is not None:
+                queue.cancel(ticket)
+                self._skip(ticket.item)
+                self._observe_depth()
+                return True
+        return False
+
     def cancel_owner(self, owner: str) -> None:
         """Drop every queued job of a session that has gone away."""
         for ticket in self._finals.cancel_owner(owner) + self._interims.cancel_owner(owner):
@@ -148,7 +169,7 @@ class Scheduler:
             if fresh is None:
                 return None
             entry.job = fresh
-        request = entry.job.request
+        request = entry.request
         runner = self._runner_for(request)
         return (id(runner), runner.batch_key(request)), runner.window_frames(request)
 
@@ -171,13 +192,15 @@ class Scheduler:
         while True:
             batch, skipped = form_batch(queues, self._inspect)
             for ticket in skipped:
-                entry = ticket.item
-                if not entry.future.done():
-                    entry.future.set_result((entry.job, None))
-                    if self.metrics is not None:
-                        self.metrics.decodes_skipped.labels(entry.job.request.kind.value).inc()
+                self._skip(ticket.item)
             if batch or not skipped:
                 return [t.item for t in batch]
+
+    def _skip(self, entry: _Entry) -> None:
+        if not entry.future.done():
+            entry.future.set_result((entry.job, None))
+            if self.metrics is not None:
+                self.metrics.decodes_skipped.labels(entry.job.request.kind.value).inc()
 
     async def _run(self, worker: int) -> None:
         loop = asyncio.get_running_loop()
@@ -190,14 +213,15 @@ class Scheduler:
                 continue
             if self.depth:
                 self._wakeup.set()  # more waiting: another idle worker may take it
-            requests = [e.job.request for e in batch]
+            requests = [e.request for e in batch]
             kind = requests[0].kind
             now = loop.time()
             self._running[worker] = kind
             if kind is DecodeKind.FINAL:
                 self._running_finals_since[worker] = min(e.queued_at for e in batch)
             try:
-                hyps = await loop.run_in_executor(self._executor, self._runner_for(requests[0]).transcribe_batch, requests)
+                call = partial(self._runner_for(requests[0]).transcribe_batch, requests, retry_later=True)
+                hyps = await loop.run_in_executor(self._executor, call)
             except Exception:
                 log.exception("decode failed kind=%s batch=%d", kind.value, len(batch))
                 await self._one_by_one(batch)
@@ -206,14 +230,22 @@ class Scheduler:
                 self._running.pop(worker, None)
                 self._running_finals_since.pop(worker, None)
                 self._wakeup.set()  # a worker kept off interims may take them now
+            done = [h for h in hyps if h is not None]
             if self.metrics is not None:
                 self.metrics.batch_size.labels(kind.value).observe(len(batch))
-                self.metrics.decode_seconds.labels(kind.value).observe(sum(h.decode_s for h in hyps))
-                self.metrics.finals_packed.inc(sum(1 for h in hyps if h.packed))
+                self.metrics.decode_seconds.labels(kind.value).observe(sum(h.decode_s for h in done))
+                self.metrics.finals_packed.inc(sum(1 for h in done if h.packed))
                 for entry in batch:
-                    self.metrics.queue_wait_seconds.labels(kind.value).observe(now - entry.queued_at)
+                    if not entry.alone:
+                        self.metrics.queue_wait_seconds.labels(kind.value).observe(now - entry.queued_at)
             for entry, hyp in zip(batch, hyps):
-                if not entry.future.done():
+                if hyp is None:
+                    # Its window-mates were heard: they go back now, and it is decoded
+                    # alone next, ahead of every waiting final (it has waited longest).
+                    entry.alone = True
+                    self._finals.requeue(entry.owner, entry)
+                    self._wakeup.set()
+                elif not entry.future.done():
                     entry.future.set_result((entry.job, hyp))
 
     async def _one_by_one(self, batch: list[_Entry]) -> None:
@@ -223,14 +255,14 @@ class Scheduler:
             if entry.future.done():
                 continue
             try:
-                [hyp] = await loop.run_in_executor(self._executor, self._runner_for(entry.job.request).transcribe_batch, [entry.job.request])
+                [hyp] = await loop.run_in_executor(self._executor, self._runner_for(entry.request).transcribe_batch, [entry.request])
             except Exception as exc:
                 if len(batch) > 1:
                     log.exception("decode failed alone owner=%s", entry.owner)
                 if not entry.future.done():
                     entry.future.set_exception(exc)
                 continue
-            if not entry.future.done():
+            if hyp is not None and not entry.future.done():
                 entry.future.set_result((entry.job, hyp))
 
     def _observe_depth(self) -> None:

@@ -42,7 +42,7 @@ from ..errors import (
     ShuttingDown,
     wire_info,
 )
-from ..events import Final, Interim, SubmitJob
+from ..events import Final, Interim, SubmitJob, WithdrawJob
 from ..inference.whisper import Runner
 from ..metrics import Metrics
 from ..options import Limits, RtcOptions, StreamOptions, parse_stream_options
@@ -676,6 +676,10 @@ class Connection:
                     await self._send(json.dumps(output.message, separators=(",", ":")))
                 case SubmitJob():
                     self._spawn(self._decode(output))
+                case WithdrawJob():
+                    # If it was still waiting, its _decode task now gets the skip.
+                    if self.server.scheduler is not None:
+                        self.server.scheduler.withdraw(output.job)
                 case Close():
                     if output.code == 1000 and self.outcome == "disconnected":
                         self.outcome = "completed"

@@ -2,7 +2,7 @@ import numpy as np
 
 from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from asr_server.decoding.incremental import ChannelDecoder
-from asr_server.events import Final, Interim, SpeechStart, SubmitJob
+from asr_server.events import Final, Interim, SpeechStart, SubmitJob, WithdrawJob
 from asr_server.inference.whisper import DecodeKind, Hypothesis
 from asr_server.options import StreamOptions
 
@@ -187,3 +187,35 @@ def test_a_waiting_pause_decode_is_skipped_once_speech_resumes():
     d.feed([audio(0, 0.4)])  # the speaker goes on
     assert d.refresh(job) is None
     assert not only(d.job_skipped(job), SubmitJob)  # no interims asked: nothing until the next pause
+
+
+def test_a_queued_interim_is_withdrawn_when_its_utterance_pauses_so_the_pause_decode_need_not_wait():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=100))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0)]), SubmitJob)]
+    assert not only(d.feed([audio(0, 0.2)]), WithdrawJob)  # still talking: the interim is wanted
+    ev = d.feed([audio(0, 0.1, voiced=False), UtterancePaused(0, int(1.3 * SR))])
+    assert [e.job for e in only(ev, WithdrawJob)] == [job]
+    assert not only(d.feed([audio(0, 0.1, voiced=False)]), WithdrawJob)  # asked once
+    (pause,) = [e.job for e in only(d.job_skipped(job), SubmitJob)]
+    assert pause.speculative and pause.audio_end == int(1.3 * SR)
+
+
+def test_a_pause_decode_is_withdrawn_when_speech_resumes_and_an_interim_follows():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=200))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0, voiced=False), UtterancePaused(0, SR)])
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.speculative and not only(ev, WithdrawJob)
+    ev = d.feed([audio(0, 0.4)])  # the speaker goes on
+    assert [e.job for e in only(ev, WithdrawJob)] == [job]
+    (nxt,) = [e.job for e in only(d.job_skipped(job), SubmitJob)]
+    assert nxt.request.kind is DecodeKind.INTERIM and nxt.audio_end == int(1.4 * SR)
+
+
+def test_an_interim_still_wanted_is_never_withdrawn_and_a_final_never():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=100))
+    d.feed([UtteranceStarted(0, 0, 0), audio(0, 0.5)])
+    ev = d.feed([UtteranceEnded(0, int(0.5 * SR), EndReason.ENDPOINT)])
+    interim = only(ev, WithdrawJob)[0].job
+    (final,) = [e.job for e in only(d.job_skipped(interim), SubmitJob)]
+    assert final.request.kind is DecodeKind.FINAL and not final.speculative
+    assert not only(d.feed([UtteranceStarted(1, SR, SR), audio(1, 0.5)]), WithdrawJob)

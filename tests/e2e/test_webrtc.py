@@ -197,7 +197,7 @@ def test_a_connection_that_never_comes_up_fails_in_bounded_time(rtc_server):
 class SlowFinals(FakeRunner):
     """Finals take 3 s of model time: live audio outruns the model."""
 
-    def transcribe_batch(self, requests):
+    def transcribe_batch(self, requests, retry_later=False):
         if any(r.kind is DecodeKind.FINAL for r in requests):
             time.sleep(3.0)
         return super().transcribe_batch(requests)

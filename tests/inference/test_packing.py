@@ -190,3 +190,17 @@ def test_a_batch_of_finals_needing_more_windows_than_allowed_runs_in_several_cal
         del whisper_runner._decode_group
     assert calls == [2, 1]
     assert all(len(h.text.split()) >= 5 for h in hyps), [h.text for h in hyps]
+
+
+def test_with_retry_later_a_member_the_pack_missed_comes_back_none_for_the_caller_to_decode_alone(whisper_runner):
+    from dataclasses import replace
+
+    speech, _ref = _sentences(["espeak_16k.wav"])[1]
+    rng = np.random.default_rng(3)
+    quiet = (rng.standard_normal(16000 * 2) * 0.002).astype(np.float32)
+    requests = [DecodeRequest(a, DecodeKind.FINAL, word_timestamps=True) for a in (speech, quiet, speech)]
+    hyps = whisper_runner.transcribe_batch(requests, retry_later=True)
+    assert hyps[1] is None
+    assert all(h.packed and "moment to talk" in h.text.lower() for h in (hyps[0], hyps[2]))
+    alone = replace(requests[1], pack=False)
+    assert whisper_runner.window_frames(alone) == 3000 and whisper_runner.window_frames(requests[1]) < 3000

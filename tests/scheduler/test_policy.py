@@ -132,3 +132,14 @@ def test_every_stream_progresses_under_batching_whatever_its_class():
         batch, _ = form_batch([(q, BatchLimits(max_batch=4))], _inspect)
         seen += [t.owner for t in batch]
     assert "low" in seen
+
+
+def test_a_requeued_item_goes_ahead_of_every_waiting_one_without_charging_its_owner_again():
+    q = FairQueue()
+    q.push("a", 1, weight=1, cost=1)
+    q.push("b", 2, weight=1, cost=1)
+    first = q.pop()
+    q.push("c", 3, weight=1, cost=1)
+    q.requeue(first.owner, first.item)
+    assert [t.item for t in q.in_order()] == [1, 2, 3]
+    assert q.push("a", 4, weight=1, cost=1).start == 1.0  # its tag moved once, when it first came

@@ -117,7 +117,7 @@ def test_with_two_workers_a_final_does_not_wait_behind_interims():
     release = threading.Event()
 
     class SlowInterims(FakeRunner):
-        def transcribe_batch(self, requests):
+        def transcribe_batch(self, requests, retry_later=False):
             if requests[0].kind is DecodeKind.INTERIM:
                 release.wait(10)
             return super().transcribe_batch(requests)
@@ -170,3 +170,69 @@ def test_a_final_being_decoded_still_counts_as_waiting_for_the_governor():
     running, done = asyncio.run(main())
     assert running.finals == 0 and running.oldest_final_wait >= 0.25
     assert done.oldest_final_wait == 0.0
+
+
+def test_a_withdrawn_job_still_waiting_is_answered_as_skipped_at_once_and_a_running_one_finishes():
+    import threading
+
+    release = threading.Event()
+
+    def script(request):
+        release.wait(5)
+        return request.prompt
+
+    async def main():
+        s = Scheduler(FakeRunner(script), limits=BatchLimits(max_batch=1))
+        s.start()
+        running_job, waiting_job = job("running"), job("waiting")
+        running = asyncio.ensure_future(s.decode("a", running_job))
+        await asyncio.sleep(0.1)  # the only worker is now busy with it
+        waiting = asyncio.ensure_future(s.decode("b", waiting_job))
+        await asyncio.sleep(0)
+        withdrew = (s.withdraw(waiting_job), s.withdraw(running_job))
+        skipped = await asyncio.wait_for(waiting, timeout=1)  # without waiting for the worker
+        release.set()
+        ran = await running
+        await s.stop()
+        return withdrew, skipped, ran
+
+    withdrew, skipped, ran = asyncio.run(main())
+    assert withdrew == (True, False)
+    assert skipped[1] is None and ran[1].text == "running"
+
+
+def test_a_final_a_shared_window_missed_is_decoded_alone_next_while_its_window_mates_are_answered():
+    """The runner's retry_later: the members it heard come back at once; the missed one is decoded
+    alone (pack=False) before any other waiting final."""
+
+    class MissesOne(FakeRunner):
+        def window_frames(self, request):
+            return 1000 if request.pack else 3000  # a packable final's share of a window, or a whole one
+
+        def transcribe_batch(self, requests, retry_later=False):
+            self.batches.append(list(requests))
+            return [None if retry_later and r.prompt == "missed" and r.pack and len(requests) > 1 else self.transcribe(r) for r in requests]
+
+    runner = MissesOne(lambda r: r.prompt)
+    answered: list[str] = []
+
+    def final(tag):
+        return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag), False, 1600)
+
+    async def main():
+        s = Scheduler(runner, limits=BatchLimits(max_batch=3, final_frames=3000))
+        jobs = [final(t) for t in ("heard", "missed", "also heard", "later")]
+        futures = []
+        for n, j in enumerate(jobs):
+            f = asyncio.ensure_future(s.decode(f"s{n}", j))
+            f.add_done_callback(lambda f: answered.append(f.result()[1].text))
+            futures.append(f)
+        await asyncio.sleep(0)
+        s.start()
+        await asyncio.gather(*futures)
+        await s.stop()
+
+    asyncio.run(main())
+    assert [[r.prompt for r in b] for b in runner.batches] == [["heard", "missed", "also heard"], ["missed"], ["later"]]
+    assert runner.batches[1][0].pack is False
+    assert answered == ["heard", "also heard", "missed", "later"]
