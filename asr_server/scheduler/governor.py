@@ -4,11 +4,15 @@ Fed the scheduler's queue state and memory use at a time passed in, the
 :class:`LoadGovernor` keeps a :class:`Level`. Pressure means a final has
 been waiting for its result (queued or being decoded) longer than
 ``high_wait_s``: finals are served first, so that means the model is
-saturated, or its batches have grown long; calm means the oldest final waits
-less than ``low_wait_s``. Sustained pressure raises the level by one
-step every ``raise_after_s``; sustained calm lowers it one step every
-``lower_after_s`` (slower down than up, so it does not flap). The steps, in
-order:
+saturated, or its batches have grown long. Interims waiting in the queue
+longer than ``interim_high_wait_s`` are pressure too, but only up to the
+interim steps (1 and 2): finals still keep their latency then, and it is
+the interims that lag, so no stream is refused for it. Calm means the oldest
+final waits less than ``low_wait_s`` and (below the refusal steps) the
+oldest interim less than ``interim_low_wait_s``. Sustained pressure raises
+the level by one step every ``raise_after_s``; sustained calm lowers it one
+step every ``lower_after_s`` (slower down than up, so it does not flap). The
+steps, in order:
 
 1. ``FEWER_INTERIMS`` - interims every ``interim_factor`` times more audio,
    and on the runner's short encoder window (cheaper, less accurate);
@@ -67,14 +71,16 @@ class InterimLoad:
 class GovernorOptions:
     high_wait_s: float = 0.8
     low_wait_s: float = 0.4
+    interim_high_wait_s: float = 1.0
+    interim_low_wait_s: float = 0.3
     raise_after_s: float = 1.0
     lower_after_s: float = 4.0
     interim_factor: int = 2
     critical_fraction: float = 0.95
 
     def __post_init__(self) -> None:
-        if not 0 <= self.low_wait_s < self.high_wait_s:
-            raise ValueError("need 0 <= low_wait_s < high_wait_s")
+        if not 0 <= self.low_wait_s < self.high_wait_s or not 0 <= self.interim_low_wait_s < self.interim_high_wait_s:
+            raise ValueError("need 0 <= low_wait_s < high_wait_s, and the same for interims")
         if self.raise_after_s <= 0 or self.lower_after_s <= 0 or self.interim_factor < 1:
             raise ValueError("governor periods and factor must be positive")
 
@@ -88,12 +94,14 @@ class LoadGovernor:
         self._pressured: bool | None = None
         self._changed_at = 0.0
 
-    def observe(self, now: float, oldest_final_wait: float, memory_used: int = 0, memory_budget: int = 0) -> Level:
+    def observe(self, now: float, oldest_final_wait: float, memory_used: int = 0, memory_budget: int = 0, oldest_interim_wait: float = 0.0) -> Level:
         """Update from the queue and memory; returns the (possibly new) level."""
-        self.memory_critical = memory_budget > 0 and memory_used > self.options.critical_fraction * memory_budget
-        if oldest_final_wait > self.options.high_wait_s:
+        o = self.options
+        self.memory_critical = memory_budget > 0 and memory_used > o.critical_fraction * memory_budget
+        interims_only = self.level <= Level.INTERIM_MODEL  # the steps interim pressure may reach
+        if oldest_final_wait > o.high_wait_s or (oldest_interim_wait > o.interim_high_wait_s and self.level < Level.INTERIM_MODEL):
             state: bool | None = True
-        elif oldest_final_wait < self.options.low_wait_s:
+        elif oldest_final_wait < o.low_wait_s and (oldest_interim_wait < o.interim_low_wait_s or not interims_only):
             state = False
         else:
             state = None  # in between: hold the level

@@ -182,12 +182,12 @@ class AsrServer:
         before = self.governor.level
         state = self.scheduler.state(loop.time())
         used = self.memory_probe() if self.budget is not None else 0
-        level = self.governor.observe(loop.time(), state.oldest_final_wait, used, self.budget.total if self.budget else 0)
+        level = self.governor.observe(loop.time(), state.oldest_final_wait, used, self.budget.total if self.budget else 0, state.oldest_interim_wait)
         self.metrics.memory_used.set(used)
         self.metrics.degradation_level.set(int(level))
         if level != before:
-            server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs finals=%d interims=%d",
-                            before, level, level.name.lower(), state.oldest_final_wait, state.finals, state.interims)
+            server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs oldest_interim_wait=%.2fs finals=%d interims=%d",
+                            before, level, level.name.lower(), state.oldest_final_wait, state.oldest_interim_wait, state.finals, state.interims)
             await self.announce_level()
         # One stream at a time: the next is shed only once the last has finished and freed its memory.
         if self.governor.memory_critical and not any(c.shedding for c in self._connections):

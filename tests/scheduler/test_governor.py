@@ -76,3 +76,17 @@ def test_budget_counts_worst_case_stream_memory():
     assert budget.for_streams == 600 << 20
     n = budget.max_streams(per_stream)
     assert budget.fits(n * per_stream - per_stream, per_stream) and not budget.fits(n * per_stream, per_stream)
+
+
+def test_lagging_interims_degrade_interims_only_and_never_refuse_streams():
+    gov = LoadGovernor(GovernorOptions(interim_high_wait_s=1.0, interim_low_wait_s=0.3, raise_after_s=1.0, lower_after_s=4.0))
+    assert run(gov, 0.0, 10.0, wait=0.0, oldest_interim_wait=2.0) == Level.INTERIM_MODEL  # and no further
+    assert all(gov.admits(p) for p in Priority)
+    assert run(gov, 10.25, 20.0, wait=0.0, oldest_interim_wait=0.6) == Level.INTERIM_MODEL  # in between: held
+    assert run(gov, 20.25, 40.0, wait=0.0, oldest_interim_wait=0.1) == Level.NORMAL
+
+
+def test_refusals_come_down_when_finals_are_calm_even_while_interims_lag():
+    gov = LoadGovernor(GovernorOptions(lower_after_s=4.0))
+    gov.level = Level.REFUSE_STANDARD
+    assert run(gov, 0.0, 30.0, wait=0.0, oldest_interim_wait=5.0) == Level.INTERIM_MODEL
