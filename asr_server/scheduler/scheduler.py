@@ -37,6 +37,10 @@ __all__ = ["Scheduler", "Refresh", "QueueState"]
 
 log = logging.getLogger("asr_server.scheduler")
 
+# A lone pause decode waits up to this long for another final to share its
+# window while another worker is busy (see Scheduler._hold_lone_pause_decode).
+PACK_HOLD_S = 0.2
+
 # Called when a waiting job is about to be batched: the job to run instead
 # (the same one, or one with newer audio), or None to skip it.
 Refresh = Callable[[DecodeJob], DecodeJob | None]
@@ -65,6 +69,8 @@ class QueueState:
     # The longest any final not yet answered has waited since it was queued,
     # running ones included: what its user is waiting for.
     oldest_final_wait: float
+    # The longest any interim has waited in the queue (captions lag by that much).
+    oldest_interim_wait: float = 0.0
 
 
 class Scheduler:
@@ -77,8 +83,13 @@ class Scheduler:
         limits: BatchLimits | None = None,
         interim_runner: Runner | None = None,
         workers: int = 1,
+        pack_hold_s: float = PACK_HOLD_S,
     ) -> None:
-        """``workers``: batches run at once (the runner must allow that many concurrent calls)."""
+        """``workers``: batches run at once (the runner must allow that many concurrent calls).
+
+        ``pack_hold_s``: how long a lone pause decode may wait for a window-mate while the server is busy (0: never).
+        """
+        self.pack_hold_s = pack_hold_s
         self.runner = runner
         self.interim_runner = interim_runner
         self.metrics = metrics
@@ -100,7 +111,8 @@ class Scheduler:
     def state(self, now: float) -> QueueState:
         finals = self._finals.in_order()
         since = [t.item.queued_at for t in finals] + list(self._running_finals_since.values())
-        return QueueState(len(finals), len(self._interims), max((now - t for t in since), default=0.0))
+        interims = max((now - t.item.queued_at for t in self._interims.waiting()), default=0.0)
+        return QueueState(len(finals), len(self._interims), max((now - t for t in since), default=0.0), interims)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -186,7 +198,7 @@ class Scheduler:
         interim batches.
         """
         interims_running = sum(1 for kind in self._running.values() if kind is DecodeKind.INTERIM)
-        queues = [(self._finals, self._final_limits)]
+        queues = [] if self._hold_lone_pause_decode() else [(self._finals, self._final_limits)]
         if interims_running < max(1, self._n_workers - 1):
             queues.append((self._interims, self.limits))
         while True:
@@ -195,6 +207,27 @@ class Scheduler:
                 self._skip(ticket.item)
             if batch or not skipped:
                 return [t.item for t in batch]
+
+    def _hold_lone_pause_decode(self) -> bool:
+        """Whether the only waiting final should wait a moment for a window-mate.
+
+        A pause decode has slack (the endpoint comes ``endpoint - tail`` later)
+        and a final alone costs a whole window, where two share one for little
+        more. So while another worker is busy, a lone young pause decode that
+        could share its call waits up to ``pack_hold_s``; the worker takes
+        interims meanwhile. Idle servers never hold.
+        """
+        if self.pack_hold_s <= 0 or not self._running or len(self._finals) != 1:
+            return False
+        [ticket] = self._finals.waiting()
+        entry = ticket.item
+        left = entry.queued_at + self.pack_hold_s - asyncio.get_running_loop().time()
+        if not entry.job.speculative or entry.alone or left <= 0 or entry.future.done():
+            return False
+        if self.runner.window_frames(entry.request) >= self._final_limits.max_frames:
+            return False  # a call of its own anyway
+        asyncio.get_running_loop().call_later(left, self._wakeup.set)
+        return True
 
     def _skip(self, entry: _Entry) -> None:
         if not entry.future.done():

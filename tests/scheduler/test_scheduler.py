@@ -236,3 +236,58 @@ def test_a_final_a_shared_window_missed_is_decoded_alone_next_while_its_window_m
     assert [[r.prompt for r in b] for b in runner.batches] == [["heard", "missed", "also heard"], ["missed"], ["later"]]
     assert runner.batches[1][0].pack is False
     assert answered == ["heard", "also heard", "missed", "later"]
+
+
+def _pause_decode(tag):
+    return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag), True, 1600)
+
+
+class _BusyInterims(FakeRunner):
+    """Interims block until released (a worker kept busy); a final takes a third of a window."""
+
+    def __init__(self, release):
+        super().__init__(lambda r: r.prompt)
+        self.release = release
+
+    def window_frames(self, request):
+        return 1000 if request.kind is DecodeKind.FINAL else 500
+
+    def transcribe_batch(self, requests, retry_later=False):
+        if requests[0].kind is DecodeKind.INTERIM:
+            self.release.wait(5)
+        return super().transcribe_batch(requests)
+
+
+def _pause_decodes_apart(busy: bool, hold: float) -> list[list[str]]:
+    """Two pause decodes 0.1 s apart, with or without another worker busy: the batches of finals that ran."""
+    import threading
+
+    release = threading.Event()
+    runner = _BusyInterims(release)
+
+    async def main():
+        s = Scheduler(runner, limits=BatchLimits(max_batch=4, final_frames=3000), workers=2, pack_hold_s=hold)
+        s.start()
+        other = asyncio.ensure_future(s.decode("i", job("busy"))) if busy else None
+        await asyncio.sleep(0.05)
+        first = asyncio.ensure_future(s.decode("a", _pause_decode("a")))
+        await asyncio.sleep(0.1)
+        second = asyncio.ensure_future(s.decode("b", _pause_decode("b")))
+        await asyncio.wait_for(asyncio.gather(first, second), timeout=5)
+        release.set()
+        if other is not None:
+            await other
+        await s.stop()
+
+    asyncio.run(main())
+    return [[r.prompt for r in b] for b in runner.batches if b[0].kind is DecodeKind.FINAL]
+
+
+def test_a_lone_pause_decode_waits_briefly_for_a_window_mate_while_another_worker_is_busy():
+    assert _pause_decodes_apart(busy=True, hold=1.0) == [["a", "b"]]
+
+
+def test_an_idle_server_never_holds_a_pause_decode_and_a_hold_ends():
+    assert _pause_decodes_apart(busy=False, hold=1.0) == [["a"], ["b"]]  # idle: at once
+    assert _pause_decodes_apart(busy=True, hold=0.0) == [["a"], ["b"]]  # no hold configured
+    assert _pause_decodes_apart(busy=True, hold=0.05) == [["a"], ["b"]]  # the hold ran out before "b" came
