@@ -8,7 +8,10 @@ interim that waits is refreshed with the newest audio of its utterance when
 it is picked (pull model: the queue holds "this channel wants an interim",
 not a copy of old audio) and skipped once its utterance has paused or ended;
 a pause decode (a final-quality decode started when speech paused) is
-skipped if the speaker went on talking meanwhile.
+skipped if the speaker went on talking meanwhile. A session withdraws such a
+job the moment it goes stale (:meth:`Scheduler.withdraw`), so it never holds
+its channel's next decode until its turn. A final that a shared window
+missed goes back to the head of the finals' queue, to be decoded alone.
 Each channel has at most one job outstanding, so the queues hold at most one
 job per active channel.
 
