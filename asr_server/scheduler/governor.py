@@ -98,10 +98,12 @@ class LoadGovernor:
         """Update from the queue and memory; returns the (possibly new) level."""
         o = self.options
         self.memory_critical = memory_budget > 0 and memory_used > o.critical_fraction * memory_budget
-        interims_only = self.level <= Level.INTERIM_MODEL  # the steps interim pressure may reach
-        if oldest_final_wait > o.high_wait_s or (oldest_interim_wait > o.interim_high_wait_s and self.level < Level.INTERIM_MODEL):
+        # Lagging interims raise the level through the interim steps only, and hold it there.
+        interims_lag = oldest_interim_wait > o.interim_high_wait_s and self.level < Level.INTERIM_MODEL
+        interims_calm = oldest_interim_wait < o.interim_low_wait_s or self.level > Level.INTERIM_MODEL
+        if oldest_final_wait > o.high_wait_s or interims_lag:
             state: bool | None = True
-        elif oldest_final_wait < o.low_wait_s and (oldest_interim_wait < o.interim_low_wait_s or not interims_only):
+        elif oldest_final_wait < o.low_wait_s and interims_calm:
             state = False
         else:
             state = None  # in between: hold the level

@@ -106,6 +106,7 @@ class Scheduler:
         self._workers: list[asyncio.Task[None]] = []
         self._running: dict[int, DecodeKind] = {}  # worker -> kind of the batch it runs
         self._running_finals_since: dict[int, float] = {}  # worker -> when its oldest running final was queued
+        self._hold_until = 0.0  # when the current pack hold ends (a wake-up is set for it)
 
     @property
     def depth(self) -> int:
@@ -224,12 +225,15 @@ class Scheduler:
             return False
         [ticket] = self._finals.waiting()
         entry = ticket.item
-        left = entry.queued_at + self.pack_hold_s - asyncio.get_running_loop().time()
-        if not entry.job.speculative or entry.alone or left <= 0 or entry.future.done():
+        loop = asyncio.get_running_loop()
+        until = entry.queued_at + self.pack_hold_s
+        if not entry.job.speculative or entry.alone or until <= loop.time() or entry.future.done():
             return False
         if self.runner.window_frames(entry.request) >= self._final_limits.max_frames:
             return False  # a call of its own anyway
-        asyncio.get_running_loop().call_later(left, self._wakeup.set)
+        if until != self._hold_until:  # one wake-up per hold, however often the workers look
+            self._hold_until = until
+            loop.call_at(until, self._wakeup.set)
         return True
 
     def _skip(self, entry: _Entry) -> None:
