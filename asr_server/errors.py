@@ -23,6 +23,8 @@ string ``code``. The tree separates who is at fault::
     ├── WebRtcFailed         the peer connection did not connect, or failed
     └── ServerError          our fault
         ├── InferenceFailed      the model raised while decoding
+        ├── DecodeFailed         one utterance could not be decoded (after a retry);
+        │                        its final is empty and the session goes on
         └── InternalError        anything else
 
 :data:`WIRE_TABLE` maps each code to ``retryable`` and the WebSocket close code
@@ -57,6 +59,7 @@ __all__ = [
     "ServerError",
     "InferenceFailed",
     "InternalError",
+    "DecodeFailed",
     "WireInfo",
     "WIRE_TABLE",
     "wire_info",
@@ -156,6 +159,10 @@ class InternalError(ServerError):
     code = "internal_error"
 
 
+class DecodeFailed(ServerError):
+    code = "decode_failed"
+
+
 @dataclass(frozen=True)
 class WireInfo:
     retryable: bool
@@ -182,6 +189,7 @@ WIRE_TABLE: dict[str, WireInfo] = {
     "audio_overrun": WireInfo(True, 1013),
     "webrtc_failed": WireInfo(True, 1011),
     "inference_failed": WireInfo(True, 1011),
+    "decode_failed": WireInfo(True, None),
     "internal_error": WireInfo(True, 1011),
 }
 

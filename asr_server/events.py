@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .audio.chunker import EndReason
-from .inference.whisper import DecodeRequest, Word
+from .inference.types import DecodeRequest, Word
 
 __all__ = ["SpeechStart", "Interim", "Final", "DecodeJob", "SubmitJob", "WithdrawJob", "PipelineEvent"]
 

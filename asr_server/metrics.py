@@ -60,6 +60,14 @@ class Metrics:
         self.guard_drops = Counter(
             "asr_guard_drops_total", "Finals from which a guard removed text, by guard", ["guard"], registry=r
         )
+        self.decode_failures = Counter(
+            "asr_decode_failures_total",
+            "Decodes given up after the model raised: interims are dropped, finals sent empty with decode_failed",
+            ["kind"], registry=r,
+        )
+        self.worker_restarts = Counter(
+            "asr_scheduler_worker_restarts_total", "Scheduler worker tasks that ended unexpectedly and were replaced", registry=r
+        )
         self.errors = Counter("asr_errors_total", "Errors sent to clients, by code", ["code"], registry=r)
         self.webrtc_peers = Gauge("asr_webrtc_peers", "Open WebRTC peer connections", registry=r)
         self.model_ready = Gauge("asr_model_ready", "1 once the model is loaded and warmed up", registry=r)

@@ -10,6 +10,7 @@ carries out what each call returns, in order:
   skipped it after :meth:`Session.refresh_job` said so);
 * :class:`~asr_server.events.WithdrawJob` - if that submitted job is still
   waiting, have it skipped now (then :meth:`Session.job_skipped` as above);
+  (or :meth:`Session.job_failed` if the model could not decode it);
 * :class:`Close` - close the connection with this code (the last output).
 
 Per channel the data flows VAD -> chunker -> incremental decoder.
@@ -27,9 +28,9 @@ from .audio.chunker import Chunker, ChunkerOptions, EndReason
 from .audio.decode import MODEL_RATE
 from .audio.vad import VadGate, VadOptions
 from .decoding.incremental import ChannelDecoder
-from .errors import AsrError, ServerError, wire_info
+from .errors import AsrError, DecodeFailed, ServerError, wire_info
 from .events import DecodeJob, Final, Interim, PipelineEvent, SpeechStart, SubmitJob, WithdrawJob
-from .inference.whisper import Hypothesis
+from .inference.types import DecodeKind, Hypothesis
 from .options import Limits, StreamOptions
 from .protocol.messages import MessageWriter
 from .scheduler.governor import InterimLoad
@@ -173,6 +174,22 @@ class Session:
         if self.state is SessionState.CLOSED:
             return []
         out = self._pipeline(self._decoders[job.channel].job_done(job, hypothesis))
+        return out + self._maybe_closed()
+
+    def job_failed(self, job: DecodeJob) -> list[SessionOutput]:
+        """The model could not decode ``job`` (the scheduler already retried a final once).
+
+        An interim or pause decode is dropped; a final is sent with empty text,
+        preceded by a ``decode_failed`` error naming its utterance. The session
+        goes on either way: nothing already owed is lost.
+        """
+        if self.state is SessionState.CLOSED:
+            return []
+        out: list[SessionOutput] = []
+        if job.request.kind is DecodeKind.FINAL and not job.speculative:
+            error = DecodeFailed(f"utterance {job.utterance} of channel {job.channel} could not be decoded; its final is empty")
+            out.append(Send(self._writer.error(error, channel=job.channel, utterance=job.utterance)))
+        out += self._pipeline(self._decoders[job.channel].job_failed(job))
         return out + self._maybe_closed()
 
     def fail(self, error: AsrError) -> list[SessionOutput]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from asr_server.inference.whisper import DecodeKind, DecodeRequest, Hypothesis, Word
+from asr_server.inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 
 
 class FakeRunner:

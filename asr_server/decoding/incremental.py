@@ -34,7 +34,7 @@ from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
 from ..events import DecodeJob, Final, Interim, PipelineEvent, SpeechStart, SubmitJob, WithdrawJob
-from ..inference.whisper import DecodeKind, DecodeRequest, Hypothesis, Word
+from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
 from .stability import LocalAgreement
 from .text import guard
@@ -167,6 +167,23 @@ class ChannelDecoder:
             raise ValueError("skip reported for a job that is not in flight on this channel")
         self._in_flight = None
         return self._dispatch()
+
+    def job_failed(self, job: DecodeJob) -> list[PipelineEvent]:
+        """The model could not decode ``job``, even after the scheduler's retry.
+
+        An interim or a pause decode is dropped as if skipped (the next decode
+        covers it); a final is given up: its utterance is finalized with empty
+        text, so the transcript and later offsets go on.
+        """
+        if job is not self._in_flight:
+            raise ValueError("failure reported for a job that is not in flight on this channel")
+        self._in_flight = None
+        utt = self._utterances.get(job.utterance)
+        out: list[PipelineEvent] = []
+        if utt is not None and job.request.kind is DecodeKind.FINAL and not job.speculative:
+            out.extend(self._finalize(utt, Hypothesis(text="", dropped=("decode_failed",))))
+        out.extend(self._dispatch())
+        return out
 
     def job_done(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
         """Hand back the result of the job this decoder submitted last."""

@@ -12,7 +12,7 @@ import re
 import zlib
 from dataclasses import replace
 
-from ..inference.whisper import Hypothesis, Word
+from ..inference.types import Hypothesis, Word
 
 __all__ = ["normalize_word", "guard", "HALLUCINATIONS", "MAX_WORDS_PER_SECOND", "MAX_REPEATS"]
 

@@ -75,9 +75,14 @@ class MessageWriter:
             case _:
                 assert_never(event)
 
-    def error(self, error: AsrError) -> dict[str, Any]:
+    def error(self, error: AsrError, *, channel: int | None = None, utterance: int | None = None) -> dict[str, Any]:
+        """``channel``/``utterance``: the utterance an error is about (``decode_failed``)."""
         info = wire_info(error)
         body: dict[str, Any] = {"code": error.code, "message": error.message, "retryable": info.retryable}
+        if channel is not None:
+            body["channel"] = channel
+        if utterance is not None:
+            body["utterance"] = utterance
         if error.retry_after is not None:
             body["retry_after"] = error.retry_after
         return self._message("error", body)

@@ -61,6 +61,14 @@ class Ticket(Generic[T]):
 
 
 class FairQueue(Generic[T]):
+    """Waiting tickets of many owners, served in start-tag order.
+
+    Tickets taken or cancelled out of turn are dropped from the heap lazily,
+    but never kept: once they outnumber the live ones the heap is rebuilt,
+    so its size stays within twice the number of waiting tickets (a queue
+    that kept every ticket it ever held grew by each job's audio forever).
+    """
+
     def __init__(self) -> None:
         self._virtual = 0.0
         self._last_finish: dict[str, float] = {}
@@ -70,6 +78,11 @@ class FairQueue(Generic[T]):
 
     def __len__(self) -> int:
         return self._live
+
+    @property
+    def held(self) -> int:
+        """Tickets in the heap, dead ones included (bounded by twice the live ones, plus a few)."""
+        return len(self._heap)
 
     def push(self, owner: str, item: T, *, weight: float, cost: float) -> Ticket[T]:
         if weight <= 0 or cost < 0:
@@ -97,6 +110,7 @@ class FairQueue(Generic[T]):
             _, _, ticket = heapq.heappop(self._heap)
             if ticket.cancelled:
                 continue
+            ticket.cancelled = True
             self._live -= 1
             self._virtual = max(self._virtual, ticket.start)
             return ticket
@@ -114,22 +128,31 @@ class FairQueue(Generic[T]):
         """Remove a waiting ticket out of turn (it joins a batch, or is skipped)."""
         if ticket.cancelled:
             raise ValueError("ticket is no longer waiting")
-        ticket.cancelled = True
-        self._live -= 1
         self._virtual = max(self._virtual, ticket.start)
+        self._drop(ticket)
 
     def cancel(self, ticket: Ticket[T]) -> None:
         if not ticket.cancelled:
-            ticket.cancelled = True
-            self._live -= 1
+            self._drop(ticket)
 
     def cancel_owner(self, owner: str) -> list[Ticket[T]]:
         """Cancel every waiting ticket of ``owner`` and forget its flow."""
         dropped = [t for t in self.waiting() if t.owner == owner]
         for ticket in dropped:
             self.cancel(ticket)
-        self._last_finish.pop(owner, None)
+        self.forget(owner)
         return dropped
+
+    def forget(self, owner: str) -> None:
+        """``owner`` has gone: drop its flow's finish tag."""
+        self._last_finish.pop(owner, None)
+
+    def _drop(self, ticket: Ticket[T]) -> None:
+        ticket.cancelled = True
+        self._live -= 1
+        if len(self._heap) > 2 * self._live + 8:
+            self._heap = [e for e in self._heap if not e[2].cancelled]
+            heapq.heapify(self._heap)
 
 
 @dataclass(frozen=True)

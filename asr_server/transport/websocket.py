@@ -34,7 +34,7 @@ from ..errors import (
     FrameTooLarge,
     IdleTimeout,
     OverloadError,
-    InferenceFailed,
+    DecodeFailed,
     InternalError,
     MemoryPressure,
     NotReady,
@@ -43,11 +43,12 @@ from ..errors import (
     wire_info,
 )
 from ..events import Final, Interim, SubmitJob, WithdrawJob
-from ..inference.whisper import Runner
+from ..inference.types import Runner
 from ..metrics import Metrics
 from ..options import Limits, RtcOptions, StreamOptions, parse_stream_options
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, MessageWriter, WebRtcOffer, parse_client_message
 from ..scheduler import Scheduler
+from ..scheduler.engine import JobFailed
 from ..scheduler.budget import MemoryBudget, audio_bytes, process_rss, stream_bytes
 from ..scheduler.governor import GovernorOptions, InterimLoad, LoadGovernor
 from ..scheduler.policy import WEIGHTS, BatchLimits, Priority
@@ -703,17 +704,19 @@ class Connection:
         scheduler = self.server.scheduler
         assert scheduler is not None
         try:
-            job, hypothesis = await scheduler.decode(self.sid, submit.job, self._weight, self.session.refresh_job)
+            try:
+                job, hypothesis = await scheduler.decode(self.sid, submit.job, self._weight, self.session.refresh_job)
+            except JobFailed as failure:
+                self.metrics.errors.labels(DecodeFailed.code).inc()
+                log.warning("session=%s event=decode_failed channel=%d utterance=%d", self.sid, failure.job.channel, failure.job.utterance)
+                await self._apply(self.session.job_failed(failure.job))
+            else:
+                if hypothesis is None:
+                    await self._apply(self.session.job_skipped(job))
+                else:
+                    await self._apply(self.session.job_done(job, hypothesis))
         except asyncio.CancelledError:
             raise
-        except Exception:
-            await self._fail(InferenceFailed("the model failed to decode this audio"))
-            return
-        try:
-            if hypothesis is None:
-                await self._apply(self.session.job_skipped(job))
-            else:
-                await self._apply(self.session.job_done(job, hypothesis))
         except ConnectionClosed:
             self.done.set()
         except Exception:

@@ -37,22 +37,38 @@ def test_jobs_of_competing_sessions_are_interleaved_and_cancelled_with_their_ses
 
 
 def test_a_failing_decode_fails_only_its_own_job():
+    """A batch that raises is split: each job runs once more alone. The bad final is given up
+    (JobFailed), the bad interim is answered as skipped, and their batch-mates get their results."""
+    from asr_server.scheduler.engine import JobFailed
+
     def script(request):
-        if request.prompt == "bad":
+        if request.prompt.startswith("bad"):
             raise RuntimeError("model exploded")
         return "fine"
 
+    def final(tag):
+        return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag), False, 1600)
+
+    runner = FakeRunner(script)
+
     async def main():
-        s = Scheduler(FakeRunner(script))
+        s = Scheduler(runner)
+        jobs = [("x", final("bad final")), ("y", final("good final")), ("z", job("bad interim")), ("w", job("good interim"))]
+        waits = [asyncio.ensure_future(s.decode(owner, j)) for owner, j in jobs]
+        await asyncio.sleep(0)
         s.start()
-        bad = asyncio.ensure_future(s.decode("x", job("bad")))
-        good = asyncio.ensure_future(s.decode("y", job("good")))
-        done = await asyncio.gather(bad, good, return_exceptions=True)
+        done = await asyncio.gather(*waits, return_exceptions=True)
         await s.stop()
         return done
 
-    bad, good = asyncio.run(main())
-    assert isinstance(bad, RuntimeError) and good[1].text == "fine"
+    bad_final, good_final, bad_interim, good_interim = asyncio.run(main())
+    assert isinstance(bad_final, JobFailed) and bad_final.job.request.prompt == "bad final"
+    assert good_final[1].text == "fine" and good_interim[1].text == "fine"
+    assert bad_interim[1] is None
+    prompts = [[r.prompt for r in b] for b in runner.batches]
+    # finals together, then each once more alone (the retry); then interims the same way
+    assert prompts[0] == ["bad final", "good final"]
+    assert prompts.count(["bad final"]) == 1 and prompts.count(["bad interim"]) == 1
 
 
 def test_finals_go_before_waiting_interims():
@@ -111,28 +127,36 @@ def test_refresh_replaces_a_waiting_interim_or_skips_it():
     assert [r.prompt for r in runner.requests] == ["newer"]
 
 
+class _Gate(FakeRunner):
+    """Interims (or every job, with ``all_kinds``) block until released; ``entered`` is set when one starts."""
+
+    def __init__(self, script=None, all_kinds=False):
+        import threading
+
+        super().__init__(script or (lambda r: r.prompt))
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.all_kinds = all_kinds
+
+    def transcribe_batch(self, requests, retry_later=False):
+        if self.all_kinds or requests[0].kind is DecodeKind.INTERIM:
+            self.entered.set()
+            assert self.release.wait(30)
+        return super().transcribe_batch(requests)
+
+
 def test_with_two_workers_a_final_does_not_wait_behind_interims():
-    import threading
-
-    release = threading.Event()
-
-    class SlowInterims(FakeRunner):
-        def transcribe_batch(self, requests, retry_later=False):
-            if requests[0].kind is DecodeKind.INTERIM:
-                release.wait(10)
-            return super().transcribe_batch(requests)
-
-    runner = SlowInterims(lambda r: r.prompt)
+    runner = _Gate()
 
     async def main():
         s = Scheduler(runner, limits=BatchLimits(max_batch=1), workers=2)
         s.start()
         interims = [asyncio.ensure_future(s.decode(f"i{i}", job(f"i{i}"))) for i in range(3)]
-        await asyncio.sleep(0.05)  # one worker is now stuck in an interim; the other must stay free
+        assert await asyncio.to_thread(runner.entered.wait, 30)  # one worker is stuck in an interim
         final = DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt="f"), False, 1600)
-        _, hyp = await asyncio.wait_for(s.decode("late", final), timeout=5)
+        _, hyp = await s.decode("late", final)  # the other worker must be free for it
         stuck = sum(not i.done() for i in interims)
-        release.set()
+        runner.release.set()
         await asyncio.gather(*interims)
         await s.stop()
         return hyp, stuck
@@ -141,57 +165,20 @@ def test_with_two_workers_a_final_does_not_wait_behind_interims():
     assert hyp.text == "f" and stuck == 3
 
 
-def test_a_final_being_decoded_still_counts_as_waiting_for_the_governor():
-    """What a user waits for is the result, so a long-running batch is pressure even with an empty queue."""
-    import threading
-
-    release = threading.Event()
-
-    def script(request):
-        release.wait(5)
-        return "done"
-
-    def final(tag):
-        return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag), False, 1600)
-
-    async def main():
-        s = Scheduler(FakeRunner(script))
-        s.start()
-        loop = asyncio.get_running_loop()
-        waiting = asyncio.ensure_future(s.decode("a", final("x")))
-        await asyncio.sleep(0.3)
-        running = s.state(loop.time())
-        release.set()
-        await waiting
-        done = s.state(loop.time())
-        await s.stop()
-        return running, done
-
-    running, done = asyncio.run(main())
-    assert running.finals == 0 and running.oldest_final_wait >= 0.25
-    assert done.oldest_final_wait == 0.0
-
-
 def test_a_withdrawn_job_still_waiting_is_answered_as_skipped_at_once_and_a_running_one_finishes():
-    import threading
-
-    release = threading.Event()
-
-    def script(request):
-        release.wait(5)
-        return request.prompt
+    runner = _Gate(all_kinds=True)
 
     async def main():
-        s = Scheduler(FakeRunner(script), limits=BatchLimits(max_batch=1))
+        s = Scheduler(runner, limits=BatchLimits(max_batch=1))
         s.start()
         running_job, waiting_job = job("running"), job("waiting")
         running = asyncio.ensure_future(s.decode("a", running_job))
-        await asyncio.sleep(0.1)  # the only worker is now busy with it
+        assert await asyncio.to_thread(runner.entered.wait, 30)  # the only worker is now busy with it
         waiting = asyncio.ensure_future(s.decode("b", waiting_job))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # let the wait queue its job
         withdrew = (s.withdraw(waiting_job), s.withdraw(running_job))
-        skipped = await asyncio.wait_for(waiting, timeout=1)  # without waiting for the worker
-        release.set()
+        skipped = await waiting  # answered without the worker
+        runner.release.set()
         ran = await running
         await s.stop()
         return withdrew, skipped, ran
@@ -201,93 +188,36 @@ def test_a_withdrawn_job_still_waiting_is_answered_as_skipped_at_once_and_a_runn
     assert skipped[1] is None and ran[1].text == "running"
 
 
-def test_a_final_a_shared_window_missed_is_decoded_alone_next_while_its_window_mates_are_answered():
-    """The runner's retry_later: the members it heard come back at once; the missed one is decoded
-    alone (pack=False) before any other waiting final."""
+def test_a_worker_task_that_dies_is_replaced_and_its_batch_answered():
+    """Nothing inside a worker may stall the server: a worker that ends is logged, counted and replaced."""
+    from asr_server.metrics import Metrics
+    class Fatal(BaseException):
+        """Escapes every ``except Exception``: the worker task itself ends."""
 
-    class MissesOne(FakeRunner):
-        def window_frames(self, request):
-            return 1000 if request.pack else 3000  # a packable final's share of a window, or a whole one
+    calls = []
 
+    class DiesOnce(FakeRunner):
         def transcribe_batch(self, requests, retry_later=False):
-            self.batches.append(list(requests))
-            return [None if retry_later and r.prompt == "missed" and r.pack and len(requests) > 1 else self.transcribe(r) for r in requests]
-
-    runner = MissesOne(lambda r: r.prompt)
-    answered: list[str] = []
+            calls.append([r.prompt for r in requests])
+            if len(calls) == 1:
+                raise Fatal()
+            return super().transcribe_batch(requests)
 
     def final(tag):
         return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag), False, 1600)
 
-    async def main():
-        s = Scheduler(runner, limits=BatchLimits(max_batch=3, final_frames=3000))
-        jobs = [final(t) for t in ("heard", "missed", "also heard", "later")]
-        futures = []
-        for n, j in enumerate(jobs):
-            f = asyncio.ensure_future(s.decode(f"s{n}", j))
-            f.add_done_callback(lambda f: answered.append(f.result()[1].text))
-            futures.append(f)
-        await asyncio.sleep(0)
-        s.start()
-        await asyncio.gather(*futures)
-        await s.stop()
-
-    asyncio.run(main())
-    assert [[r.prompt for r in b] for b in runner.batches] == [["heard", "missed", "also heard"], ["missed"], ["later"]]
-    assert runner.batches[1][0].pack is False
-    assert answered == ["heard", "also heard", "missed", "later"]
-
-
-def _pause_decode(tag):
-    return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag), True, 1600)
-
-
-class _BusyInterims(FakeRunner):
-    """Interims block until released (a worker kept busy); a final takes a third of a window."""
-
-    def __init__(self, release):
-        super().__init__(lambda r: r.prompt)
-        self.release = release
-
-    def window_frames(self, request):
-        return 1000 if request.kind is DecodeKind.FINAL else 500
-
-    def transcribe_batch(self, requests, retry_later=False):
-        if requests[0].kind is DecodeKind.INTERIM:
-            self.release.wait(5)
-        return super().transcribe_batch(requests)
-
-
-def _pause_decodes_apart(busy: bool, hold: float) -> list[list[str]]:
-    """Two pause decodes 0.1 s apart, with or without another worker busy: the batches of finals that ran."""
-    import threading
-
-    release = threading.Event()
-    runner = _BusyInterims(release)
+    metrics = Metrics()
 
     async def main():
-        s = Scheduler(runner, limits=BatchLimits(max_batch=4, final_frames=3000), workers=2, pack_hold_s=hold)
+        s = Scheduler(DiesOnce(lambda r: r.prompt), metrics, workers=1)
         s.start()
-        other = asyncio.ensure_future(s.decode("i", job("busy"))) if busy else None
-        await asyncio.sleep(0.05)
-        first = asyncio.ensure_future(s.decode("a", _pause_decode("a")))
-        await asyncio.sleep(0.1)
-        second = asyncio.ensure_future(s.decode("b", _pause_decode("b")))
-        await asyncio.wait_for(asyncio.gather(first, second), timeout=5)
-        release.set()
-        if other is not None:
-            await other
+        first = await asyncio.gather(s.decode("a", final("first")), return_exceptions=True)
+        second = await s.decode("b", final("second"))  # served by the replacement worker
         await s.stop()
+        return first[0], second, s.restarts
 
-    asyncio.run(main())
-    return [[r.prompt for r in b] for b in runner.batches if b[0].kind is DecodeKind.FINAL]
-
-
-def test_a_lone_pause_decode_waits_briefly_for_a_window_mate_while_another_worker_is_busy():
-    assert _pause_decodes_apart(busy=True, hold=1.0) == [["a", "b"]]
-
-
-def test_an_idle_server_never_holds_a_pause_decode_and_a_hold_ends():
-    assert _pause_decodes_apart(busy=False, hold=1.0) == [["a"], ["b"]]  # idle: at once
-    assert _pause_decodes_apart(busy=True, hold=0.0) == [["a"], ["b"]]  # no hold configured
-    assert _pause_decodes_apart(busy=True, hold=0.05) == [["a"], ["b"]]  # the hold ran out before "b" came
+    first, second, restarts = asyncio.run(main())
+    assert restarts == 1 and metrics.worker_restarts._value.get() == 1
+    # The dead worker's final was retried alone by the new worker, and answered.
+    assert first[1].text == "first" and calls == [["first"], ["first"], ["second"]]
+    assert second[1].text == "second"

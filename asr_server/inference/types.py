@@ -1,0 +1,99 @@
+"""The types at the model seam: what a decode asks for and what it gives back.
+
+Everything above :mod:`asr_server.inference` (events, sessions, the decoder,
+the scheduler) speaks these types; only the engine modules import
+faster-whisper. :class:`Runner` is the interface a fake model implements in
+tests.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+__all__ = ["SAMPLE_RATE", "DecodeKind", "DecodeRequest", "Word", "Hypothesis", "Runner", "BatchKey"]
+
+SAMPLE_RATE = 16000
+
+
+class DecodeKind(str, enum.Enum):
+    INTERIM = "interim"  # greedy, no word timing: cheap, re-run as the utterance grows
+    FINAL = "final"  # beam search with fallback and word timing: the result that stays
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    audio: np.ndarray  # float32 mono at 16 kHz
+    kind: DecodeKind
+    language: str = "en"
+    prompt: str = ""  # previous final text of the channel, as context
+    prefix: str = ""  # forced start of the output (the stable part of an interim)
+    word_timestamps: bool = False
+    model: str = ""  # "" for the main model, "interim" for the optional smaller interim model
+    short_window: bool = False  # an interim on the runner's short encoder window (under load)
+    pack: bool = True  # a final that may share a window with other finals (see plan_packs)
+
+    @property
+    def duration(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class Word:
+    word: str  # as the model wrote it, leading space included; strip for display
+    start: float  # seconds from the start of the decoded audio
+    end: float
+    probability: float
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    text: str
+    words: tuple[Word, ...] = ()
+    avg_logprob: float = 0.0
+    no_speech_prob: float = 0.0
+    compression_ratio: float = 1.0
+    decode_s: float = 0.0
+    dropped: tuple[str, ...] = field(default=())  # guards that removed text, for logs
+    packed: bool = False  # decoded in a window shared with other finals (see plan_packs)
+
+
+class Runner(Protocol):
+    """What the scheduler needs of a model: requests with equal keys may share one batch."""
+
+    languages: tuple[str, ...]
+
+    def batch_key(self, request: DecodeRequest) -> Hashable: ...
+
+    def warm_up_batch(self, size: int) -> None:
+        """Decode one full batch of 30 s finals: the largest working memory a batch can need."""
+        rng = np.random.default_rng(1)
+        language = "en" if "en" in self.languages else self.languages[0]
+        audio = (rng.standard_normal(SAMPLE_RATE * 29) * 0.01).astype(np.float32)
+        self.transcribe_batch([DecodeRequest(audio, DecodeKind.FINAL, language=language, word_timestamps=True)] * size)
+
+    def window_frames(self, request: DecodeRequest) -> int: ...
+
+    def transcribe_batch(self, requests: Sequence[DecodeRequest], retry_later: bool = False) -> list[Hypothesis | None]:
+        """One hypothesis per request, in order.
+
+        A final that a shared window did not clearly transcribe is decoded
+        alone in the same call; with ``retry_later`` it comes back None
+        instead, for the caller to decode again with ``pack=False``, so the
+        finals that were heard need not wait for it.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class BatchKey:
+    """Requests with equal keys are decoded together (same options, window and prompt position)."""
+
+    kind: DecodeKind
+    language: str
+    frames: int
+    prompt_tokens: int

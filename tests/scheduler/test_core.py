@@ -1,0 +1,201 @@
+"""The scheduler's pure core, driven by hand-written times and a fake model (no threads, no sleeps)."""
+
+import numpy as np
+import pytest
+
+from asr_server.events import DecodeJob
+from asr_server.inference.types import DecodeKind, DecodeRequest, Hypothesis
+from asr_server.scheduler.core import FINAL_ATTEMPTS, JobStatus, SchedulerCore
+from asr_server.scheduler.policy import BatchLimits
+
+from ..fakes import FakeRunner
+
+
+def interim(tag: str, samples: int = 1600) -> DecodeJob:
+    return DecodeJob(0, 0, DecodeRequest(np.zeros(samples, np.float32), DecodeKind.INTERIM, prompt=tag), False, samples)
+
+
+def final(tag: str, speculative: bool = False) -> DecodeJob:
+    return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag), speculative, 1600)
+
+
+class ThirdOfAWindow(FakeRunner):
+    """A final takes a third of a window, an interim a sixth (packable finals share windows)."""
+
+    def window_frames(self, request):
+        return 1000 if request.kind is DecodeKind.FINAL and request.pack else 500 if request.kind is DecodeKind.INTERIM else 3000
+
+
+def ran(core: SchedulerCore, now: float, worker: int = 0) -> list[str]:
+    """Schedule for ``worker`` and answer its batch with each prompt as text; the prompts that ran."""
+    decision = core.schedule(now, worker)
+    if decision.batch is None:
+        return []
+    out = core.update_from_output(decision.batch.id, [Hypothesis(r.prompt) for r in decision.batch.requests], now)
+    assert [e.job.request.prompt for e, _ in out.done] == [r.prompt for r in decision.batch.requests]
+    return [r.prompt for r in decision.batch.requests]
+
+
+def test_finals_run_before_interims_and_sessions_take_turns():
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1))
+    for i in range(2):
+        core.add("a", interim(f"a{i}"), 0.0)
+        core.add("b", interim(f"b{i}"), 0.0)
+    core.add("c", final("f"), 0.5)
+    order = [p for t in range(5) for p in ran(core, 1.0 + t)]
+    assert order == ["f", "a0", "b0", "a1", "b1"]
+    assert core.live == 0 and core.depth == 0
+
+
+def test_a_running_final_counts_as_waiting_until_answered():
+    core = SchedulerCore(FakeRunner())
+    core.add("a", final("x"), 10.0)
+    decision = core.schedule(10.5, 0)
+    assert decision.batch is not None
+    state = core.state(12.0)
+    assert state.finals == 0 and state.oldest_final_wait == pytest.approx(2.0)
+    core.update_from_output(decision.batch.id, [Hypothesis("x")], 12.0)
+    assert core.state(13.0).oldest_final_wait == 0.0
+
+
+def test_a_final_whose_call_raises_is_retried_alone_once_then_given_up():
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=4))
+    core.add("a", final("bad"), 0.0)
+    core.add("b", final("good"), 0.0)
+    first = core.schedule(0.0, 0).batch
+    assert first is not None and len(first.entries) == 2
+    outcome = core.update_from_error(first.id, 1.0)
+    assert not outcome.failed and {e.job.request.prompt for e in outcome.requeued} == {"bad", "good"}
+    # Each retry runs in a call of its own, in the order they failed.
+    bad = core.schedule(1.0, 0).batch
+    assert len(bad.entries) == 1
+    assert bad.entries[0].job.request.prompt == "bad" and bad.entries[0].request.pack is False
+    given_up = core.update_from_error(bad.id, 2.0)
+    assert [e.job.request.prompt for e in given_up.failed] == ["bad"] and not given_up.requeued
+    assert bad.entries[0].failures == FINAL_ATTEMPTS
+    assert ran(core, 3.0) == ["good"]
+    assert core.live == 0
+
+
+def test_an_interim_failing_alone_is_dropped_at_once():
+    core = SchedulerCore(FakeRunner())
+    core.add("a", interim("x"), 0.0)
+    batch = core.schedule(0.0, 0).batch
+    outcome = core.update_from_error(batch.id, 0.5)
+    assert [e.job.request.prompt for e in outcome.failed] == ["x"] and not outcome.requeued
+    assert core.live == 0
+
+
+def test_a_runner_answering_the_wrong_number_of_results_fails_the_batch_instead_of_leaving_jobs_waiting():
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=4))
+    core.add("a", final("x"), 0.0)
+    core.add("b", final("y"), 0.0)
+    batch = core.schedule(0.0, 0).batch
+    outcome = core.update_from_output(batch.id, [Hypothesis("only one")], 0.5)
+    assert not outcome.done and len(outcome.requeued) == 2  # retried, never silently pending
+
+
+def test_a_job_whose_refresh_raises_fails_alone_and_the_rest_runs():
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=4))
+
+    def broken(job):
+        raise KeyError("decoder state gone")
+
+    core.add("a", interim("broken"), 0.0, refresh=broken)
+    core.add("b", interim("fine"), 0.0)
+    decision = core.schedule(0.0, 0)
+    assert [e.job.request.prompt for e in decision.failed] == ["broken"]
+    assert [r.prompt for r in decision.batch.requests] == ["fine"]
+
+
+def test_refresh_replaces_or_skips_and_withdraw_answers_a_waiting_job():
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=4))
+    newer = interim("newer")
+    core.add("a", interim("older"), 0.0, refresh=lambda j: newer)
+    core.add("b", interim("stale"), 0.0, refresh=lambda j: None)
+    gone = interim("withdrawn")
+    core.add("c", gone, 0.0)
+    assert core.withdraw(gone).job is gone
+    decision = core.schedule(0.0, 0)
+    assert [e.job.request.prompt for e in decision.skipped] == ["stale"]
+    assert decision.batch.entries[0].job is newer and len(decision.batch.entries) == 1
+    assert core.withdraw(newer) is None  # running: it finishes
+
+
+def test_a_cancelled_running_job_is_not_answered():
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=4))
+    a = core.add("a", final("a"), 0.0)
+    core.add("b", final("b"), 0.0)
+    batch = core.schedule(0.0, 0).batch
+    core.cancel_owner("a")
+    outcome = core.update_from_output(batch.id, [Hypothesis("a"), Hypothesis("b")], 0.5)
+    assert [e.job.request.prompt for e, _ in outcome.done] == ["b"] and a.status is JobStatus.CANCELLED
+
+
+def test_a_pack_miss_goes_back_to_the_head_and_is_decoded_alone_next():
+    core = SchedulerCore(ThirdOfAWindow(), BatchLimits(max_batch=3, final_frames=3000))
+    for tag in ("heard", "missed", "also heard", "later"):
+        core.add(tag, final(tag), 0.0)
+    batch = core.schedule(0.0, 0).batch
+    assert [r.prompt for r in batch.requests] == ["heard", "missed", "also heard"]
+    outcome = core.update_from_output(batch.id, [Hypothesis("heard"), None, Hypothesis("also heard")], 1.0)
+    assert [e.job.request.prompt for e in outcome.requeued] == ["missed"]
+    nxt = core.schedule(1.0, 0).batch
+    assert [r.prompt for r in nxt.requests] == ["missed"] and nxt.requests[0].pack is False
+
+
+def test_with_two_workers_one_is_kept_for_finals():
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=2)
+    for i in range(3):
+        core.add(f"i{i}", interim(f"i{i}"), 0.0)
+    assert core.schedule(0.0, 0).batch is not None  # worker 0 takes an interim
+    assert core.schedule(0.0, 1).batch is None  # worker 1 stays free for finals
+    core.add("late", final("f"), 0.1)
+    assert [r.prompt for r in core.schedule(0.1, 1).batch.requests] == ["f"]
+
+
+def _hold_setup(hold: float) -> SchedulerCore:
+    core = SchedulerCore(ThirdOfAWindow(), BatchLimits(max_batch=4, final_frames=3000), workers=2, pack_hold_s=hold)
+    core.add("i", interim("busy"), 0.0)
+    assert core.schedule(0.0, 0).batch is not None  # another worker is busy
+    return core
+
+
+def test_a_lone_pause_decode_waits_for_a_window_mate_while_another_worker_is_busy():
+    core = _hold_setup(0.2)
+    core.add("a", final("a", speculative=True), 1.0)
+    decision = core.schedule(1.05, 1)
+    assert decision.batch is None and decision.wake_at == pytest.approx(1.2)
+    core.add("b", final("b", speculative=True), 1.1)
+    assert [r.prompt for r in core.schedule(1.1, 1).batch.requests] == ["a", "b"]
+
+
+def test_a_pack_hold_ends_and_idle_servers_or_endpoint_finals_never_hold():
+    core = _hold_setup(0.2)
+    core.add("a", final("a", speculative=True), 1.0)
+    assert [r.prompt for r in core.schedule(1.2, 1).batch.requests] == ["a"]  # the hold ran out
+    idle = SchedulerCore(ThirdOfAWindow(), BatchLimits(max_batch=4, final_frames=3000), workers=2, pack_hold_s=0.2)
+    idle.add("a", final("a", speculative=True), 1.0)
+    assert idle.schedule(1.0, 0).batch is not None
+    core = _hold_setup(0.2)
+    core.add("e", final("endpoint"), 1.0)  # not a pause decode: its user is waiting now
+    assert core.schedule(1.0, 1).batch is not None
+    core = _hold_setup(0.0)
+    core.add("a", final("a", speculative=True), 1.0)
+    assert core.schedule(1.0, 1).batch is not None
+
+
+def test_the_queues_hold_only_live_jobs_after_many_sessions():
+    """A fair queue that kept every ticket it ever held grew by each job's audio forever."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=2))
+    for n in range(500):
+        owner = f"s{n}"
+        core.add(owner, interim(f"{n}", samples=16000), float(n))
+        core.add(owner, final(f"{n}f"), float(n))
+        while ran(core, float(n)):
+            pass
+        if n % 3 == 0:
+            core.add(owner, interim("left"), float(n))
+            core.cancel_owner(owner)
+    assert core.live == 0 and core.depth == 0
+    assert core._finals.held <= 8 and core._interims.held <= 8
