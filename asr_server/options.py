@@ -88,6 +88,11 @@ class Limits:
     # WebRTC audio cannot be slowed down: while finals are owed (backpressure) it
     # waits in a buffer of at most this many seconds, then audio_overrun.
     max_live_backlog_s: float = 30.0
+    # Our own WebSocket keepalive: a ping every interval; a client whose pong is
+    # missing for the timeout while the server was reading (never while it held
+    # back reading for backpressure) is cut off (results_not_read). 0: no pings.
+    keepalive_interval_s: float = 20.0
+    keepalive_timeout_s: float = 20.0
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

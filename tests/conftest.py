@@ -7,6 +7,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing in the tests may fetch from a hub
 import pytest
 
 from asr_server.inference.whisper import WhisperRunner, resolve_model
+from asr_server.scheduler.governor import GovernorOptions, Level
 
 from .harness import ServerThread
 
@@ -19,8 +20,16 @@ def whisper_runner() -> WhisperRunner:
 
 
 @pytest.fixture(scope="session")
-def live_server(whisper_runner):
-    """One real server with the real model, shared by the end-to-end tests."""
-    server = ServerThread(whisper_runner).start()
+def _shared_server(whisper_runner):
+    # On a busy machine its finals can wait long enough to raise the load level; it may
+    # degrade interims but never refuse streams (tests of refusals run their own servers).
+    server = ServerThread(whisper_runner, governor=GovernorOptions(max_level=Level.INTERIM_MODEL)).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def live_server(_shared_server):
+    """One real server with the real model, shared by the end-to-end tests; each test finds it at load level 0."""
+    _shared_server.run(_shared_server.server.reset_load)
+    yield _shared_server

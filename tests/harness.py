@@ -19,9 +19,9 @@ from asr_client import Timed, Transcript, stream_bytes
 
 from asr_server.audio.decode import PcmDecoder
 
-from asr_server.inference.whisper import Runner
+from asr_server.inference.types import Runner
 from asr_server.options import Limits
-from asr_server.transport.websocket import AsrServer
+from asr_server.server import AsrServer
 
 FIXTURES = Path(__file__).resolve().parent / "audio_fixtures"
 MANIFEST: dict[str, dict[str, Any]] = json.loads((FIXTURES / "manifest.json").read_text())

@@ -131,3 +131,66 @@ def test_backpressure_when_finals_pile_up():
         if hasattr(out, "job"):
             session.job_done(out.job, runner.transcribe(out.job.request))
     assert not session.backpressured
+
+
+class FailingDriver(SyncDriver):
+    """The scheduler gave up on some jobs: ``fails(job)`` says which (a fault-injecting model)."""
+
+    def __init__(self, session, runner, fails) -> None:
+        self.fails = fails
+        super().__init__(session, runner)
+
+    def run_jobs(self) -> None:
+        while self._jobs:
+            job = self._jobs.pop(0)
+            if self.fails(job):
+                self.apply(self.session.job_failed(job))
+            else:
+                self.apply(self.session.job_done(job, self.runner.transcribe(job.request)))
+
+
+def test_a_final_the_model_cannot_decode_costs_one_utterance_not_the_session():
+    from asr_server.inference.types import DecodeKind
+
+    failing = lambda job: job.utterance == 1 and job.request.kind is DecodeKind.FINAL  # noqa: E731
+    d = FailingDriver(Session("t", StreamOptions()), FakeRunner(words_for_length(SENTENCE)), failing)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_jobs()
+    seqs = [m["seq"] for m in d.messages]
+    assert seqs == list(range(1, len(seqs) + 1))
+    (error,) = d.of_type("error")
+    assert error["code"] == "decode_failed" and error["retryable"] is True
+    assert (error["channel"], error["utterance"]) == (0, 1)
+    finals = d.of_type("final")
+    assert len(finals) == len(MANIFEST["espeak_16k.wav"]["spans"][0])  # every utterance still gets its final
+    lost = next(f for f in finals if f["utterance"] == 1)
+    assert lost["text"] == "" and error["seq"] < lost["seq"]
+    assert all(f["text"] for f in finals if f["utterance"] != 1)
+    transcript = ""
+    for f in finals:  # offsets skip the empty final, as for any empty final
+        if f["text"]:
+            assert f["offset"] == (len(transcript) + 1 if transcript else 0)
+            transcript = (transcript + " " + f["text"]).strip()
+    assert d.messages[-1]["type"] == "closed" and d.close.code == 1000
+
+
+def test_a_failed_interim_or_pause_decode_is_dropped_silently_and_the_next_decode_covers_it():
+    from asr_server.inference.types import DecodeKind
+
+    failed = []
+
+    def failing(job):
+        if job.request.kind is DecodeKind.INTERIM or job.speculative:
+            if len(failed) < 3:
+                failed.append(job)
+                return True
+        return False
+
+    d = FailingDriver(Session("t", StreamOptions()), FakeRunner(words_for_length(SENTENCE)), failing)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_jobs()
+    assert len(failed) == 3 and not d.of_type("error")
+    assert d.of_type("interim") and all(f["text"] for f in d.of_type("final"))
+    assert d.close.code == 1000

@@ -25,6 +25,11 @@ from ..errors import AudioFormatMismatch, InvalidAudio
 __all__ = ["MODEL_RATE", "PcmDecoder", "ContainerDecoder", "FrameConverter", "Resampler", "layout_for", "mulaw_to_float", "alaw_to_float"]
 
 MODEL_RATE = 16000
+# What a container may claim: telephone 8 kHz down to 4 kHz, studio 192 kHz up (a
+# stream claiming 1 Hz turned 160 KB into 22 hours of "received" audio).
+MIN_CONTAINER_RATE = 4000
+MAX_CONTAINER_RATE = 192000
+MAX_CONTAINER_CHANNELS = 8
 
 _LAYOUTS = {1: "mono", 2: "stereo", 3: "3.0", 4: "quad", 5: "5.0", 6: "5.1", 7: "6.1", 8: "7.1"}
 
@@ -58,6 +63,32 @@ def _alaw_table() -> np.ndarray:
     return (np.where(sign, magnitude, -magnitude) / 32768.0).astype(np.float32)
 
 
+def to_planar(frames: list[av.AudioFrame], channels: int) -> np.ndarray:
+    """Packed float frames (format ``flt``) as ``(channels, n)`` float32.
+
+    Always through the packed format: PyAV's ``to_ndarray``/``from_ndarray``
+    on a planar frame of 8 channels crashes the process (8 planes overrun
+    FFmpeg's inline data pointers) or raises IndexError.
+    """
+    if not frames:
+        return np.zeros((channels, 0), np.float32)
+    packed = np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32, copy=False)
+    return np.ascontiguousarray(packed.reshape(-1, channels).T)
+
+
+def from_planar(planar: np.ndarray, layout: str, rate: int) -> av.AudioFrame:
+    """``(channels, n)`` float32 as one packed frame at ``rate`` (see :func:`to_planar`)."""
+    packed = np.ascontiguousarray(planar.T, dtype=np.float32).reshape(1, -1)
+    frame = av.AudioFrame.from_ndarray(packed, format="flt", layout=layout)
+    frame.sample_rate = rate
+    return frame
+
+
+# What PyAV raises on bad bytes: FFmpeg's errors, and plain Python errors where
+# crafted headers or tags reach its wrappers (a tag that is not UTF-8, a stream
+# with no codec). Found by tools/fuzz_decode.py; all of them mean bad input.
+_BAD_INPUT = (av.FFmpegError, UnicodeError, ValueError, AttributeError, IndexError, TypeError, OverflowError)
+
 _MULAW = _mulaw_table()
 _ALAW = _alaw_table()
 
@@ -77,15 +108,13 @@ class Resampler:
         self.rate = rate
         self.channels = channels
         self._layout = layout_for(channels)
-        self._swr = None if rate == MODEL_RATE else av.AudioResampler(format="fltp", layout=self._layout, rate=MODEL_RATE)
+        self._swr = None if rate == MODEL_RATE else av.AudioResampler(format="flt", layout=self._layout, rate=MODEL_RATE)
 
     def feed(self, planar: np.ndarray) -> np.ndarray:
         """Resample ``(channels, n)`` float32 audio; the output may lag a little."""
         if self._swr is None:
             return planar
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planar, dtype=np.float32), format="fltp", layout=self._layout)
-        frame.sample_rate = self.rate
-        return self._collect(self._swr.resample(frame))
+        return self._collect(self._swr.resample(from_planar(planar, self._layout, self.rate)))
 
     def flush(self) -> np.ndarray:
         if self._swr is None:
@@ -93,9 +122,7 @@ class Resampler:
         return self._collect(self._swr.resample(None))
 
     def _collect(self, frames: list[av.AudioFrame]) -> np.ndarray:
-        if not frames:
-            return np.zeros((self.channels, 0), np.float32)
-        return np.concatenate([f.to_ndarray() for f in frames], axis=1).astype(np.float32, copy=False)
+        return to_planar(frames, self.channels)
 
 
 class FrameConverter:
@@ -113,17 +140,18 @@ class FrameConverter:
         self.channels = channels
         self._swr: av.AudioResampler | None = None
         self._key: tuple[str, int, int] | None = None
+        self._layout_channels = 1
 
     def convert(self, frame: av.AudioFrame) -> np.ndarray:
         key = (frame.format.name, len(frame.layout.channels), frame.sample_rate)
         if key != self._key:
             self._key = key
-            self._swr = av.AudioResampler(format="fltp", layout=layout_for(min(key[1], 8)), rate=MODEL_RATE)
+            self._layout_channels = min(key[1], 8)
+            self._swr = av.AudioResampler(format="flt", layout=layout_for(self._layout_channels), rate=MODEL_RATE)
         assert self._swr is not None
-        parts = [f.to_ndarray() for f in self._swr.resample(frame)]
-        if not parts:
+        planar = to_planar(self._swr.resample(frame), self._layout_channels)
+        if planar.shape[1] == 0:
             return np.zeros((self.channels, 0), np.float32)
-        planar = np.concatenate(parts, axis=1).astype(np.float32, copy=False)
         if self.channels == 1:
             return planar.mean(axis=0, keepdims=True) if planar.shape[0] > 1 else planar
         if planar.shape[0] == 1:
@@ -156,8 +184,6 @@ class PcmDecoder:
         if usable == 0:
             return np.zeros((self.channels, 0), np.float32)
         samples = self._to_float(data[:usable])
-        if not np.all(np.isfinite(samples)):
-            raise InvalidAudio("pcm_f32le audio contains NaN or infinite samples")
         planar = samples.reshape(-1, self.channels).T
         return self._resampler.feed(planar)
 
@@ -169,7 +195,10 @@ class PcmDecoder:
         if self.encoding == "pcm_s16le":
             return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
         if self.encoding == "pcm_f32le":
-            return np.clip(np.frombuffer(data, dtype="<f4").astype(np.float32), -1.0, 1.0)
+            samples = np.frombuffer(data, dtype="<f4").astype(np.float32)
+            if not np.all(np.isfinite(samples)):  # before clipping, which would turn infinities into full scale
+                raise InvalidAudio("pcm_f32le audio contains NaN or infinite samples")
+            return np.clip(samples, -1.0, 1.0)
         if self.encoding == "mulaw":
             return mulaw_to_float(data)
         return alaw_to_float(data)
@@ -218,6 +247,12 @@ class _ByteQueue(io.RawIOBase):
     def buffered(self) -> int:
         return self._size
 
+    @property
+    def exhausted(self) -> bool:
+        """Input has ended and every byte has been read."""
+        with self._cond:
+            return self._ended and not self._chunks
+
     def has_room(self) -> bool:
         return self._size < self._limit
 
@@ -249,8 +284,10 @@ class ContainerDecoder:
     :meth:`frames`, which blocks for input and yields ``(channels, n)`` float32
     at 16 kHz until the input ends. ``channels`` is what the client asked
     for: 1 mixes every channel of the stream down; more must match the stream.
-    Garbage or truncated input raises :class:`InvalidAudio` from the iterator
-    after yielding whatever decoded cleanly.
+    Garbage raises :class:`InvalidAudio` from the iterator after yielding
+    whatever decoded cleanly; a stream cut short at the end of the input
+    just ends (what decoded is kept). Headers that claim an absurd rate or
+    channel count, or name nothing decodable, are :class:`InvalidAudio`.
     """
 
     _FORMATS = {"ogg": "ogg", "webm": "webm", "wav": "wav", "mp3": "mp3", "flac": "flac"}
@@ -277,35 +314,53 @@ class ContainerDecoder:
     def frames(self) -> Iterator[np.ndarray]:
         try:
             container = av.open(self._input, mode="r", format=self._FORMATS[self.encoding])
-        except av.FFmpegError as exc:
+        except _BAD_INPUT as exc:
             if self.received_bytes == 0:
                 return  # the stream ended before any audio: nothing to decode
-            raise InvalidAudio(f"could not read a {self.encoding} stream: {exc.strerror or 'unrecognised data'}") from None
+            raise InvalidAudio(f"could not read a {self.encoding} stream: {getattr(exc, 'strerror', None) or 'unrecognised data'}") from None
         try:
             yield from self._decode(container)
         finally:
             container.close()
 
+    def _check_stream(self, stream: av.AudioStream) -> int:
+        """The stream's channel count, once its header is known to be usable (else InvalidAudio)."""
+        codec = stream.codec_context
+        layout = getattr(codec, "layout", None) if codec is not None else None
+        channels = (getattr(codec, "channels", 0) or (len(layout.channels) if layout is not None else 0)) if codec is not None else 0
+        rate = (codec.sample_rate if codec is not None else 0) or 0
+        if codec is None or channels == 0:
+            raise InvalidAudio(f"the {self.encoding} stream's header names no codec or channel layout that can be decoded")
+        if not MIN_CONTAINER_RATE <= rate <= MAX_CONTAINER_RATE:
+            raise InvalidAudio(f"the {self.encoding} stream claims a sample rate of {rate} Hz; {MIN_CONTAINER_RATE}-{MAX_CONTAINER_RATE} Hz is accepted")
+        if channels > MAX_CONTAINER_CHANNELS:
+            raise InvalidAudio(f"the {self.encoding} stream has {channels} channels; at most {MAX_CONTAINER_CHANNELS} are accepted")
+        return channels
+
     def _decode(self, container) -> Iterator[np.ndarray]:
         if not container.streams.audio:
             raise InvalidAudio(f"the {self.encoding} stream has no audio track")
         stream = container.streams.audio[0]
-        source_channels = stream.codec_context.channels or len(stream.layout.channels)
+        source_channels = self._check_stream(stream)
         if self.channels > 1 and source_channels != self.channels:
             raise AudioFormatMismatch(f"channels={self.channels} was requested but the {self.encoding} stream has {source_channels}")
-        resampler = av.AudioResampler(format="fltp", layout=layout_for(self.channels), rate=MODEL_RATE)
+        resampler = av.AudioResampler(format="flt", layout=layout_for(self.channels), rate=MODEL_RATE)
         decoded = 0
         try:
             for frame in container.decode(stream):
                 frame.pts = None  # the resampler needs no timing; keep it from complaining about gaps
                 decoded += frame.samples
-                out = resampler.resample(frame)
-                if out:
-                    yield np.concatenate([f.to_ndarray() for f in out], axis=1).astype(np.float32, copy=False)
-        except (av.FFmpegError, ValueError) as exc:
-            raise InvalidAudio(f"{self.encoding} stream is corrupt or truncated: {getattr(exc, 'strerror', None) or exc}") from None
-        tail = resampler.resample(None)
-        if tail:
-            yield np.concatenate([f.to_ndarray() for f in tail], axis=1).astype(np.float32, copy=False)
+                out = to_planar(resampler.resample(frame), self.channels)
+                if out.shape[1]:
+                    yield out
+            tail = to_planar(resampler.resample(None), self.channels)
+        except _BAD_INPUT as exc:
+            if decoded and self._input.exhausted:
+                # The stream was cut short (FLAC's decoder says so; the other demuxers stop
+                # quietly): what decoded is kept and the session ends as for any stream.
+                return
+            raise InvalidAudio(f"{self.encoding} stream is corrupt or truncated: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+        if tail.shape[1]:
+            yield tail
         if decoded == 0 and self.received_bytes > 0:
             raise InvalidAudio(f"no audio could be decoded from the {self.encoding} stream")

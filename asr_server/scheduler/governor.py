@@ -77,6 +77,10 @@ class GovernorOptions:
     lower_after_s: float = 4.0
     interim_factor: int = 2
     critical_fraction: float = 0.95
+    # The highest level pressure may raise it to (REFUSE_ALL: every step). A
+    # deployment that would rather lag than refuse, or a test server on a busy
+    # machine, stops at INTERIM_MODEL.
+    max_level: Level = Level.REFUSE_ALL
 
     def __post_init__(self) -> None:
         if not 0 <= self.low_wait_s < self.high_wait_s or not 0 <= self.interim_low_wait_s < self.interim_high_wait_s:
@@ -112,11 +116,19 @@ class LoadGovernor:
         if state is None or self._since is None:
             return self.level
         held = now - max(self._since, self._changed_at)
-        if state and self.level < Level.REFUSE_ALL and held >= self.options.raise_after_s:
+        if state and self.level < self.options.max_level and held >= self.options.raise_after_s:
             self._step(now, +1)
         elif not state and self.level > Level.NORMAL and held >= self.options.lower_after_s:
             self._step(now, -1)
         return self.level
+
+    def reset(self) -> None:
+        """Back to level 0 with no pressure or calm on record."""
+        self.level = Level.NORMAL
+        self.memory_critical = False
+        self._since = None
+        self._pressured = None
+        self._changed_at = 0.0
 
     def _step(self, now: float, delta: int) -> None:
         self.level = Level(self.level + delta)

@@ -40,24 +40,44 @@ CLOSE_TIMEOUT_S = 5.0
 AudioSink = Callable[[np.ndarray], Awaitable[None]]
 EndSink = Callable[[str, AsrError | None], Awaitable[None]]
 
-_original_host_addresses = aioice.ice.get_host_addresses
 
 
-def restrict_host_addresses(addresses: Iterable[str]) -> None:
-    """Offer only ``addresses`` as ICE host candidates (process-wide; empty: every interface).
+# Restrictions in force, newest last (several servers may run in one process, as in tests).
+_restrictions: list[list[str]] = []
+_aioice_own: Callable[[bool, bool], list[str]] | None = None
 
-    aioice never offers 127.0.0.1 by itself; naming it here is how a browser
-    on the same machine with no other interface (or a test) can connect.
+
+def restrict_host_addresses(addresses: Iterable[str]) -> Callable[[], None]:
+    """Offer only ``addresses`` as ICE host candidates; returns the function that undoes it.
+
+    aioice has no per-connection setting for this, so it is process-wide
+    while it lasts: the server applies it in ``start()`` and undoes it in
+    ``stop()``; with several in force the newest applies, and aioice's own
+    function is back once the last is undone, in any order. aioice never
+    offers 127.0.0.1 by itself; naming it here is how a browser on the same
+    machine with no other interface (or a test) can connect.
     """
-    chosen = tuple(addresses)
+    global _aioice_own
+    chosen = list(addresses)
     if not chosen:
-        aioice.ice.get_host_addresses = _original_host_addresses  # type: ignore[attr-defined]
-        return
+        return lambda: None
+    if not _restrictions:
+        _aioice_own = aioice.ice.get_host_addresses  # type: ignore[attr-defined]
+        aioice.ice.get_host_addresses = _restricted  # type: ignore[attr-defined]
+    _restrictions.append(chosen)
 
-    def only_these(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-        return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
+    def restore() -> None:
+        if any(r is chosen for r in _restrictions):
+            _restrictions[:] = [r for r in _restrictions if r is not chosen]
+            if not _restrictions and _aioice_own is not None:
+                aioice.ice.get_host_addresses = _aioice_own  # type: ignore[attr-defined]
 
-    aioice.ice.get_host_addresses = only_these  # type: ignore[attr-defined]
+    return restore
+
+
+def _restricted(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+    chosen = _restrictions[-1]
+    return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
 
 
 class RtcIngest:

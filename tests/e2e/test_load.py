@@ -67,7 +67,7 @@ def test_a_stream_past_the_memory_budget_is_refused_before_audio(whisper_runner)
 
 
 def test_degradation_is_announced_and_new_streams_refused_class_by_class(whisper_runner):
-    server = ServerThread(whisper_runner).start()
+    server = ServerThread(whisper_runner, tick_s=0).start()  # no ticker: only this test sets the level
     gov = server.server.governor
 
     async def set_level(level):
@@ -161,7 +161,8 @@ def test_memory_critical_closes_the_longest_batch_stream_after_its_finals(whispe
 
 def test_a_client_that_does_not_read_results_is_cut_off():
     from asr_server.session import Session
-    from asr_server.transport.websocket import AsrServer, Connection
+    from asr_server.server import AsrServer
+    from asr_server.transport.connection import Connection
     from websockets.exceptions import ConnectionClosed
 
     class StuckSocket:

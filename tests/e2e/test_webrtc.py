@@ -185,12 +185,11 @@ async def _offer_and_vanish(url: str) -> tuple[list[dict], int | None, float]:
         await pc.close()
 
 
-def test_a_connection_that_never_comes_up_fails_in_bounded_time(rtc_server):
-    got, code, took = asyncio.run(_offer_and_vanish(rtc_server.url))
+def test_a_connection_that_never_comes_up_fails_with_webrtc_failed(rtc_server):
+    got, code, _ = asyncio.run(_offer_and_vanish(rtc_server.url))
     assert [m["type"] for m in got[:2]] == ["session", "webrtc_answer"]
     error = next(m for m in got if m["type"] == "error")
     assert error["code"] == "webrtc_failed" and error["retryable"] is True and code == 1011
-    assert took < 3.0 + 3.0  # the server's webrtc_connect_timeout_s, plus slack
     assert wait_until(lambda: not rtc_server.server.peers)
 
 
@@ -219,19 +218,36 @@ def test_live_audio_that_outruns_the_model_ends_with_audio_overrun():
         server.stop()
 
 
-def test_host_addresses_can_be_restricted_and_restored():
+def test_an_offer_never_connected_is_webrtc_failed_even_when_the_idle_timeout_is_shorter(whisper_runner):
+    """The idle timeout (no audio) used to fire first and answer idle_timeout, not retryable."""
+    server = ServerThread(whisper_runner, Limits(idle_timeout_s=1.0, webrtc_connect_timeout_s=3.0), rtc=LOOPBACK).start()
+    try:
+        got, code, _ = asyncio.run(_offer_and_vanish(server.url))
+    finally:
+        server.stop()
+    assert [m["code"] for m in got if m["type"] == "error"] == ["webrtc_failed"] and code == 1011
+
+
+def test_host_addresses_are_restricted_only_while_a_server_runs(whisper_runner):
     import aioice.ice
 
     from asr_server.transport.webrtc import restrict_host_addresses
 
+    own = aioice.ice.get_host_addresses
+    restore = restrict_host_addresses(["127.0.0.1", "::1"])
     try:
-        restrict_host_addresses(["127.0.0.1", "::1"])
         assert aioice.ice.get_host_addresses(True, False) == ["127.0.0.1"]
         assert aioice.ice.get_host_addresses(True, True) == ["127.0.0.1", "::1"]
-        restrict_host_addresses([])
-        assert "127.0.0.1" not in aioice.ice.get_host_addresses(True, False)  # aioice's own: never loopback
     finally:
-        restrict_host_addresses(["127.0.0.1"])  # as the other tests here need it
+        restore()
+    assert aioice.ice.get_host_addresses is own
+    assert "127.0.0.1" not in aioice.ice.get_host_addresses(True, False)  # aioice's own: never loopback
+    server = ServerThread(whisper_runner, rtc=LOOPBACK).start()
+    try:
+        assert aioice.ice.get_host_addresses(True, False) == ["127.0.0.1"]
+    finally:
+        server.stop()
+    assert aioice.ice.get_host_addresses is own  # nothing left behind in the process
 
 
 def test_a_stereo_call_over_webrtc_is_transcribed_per_channel(rtc_server):

@@ -25,6 +25,15 @@ def test_sustained_pressure_climbs_one_step_at_a_time_and_calm_comes_back_down()
     assert run(gov, 16.5, 40.0, wait=0.0) == Level.NORMAL
 
 
+def test_max_level_caps_the_climb_and_reset_forgets_the_pressure():
+    gov = LoadGovernor(GovernorOptions(max_level=Level.INTERIM_MODEL))
+    assert run(gov, 0.0, 30.0, wait=5.0) == Level.INTERIM_MODEL  # lags, never refuses
+    assert all(gov.admits(p) for p in Priority)
+    gov.reset()
+    assert gov.level == Level.NORMAL
+    assert run(gov, 30.0, 30.5, wait=5.0) == Level.NORMAL  # pressure starts over: a short burst is absorbed
+
+
 def test_refusal_follows_the_classes_in_order():
     gov = LoadGovernor()
     gov.level = Level.REFUSE_BATCH

@@ -1,0 +1,51 @@
+"""Whether a new stream is taken: a pure decision, made before any audio.
+
+A stream is refused (``overloaded``, WebSocket close 1013, with a retry
+delay) when its channels would take the server past ``max_channels``, when
+its memory reservation does not fit the budget, or when the load level
+refuses its priority class. No await may come between this check and the
+stream being counted, so that admission is atomic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import OverloadError
+from .budget import MemoryBudget
+from .governor import LoadGovernor
+from .policy import Priority
+
+__all__ = ["Capacity", "refusal"]
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What is in use when a stream asks to come in."""
+
+    active_channels: int
+    max_channels: int  # 0: no limit
+    reserved_bytes: int
+    budget: MemoryBudget | None
+
+
+def refusal(capacity: Capacity, channels: int, stream_bytes: int, priority: Priority, governor: LoadGovernor) -> OverloadError | None:
+    """The error to refuse a stream with, or None to admit it."""
+    limit = capacity.max_channels
+    if limit and capacity.active_channels + channels > limit:
+        return OverloadError(
+            f"the server is at capacity ({capacity.active_channels} of {limit} channels busy); retry later or elsewhere",
+            retry_after=5.0,
+        )
+    budget = capacity.budget
+    if budget is not None and not budget.fits(capacity.reserved_bytes, stream_bytes):
+        return OverloadError(
+            f"the server's memory budget is spoken for ({capacity.reserved_bytes >> 20} of {budget.for_streams >> 20} MiB); retry later or elsewhere",
+            retry_after=5.0,
+        )
+    if not governor.admits(priority):
+        return OverloadError(
+            f"the server is overloaded (load level {int(governor.level)}) and not taking new {priority.value} streams; retry later",
+            retry_after=10.0,
+        )
+    return None

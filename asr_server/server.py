@@ -1,0 +1,283 @@
+"""The server's lifecycle: the listening socket, the model's scheduler, the load governor.
+
+:class:`AsrServer` listens at once (``/healthz`` answers 503 until the model
+is ready), takes the runner with :meth:`AsrServer.set_runner` once the model
+is loaded and warm, admits or refuses each stream
+(:mod:`asr_server.scheduler.admission`), and hands admitted streams to a
+:class:`~asr_server.transport.connection.Connection`. :meth:`AsrServer.stop`
+tells every client, finishes what they are owed, and restores what it changed
+in the process (the WebRTC host-address restriction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from .errors import AsrError, NotReady, ShuttingDown, wire_info
+from .inference.types import Runner
+from .metrics import Metrics
+from .options import Limits, RtcOptions, StreamOptions, parse_stream_options
+from .protocol.messages import MessageWriter
+from .scheduler import Scheduler
+from .scheduler.admission import Capacity, refusal
+from .scheduler.budget import MemoryBudget, audio_bytes, process_rss, stream_bytes
+from .scheduler.governor import GovernorOptions, InterimLoad, LoadGovernor
+from .scheduler.policy import BatchLimits, Priority
+from .session import Session
+from .transport.connection import Connection
+from .transport.http import LISTEN_PATH, route
+from .transport.static import load_static
+from .transport.webrtc import RtcIngest, restrict_host_addresses
+
+__all__ = ["AsrServer", "LISTEN_PATH"]
+
+log = logging.getLogger("asr_server.session")
+server_log = logging.getLogger("asr_server.server")
+
+
+class AsrServer:
+    """Owns the model runner, the scheduler, metrics and the listening socket.
+
+    ``await start()`` listens at once; call :meth:`set_runner` when the model
+    is loaded and warmed up (``/healthz`` answers 503 until then).
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        limits: Limits = Limits(),
+        model_name: str = "",
+        *,
+        budget: MemoryBudget | None = None,
+        governor: GovernorOptions = GovernorOptions(),
+        batch: BatchLimits = BatchLimits(),
+        memory_probe: Callable[[], int] = process_rss,
+        tick_s: float = 0.25,
+        workers: int = 1,
+        rtc: RtcOptions = RtcOptions(),
+        ssl: Any = None,
+    ) -> None:
+        """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
+        the governor's memory-critical step (compared with ``budget.total``); ``rtc``:
+        ICE servers and host addresses for ``encoding=webrtc`` sessions; ``ssl``: an
+        :class:`ssl.SSLContext` to serve https/wss (browsers give the microphone only to
+        secure pages, or to localhost)."""
+        self.host = host
+        self.port = port
+        self.limits = limits
+        self.model_name = model_name
+        self.budget = budget
+        self.batch_limits = batch
+        self.governor = LoadGovernor(governor)
+        self.memory_probe = memory_probe
+        self.tick_s = tick_s
+        self.workers = workers
+        self.rtc = rtc
+        self.ssl = ssl
+        self.metrics = Metrics()
+        self.scheduler: Scheduler | None = None
+        self.runner: Runner | None = None
+        self.interim_runner: Runner | None = None
+        self._server: Server | None = None
+        self._connections: set[Connection] = set()
+        self.peers: set[RtcIngest] = set()  # open WebRTC peer connections
+        self.static = load_static()
+        self.stopping = False
+        self._ticker: asyncio.Task[None] | None = None
+        self._restore_host_addresses: Callable[[], None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler is not None and not self.stopping
+
+    @property
+    def active_channels(self) -> int:
+        return sum(c.options.channels for c in self._connections)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(c.reserved_bytes for c in self._connections)
+
+    def stream_bytes(self, options: StreamOptions) -> int:
+        buffered = 0
+        if options.is_container:
+            buffered = self.limits.max_container_buffer_bytes
+        elif options.is_webrtc:
+            buffered = audio_bytes(self.limits.max_live_backlog_s, options.channels)
+        return stream_bytes(options.channels, options.max_utterance_s, self.limits.max_pending_finals, buffered)
+
+    async def start(self) -> None:
+        if self.rtc.host_addresses:
+            self._restore_host_addresses = restrict_host_addresses(self.rtc.host_addresses)
+        self._server = await serve(
+            self._handle,
+            self.host,
+            self.port,
+            process_request=lambda connection, request: route(self, request),
+            # Frames up to twice the limit are read so that we can answer with our own
+            # frame_too_large error; anything larger is cut off by websockets (close 1009).
+            max_size=2 * self.limits.max_frame_bytes,
+            max_queue=16,
+            # Our own keepalive (Connection._keepalive): the library's would cut off a client
+            # whose pongs wait behind audio while we hold back reading (backpressure).
+            ping_interval=None,
+            ssl=self.ssl,
+        )
+        sock = next(iter(self._server.sockets))
+        self.port = sock.getsockname()[1]
+        server_log.info("listening on %s://%s:%d%s", "wss" if self.ssl else "ws", self.host, self.port, LISTEN_PATH)
+
+    def set_runner(self, runner: Runner, interim_runner: Runner | None = None, budget: MemoryBudget | None = None) -> None:
+        """The model is loaded and warm: start serving (``budget`` may come with it, measured)."""
+        self.runner = runner
+        self.interim_runner = interim_runner
+        if budget is not None:
+            self.budget = budget
+        self.scheduler = Scheduler(runner, self.metrics, self.batch_limits, interim_runner, workers=self.workers)
+        self.scheduler.start()
+        if self.tick_s > 0:  # 0: the governor is driven by explicit tick() calls only
+            self._ticker = asyncio.get_running_loop().create_task(self._tick_forever(), name="asr-governor")
+        self.metrics.model_ready.set(1)
+        if self.budget is not None:
+            self.metrics.memory_budget.set(self.budget.total)
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                await self.tick()
+            except Exception:
+                server_log.exception("governor tick failed")
+
+    async def tick(self) -> None:
+        """Feed the governor; announce a new level; shed a batch stream if memory is critical."""
+        assert self.scheduler is not None
+        loop = asyncio.get_running_loop()
+        before = self.governor.level
+        state = self.scheduler.state(loop.time())
+        used = self.memory_probe() if self.budget is not None else 0
+        level = self.governor.observe(loop.time(), state.oldest_final_wait, used, self.budget.total if self.budget else 0, state.oldest_interim_wait)
+        self.metrics.memory_used.set(used)
+        self.metrics.degradation_level.set(int(level))
+        if level != before:
+            server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs oldest_interim_wait=%.2fs finals=%d interims=%d",
+                            before, level, level.name.lower(), state.oldest_final_wait, state.oldest_interim_wait, state.finals, state.interims)
+            await self.announce_level()
+        await self._shed_if_memory_critical(used)
+
+    async def _shed_if_memory_critical(self, used: int) -> None:
+        # One stream at a time: the next is shed only once the last has finished and freed its memory.
+        if not self.governor.memory_critical or any(c.shedding for c in self._connections):
+            return
+        victims = [c for c in self._connections if c.options.priority == Priority.BATCH.value]
+        if victims:
+            victim = min(victims, key=lambda c: c.started_at)
+            server_log.warning("memory critical (%d of %d bytes): closing batch session %s", used, self.budget.total if self.budget else 0, victim.sid)
+            self.metrics.streams_shed.inc()
+            await victim.shed()
+
+    async def announce_level(self) -> None:
+        """Apply the governor's level to every session's interims; each is told if its own change."""
+        self.metrics.degradation_level.set(int(self.governor.level))
+        for conn in list(self._connections):
+            await conn.set_load(self.interim_load())
+
+    async def reset_load(self) -> None:
+        """The governor back to level 0, announced to every session that was degraded."""
+        self.governor.reset()
+        await self.announce_level()
+
+    def interim_load(self) -> InterimLoad:
+        """What the current level does to interims."""
+        return self.governor.interim_load(self.interim_runner is not None)
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop accepting, tell every client, finish what they are owed, close."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close(close_connections=False)
+        conns = list(self._connections)
+        for conn in conns:
+            await conn.shut_down()
+        if conns:
+            await asyncio.wait([asyncio.ensure_future(c.done.wait()) for c in conns], timeout=grace_s)
+        if self._server is not None:
+            self._server.close(close_connections=True)
+            await self._server.wait_closed()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        if self.scheduler is not None:
+            await self.scheduler.stop()
+        if self._restore_host_addresses is not None:
+            self._restore_host_addresses()
+            self._restore_host_addresses = None
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        await self._server.wait_closed()
+
+    # -- streams ---------------------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        session_id = uuid.uuid4().hex[:16]
+        started = time.monotonic()
+        try:
+            options = self._options_for(ws)
+            self._admit(options)
+        except AsrError as error:
+            await self._refuse(ws, MessageWriter(session_id), error, session_id)
+            return
+        # No await between the capacity check and this add: admission is atomic.
+        webrtc = self.rtc.to_wire() if options.is_webrtc else None
+        conn = Connection(self, ws, Session(session_id, options, self.limits, self.model_name, webrtc=webrtc))
+        self._connections.add(conn)
+        self.metrics.sessions_started.inc()
+        self.metrics.active_sessions.inc()
+        try:
+            await conn.run()
+        finally:
+            self._connections.discard(conn)
+            self.metrics.active_sessions.dec()
+            self.metrics.sessions_ended.labels(conn.outcome).inc()
+            self.metrics.session_duration.observe(time.monotonic() - started)
+            log.info(
+                "session=%s event=end outcome=%s received_s=%.2f transcribed_s=%.2f wall_s=%.2f",
+                session_id, conn.outcome, conn.session.audio_received_s, conn.session.audio_transcribed_s, time.monotonic() - started,
+            )
+
+    def _options_for(self, ws: ServerConnection) -> StreamOptions:
+        if self.stopping:
+            raise ShuttingDown("the server is shutting down; connect to another instance", retry_after=5.0)
+        if self.runner is None:
+            raise NotReady("the model is still loading; retry shortly", retry_after=2.0)
+        query = parse_qs(urlsplit(ws.request.path if ws.request else "").query, keep_blank_values=True)
+        return parse_stream_options(query, self.runner.languages)
+
+    def _admit(self, options: StreamOptions) -> None:
+        """Refuse, before any audio, a stream past the channel or memory capacity, or at a refusing load level."""
+        capacity = Capacity(self.active_channels, self.limits.max_channels, self.reserved_bytes, self.budget)
+        error = refusal(capacity, options.channels, self.stream_bytes(options), Priority(options.priority), self.governor)
+        if error is not None:
+            raise error
+
+    async def _refuse(self, ws: ServerConnection, writer: MessageWriter, error: AsrError, session_id: str) -> None:
+        self.metrics.errors.labels(error.code).inc()
+        self.metrics.sessions_ended.labels("refused").inc()
+        log.info("session=%s event=refused code=%s message=%s", session_id, error.code, error.message)
+        try:
+            await ws.send(json.dumps(writer.error(error)))
+            await ws.close(wire_info(error).close_code or 1008, error.code)
+        except ConnectionClosed:
+            pass

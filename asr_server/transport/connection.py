@@ -1,0 +1,500 @@
+"""The shell around one stream's :class:`~asr_server.session.Session`: read, feed, send.
+
+:class:`Connection` reads WebSocket frames, feeds the session core, and
+carries out what the core returns (send a message, run a decode, close).
+Decisions live in the core; this module only moves bytes, arms timers and
+keeps metrics.
+
+Flow control: while the session owes too many finals (backpressure) the
+connection stops reading, so a fast client is slowed by TCP. Its pongs then
+wait behind its audio, so the library's keepalive is off and
+:meth:`Connection._keepalive` judges a ping only over a window in which the
+connection read all the while: a client that is slowed never times out,
+and one that stops reading our messages is cut off with
+``results_not_read``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from ..audio.decode import MODEL_RATE, ContainerDecoder, PcmDecoder
+from ..errors import (
+    AsrError,
+    AudioOverrun,
+    DecodeFailed,
+    FrameTooLarge,
+    IdleTimeout,
+    InternalError,
+    InvalidMessage,
+    MemoryPressure,
+    ResultsNotRead,
+    ShuttingDown,
+    wire_info,
+)
+from ..events import Final, Interim, SubmitJob, WithdrawJob
+from ..options import Limits
+from ..protocol.messages import CloseStream, Finalize, KeepAlive, WebRtcOffer, parse_client_message
+from ..scheduler.engine import JobFailed
+from ..scheduler.governor import InterimLoad
+from ..scheduler.policy import WEIGHTS, Priority
+from ..session import Close, Send, Session, SessionOutput
+from .ingest import ContainerPump, LiveBacklog
+from .webrtc import RtcIngest
+
+if TYPE_CHECKING:
+    from ..server import AsrServer
+
+__all__ = ["Connection"]
+
+log = logging.getLogger("asr_server.session")
+
+_ARRIVALS_KEPT = 8192  # (samples, time) pairs kept for latency metrics
+
+
+class Connection:
+    """Call :meth:`run` once; it returns when the stream has ended and everything is cleaned up."""
+
+    def __init__(self, server: "AsrServer", ws: ServerConnection, session: Session) -> None:
+        self.server = server
+        self.ws = ws
+        self.session = session
+        self.options = session.options
+        self.limits: Limits = server.limits
+        self.metrics = server.metrics
+        self.done = asyncio.Event()
+        self.outcome = "disconnected"
+        self._lock = asyncio.Lock()  # one session call and its sends at a time: keeps seq order
+        self._progress = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        # (samples received so far, monotonic time) per audio chunk, for latency metrics; bounded.
+        self._arrivals: list[tuple[int, float]] = []
+        self._first_audio_at: float | None = None
+        self._first_interim_seen = False
+        raw = not (self.options.is_container or self.options.is_webrtc)
+        self._pcm = PcmDecoder(self.options.encoding, self.options.sample_rate or 16000, self.options.channels) if raw else None
+        self._container: ContainerDecoder | None = None
+        self._container_task: asyncio.Task[None] | None = None
+        self._rtc: RtcIngest | None = None
+        self._backlog = LiveBacklog(self.limits.max_live_backlog_s)  # WebRTC audio held under backpressure
+        self._ending = False
+        # Reading stalls on our side (backpressure, a full decoder buffer): a keepalive
+        # ping is only judged over a window with none (see _keepalive).
+        self._stalled = False
+        self._stalls = 0
+        self.started_at = time.monotonic()
+        self.reserved_bytes = server.stream_bytes(self.options)
+        self.shedding = False
+        self._weight = WEIGHTS[Priority(self.options.priority)]
+
+    @property
+    def sid(self) -> str:
+        return self.session.session_id
+
+    async def run(self) -> None:
+        log.info("session=%s event=start options=%s", self.sid, json.dumps(self.options.to_wire(), separators=(",", ":")))
+        try:
+            await self._apply(self.session.start())
+            if self.server.governor.level:
+                await self.set_load(self.server.interim_load())  # admitted under load: start degraded
+            if self.options.is_container:
+                self._container = ContainerDecoder(self.options.encoding, self.options.channels, self.limits.max_container_buffer_bytes)
+                self._container_task = self._spawn(self._pump_container())
+            if self.limits.keepalive_interval_s > 0:
+                self._spawn(self._keepalive())
+            await self._read_until_done()
+        except ConnectionClosed:
+            pass
+        except Exception:
+            log.exception("session=%s event=crash", self.sid)
+            self.outcome = "server_error"
+            await self._apply_safely(self.session.fail(InternalError("internal error; the session was closed")))
+        finally:
+            await self._cleanup()
+
+    async def set_load(self, load: InterimLoad) -> None:
+        try:
+            await self._apply(self.session.set_load(load))
+        except (ConnectionClosed, TimeoutError):
+            self.done.set()
+
+    async def shed(self) -> None:
+        """Memory critical: finish this stream (finals flushed), close 1013."""
+        self.shedding = True
+        await self._fail_safely(MemoryPressure("the server is short of memory and closed this batch stream after its last final; retry later", retry_after=30.0))
+
+    async def shut_down(self) -> None:
+        """Server stopping: tell the client, finalize what is held, close 1001."""
+        await self._fail_safely(ShuttingDown("the server is shutting down; reconnect to another instance", retry_after=5.0))
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def _read_until_done(self) -> None:
+        reader = asyncio.ensure_future(self._read())
+        finished = asyncio.ensure_future(self.done.wait())
+        await asyncio.wait([reader, finished], return_when=asyncio.FIRST_COMPLETED)
+        finished.cancel()
+        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+            raise reader.exception()  # type: ignore[misc]
+        reader.cancel()
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                await self._wait_while(lambda: self.session.backpressured)
+                try:
+                    frame = await asyncio.wait_for(self.ws.recv(), timeout=self.limits.idle_timeout_s)
+                except TimeoutError:
+                    await self._idle()
+                    continue
+                if self._ending:
+                    continue  # after close / a fatal error, input is ignored until we close
+                if isinstance(frame, bytes):
+                    await self._on_audio(frame)
+                else:
+                    await self._on_text(frame)
+        except ConnectionClosed:
+            if not self.done.is_set():
+                log.info("session=%s event=disconnect", self.sid)
+            self.done.set()
+
+    async def _wait_while(self, stalled: Any) -> None:
+        """Wait (not reading) while ``stalled()``; each such wait is a stall for the keepalive."""
+        if not stalled() or self.done.is_set():
+            return
+        self._stalled = True
+        self._stalls += 1
+        try:
+            while stalled() and not self.done.is_set():
+                self._progress.clear()
+                await self._progress.wait()
+        finally:
+            self._stalled = False
+
+    async def _idle(self) -> None:
+        if self._ending:
+            return  # waiting for our own decodes, not for the client
+        if self._rtc_audio_recent():
+            return  # the audio flows over WebRTC, not over this socket
+        await self._fail(IdleTimeout(f"no audio or message for {self.limits.idle_timeout_s:g} s"))
+
+    async def _keepalive(self) -> None:
+        """Ping every ``keepalive_interval_s``; a pong missing for ``keepalive_timeout_s`` over a
+        window in which we read all the while means the client stopped reading: ``results_not_read``."""
+        interval, timeout = self.limits.keepalive_interval_s, self.limits.keepalive_timeout_s
+        while not self.done.is_set():
+            await asyncio.sleep(interval)  # a timer, not synchronisation
+            stalls = self._stalls
+            try:
+                pong = await self.ws.ping()
+                await asyncio.wait_for(asyncio.shield(pong), timeout)
+            except TimeoutError:
+                if self._stalled or self._stalls != stalls or self._ending:
+                    continue  # we were not reading: the pong may be queued behind audio
+                await self._not_reading(f"no pong for {timeout:g} s while the server was reading")
+                return
+            except ConnectionClosed:
+                return
+
+    async def _on_audio(self, data: bytes) -> None:
+        if self.options.is_webrtc:
+            await self._fail(InvalidMessage("this session's audio travels over WebRTC (encoding=webrtc): binary frames are ignored"))
+            return
+        if len(data) > self.limits.max_frame_bytes:
+            await self._fail(FrameTooLarge(f"binary frame of {len(data)} bytes exceeds the limit of {self.limits.max_frame_bytes}"))
+            return
+        if self._first_audio_at is None:
+            self._first_audio_at = time.monotonic()
+        if self._container is not None:
+            self._container.feed(data)
+            self._stalls += 0 if self._container.has_room() else 1
+            while not self._container.has_room() and not self.done.is_set():
+                self._stalled = True
+                await asyncio.sleep(0.01)  # rare: the decoder thread is behind by max_container_buffer_bytes
+            self._stalled = False
+            return
+        assert self._pcm is not None
+        try:
+            planar = self._pcm.feed(data)
+        except AsrError as error:
+            await self._fail(error)
+            return
+        await self._audio(planar)
+
+    async def _audio(self, planar: np.ndarray) -> None:
+        async with self._lock:
+            outputs = self.session.receive_audio(planar)
+            self._arrivals.append((self.session.received_samples, time.monotonic()))
+            if len(self._arrivals) > _ARRIVALS_KEPT:
+                del self._arrivals[: _ARRIVALS_KEPT // 2]
+            self.metrics.audio_received.inc(planar.shape[1] / MODEL_RATE)
+            await self._carry_out(outputs)
+
+    async def _on_text(self, text: str) -> None:
+        try:
+            command = parse_client_message(text)
+        except AsrError as error:
+            await self._fail(error)
+            return
+        match command:
+            case Finalize():
+                log.info("session=%s event=finalize", self.sid)
+                await self._apply(self.session.finalize())
+            case CloseStream():
+                log.info("session=%s event=close_requested", self.sid)
+                self._ending = True
+                await self._end_of_input()
+            case KeepAlive():
+                pass
+            case WebRtcOffer(sdp=sdp):
+                await self._on_offer(sdp)
+
+    # -- WebRTC ----------------------------------------------------------------------
+
+    async def _on_offer(self, sdp: str) -> None:
+        if not self.options.is_webrtc:
+            await self._fail(InvalidMessage("webrtc_offer is only accepted on a session opened with encoding=webrtc"))
+            return
+        if self._rtc is not None:
+            await self._fail(InvalidMessage("this session already has its WebRTC connection; open a new session for another"))
+            return
+        log.info("session=%s event=webrtc_offer", self.sid)
+        self._rtc = RtcIngest(
+            self.server.rtc, self.options.channels, self._on_rtc_audio, self._on_rtc_end,
+            connect_timeout_s=self.limits.webrtc_connect_timeout_s, label=self.sid,
+        )
+        self.server.peers.add(self._rtc)
+        self.metrics.webrtc_peers.set(len(self.server.peers))
+        try:
+            answer = await self._rtc.answer(sdp)
+        except AsrError as error:
+            await self._fail(error)
+            return
+        await self._apply(self.session.webrtc_answer(answer))
+
+    def _rtc_audio_recent(self) -> bool:
+        """Whether a WebRTC session is still in progress: audio came recently, or the peer is still connecting."""
+        if self._rtc is None:
+            return False
+        last = self._rtc.last_audio_at
+        if last is None:
+            # Offer answered, no audio yet: the connect timeout (webrtc_failed) decides, not the idle one.
+            return True
+        return time.monotonic() - last < self.limits.idle_timeout_s
+
+    async def _on_rtc_audio(self, planar: np.ndarray) -> None:
+        """Live audio: fed at once, or held (bounded) while the session is backpressured."""
+        if self._ending or self.done.is_set():
+            return
+        try:
+            await self._take_live_audio(planar)
+        except ConnectionClosed:
+            self.done.set()
+
+    async def _take_live_audio(self, planar: np.ndarray) -> None:
+        if self._first_audio_at is None:
+            self._first_audio_at = time.monotonic()
+        if not self._backlog and not self.session.backpressured:
+            await self._audio(planar)
+            return
+        if not self._backlog.push(planar):
+            await self._fail(AudioOverrun(
+                f"the server fell more than {self.limits.max_live_backlog_s:g} s behind this live stream; what it had was finalized",
+                retry_after=10.0,
+            ))
+            return
+        await self._feed_backlog(until_backpressured=True)
+
+    async def _feed_backlog(self, *, until_backpressured: bool) -> None:
+        while self._backlog and not (until_backpressured and self.session.backpressured):
+            await self._audio(self._backlog.pop())
+
+    async def _on_rtc_end(self, reason: str, error: AsrError | None) -> None:
+        """The track ended or the peer connection closed or failed: finish the session."""
+        if self._ending or self.done.is_set():
+            return
+        if error is not None:
+            await self._fail_safely(error)
+            return
+        log.info("session=%s event=webrtc_ended reason=%s", self.sid, reason)
+        self._ending = True
+        try:
+            await self._end_of_input()
+        except ConnectionClosed:
+            self.done.set()
+
+    async def _end_of_input(self) -> None:
+        if self.options.is_webrtc:
+            await self._feed_backlog(until_backpressured=False)
+            await self._close_rtc()
+        elif self._container is not None:
+            self._container.end()
+            if self._container_task is not None:
+                await asyncio.shield(self._container_task)
+        elif self._pcm is not None:
+            tail = self._pcm.flush()
+            if tail.shape[1]:
+                await self._audio(tail)
+        await self._apply(self.session.end_of_stream())
+
+    async def _pump_container(self) -> None:
+        assert self._container is not None
+        error = await ContainerPump(self._container, self.sid).run(self._container_audio, self.done)
+        if error is not None:
+            await self._fail(error)
+
+    async def _container_audio(self, planar: np.ndarray) -> None:
+        await self._wait_while(lambda: self.session.backpressured)
+        await self._audio(planar)
+
+    # -- carrying out the core's outputs ---------------------------------------------
+
+    async def _fail(self, error: AsrError) -> None:
+        self.metrics.errors.labels(error.code).inc()
+        log.info("session=%s event=error code=%s message=%s", self.sid, error.code, error.message)
+        if wire_info(error).close_code is not None:
+            self._ending = True
+            self.outcome = "server_error" if error.code in ("internal_error", "inference_failed") else "client_error"
+            if error.code == "shutting_down":
+                self.outcome = "shutdown"
+            if self._container is not None:
+                self._container.close()
+        await self._apply(self.session.fail(error))
+
+    async def _fail_safely(self, error: AsrError) -> None:
+        try:
+            await self._fail(error)
+        except ConnectionClosed:
+            self.done.set()
+
+    async def _apply(self, outputs: list[SessionOutput]) -> None:
+        async with self._lock:
+            await self._carry_out(outputs)
+
+    async def _apply_safely(self, outputs: list[SessionOutput]) -> None:
+        try:
+            await self._apply(outputs)
+        except ConnectionClosed:
+            self.done.set()
+
+    async def _carry_out(self, outputs: list[SessionOutput]) -> None:
+        """Caller holds the lock."""
+        for output in outputs:
+            match output:
+                case Send():
+                    self._observe(output)
+                    await self._send(json.dumps(output.message, separators=(",", ":")))
+                case SubmitJob():
+                    self._spawn(self._decode(output))
+                case WithdrawJob():
+                    # If it was still waiting, its _decode task now gets the skip.
+                    if self.server.scheduler is not None:
+                        self.server.scheduler.withdraw(output.job)
+                case Close():
+                    if output.code == 1000 and self.outcome == "disconnected":
+                        self.outcome = "completed"
+                    await self.ws.close(output.code, output.reason)
+                    self.done.set()
+
+    async def _send(self, text: str) -> None:
+        """Write one message; a client that leaves results unread past ``send_timeout_s`` is cut off."""
+        try:
+            await asyncio.wait_for(self.ws.send(text), timeout=self.limits.send_timeout_s)
+        except TimeoutError:
+            await self._not_reading(f"no result read for {self.limits.send_timeout_s:g} s")
+            raise ConnectionClosed(None, None) from None
+
+    async def _not_reading(self, why: str) -> None:
+        """The client does not read what we send: nothing more can reach it, so cut it off."""
+        self._ending = True
+        self.outcome = "client_error"
+        self.metrics.errors.labels(ResultsNotRead.code).inc()
+        log.info("session=%s event=error code=results_not_read message=%s", self.sid, why)
+        self.done.set()
+        self.ws.transport.abort()
+
+    async def _decode(self, submit: SubmitJob) -> None:
+        scheduler = self.server.scheduler
+        assert scheduler is not None
+        try:
+            try:
+                job, hypothesis = await scheduler.decode(self.sid, submit.job, self._weight, self.session.refresh_job)
+            except JobFailed as failure:
+                self.metrics.errors.labels(DecodeFailed.code).inc()
+                log.warning("session=%s event=decode_failed channel=%d utterance=%d", self.sid, failure.job.channel, failure.job.utterance)
+                await self._apply(self.session.job_failed(failure.job))
+            else:
+                if hypothesis is None:
+                    await self._apply(self.session.job_skipped(job))
+                else:
+                    await self._apply(self.session.job_done(job, hypothesis))
+        except asyncio.CancelledError:
+            raise
+        except ConnectionClosed:
+            self.done.set()
+        except Exception:
+            log.exception("session=%s event=crash", self.sid)
+            await self._fail_safely(InternalError("internal error; the session was closed"))
+        self._progress.set()
+
+    def _observe(self, send: Send) -> None:
+        event = send.event
+        now = time.monotonic()
+        if isinstance(event, Interim) and not self._first_interim_seen and self._first_audio_at is not None:
+            self._first_interim_seen = True
+            self.metrics.first_interim.observe(now - self._first_audio_at)
+        elif isinstance(event, Final):
+            self.metrics.audio_transcribed.inc(max(0.0, event.end - event.start))
+            arrived = self._arrival_of(int(event.speech_end * MODEL_RATE))
+            if arrived is not None and event.text:
+                self.metrics.final_latency.observe(max(0.0, now - arrived))
+            for guard in event.dropped:
+                self.metrics.guard_drops.labels(guard).inc()
+            log.info(
+                "session=%s event=final channel=%d utterance=%d reason=%s chars=%d dropped=%s",
+                self.sid, event.channel, event.utterance, event.reason.value, len(event.text), ",".join(event.dropped) or "-",
+            )
+
+    def _arrival_of(self, sample: int) -> float | None:
+        """When the audio up to ``sample`` had arrived (None if long forgotten)."""
+        i = bisect.bisect_left(self._arrivals, sample, key=lambda a: a[0])
+        return self._arrivals[i][1] if i < len(self._arrivals) else None
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _close_rtc(self) -> None:
+        if self._rtc is not None:
+            await self._rtc.close()
+            self.server.peers.discard(self._rtc)
+            self.metrics.webrtc_peers.set(len(self.server.peers))
+
+    async def _cleanup(self) -> None:
+        self.done.set()
+        self._progress.set()
+        await self._close_rtc()
+        if self._container is not None:
+            self._container.close()
+        if self.server.scheduler is not None:
+            self.server.scheduler.cancel_owner(self.sid)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.ws.state.name != "CLOSED":
+            try:
+                await asyncio.wait_for(self.ws.close(1000 if self.outcome == "completed" else 1011), timeout=2)
+            except (ConnectionClosed, TimeoutError):
+                pass
