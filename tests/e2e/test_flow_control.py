@@ -1,0 +1,70 @@
+"""End to end: backpressure slows a fast client without the keepalive cutting it off,
+and a client that stops reading is cut off with results_not_read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import websockets
+
+from asr_server.options import Limits
+
+from ..harness import FIXTURES, MANIFEST, ServerThread, replay
+from ..wer import wer
+
+pytestmark = pytest.mark.e2e
+
+# Pings far more often than the backpressure lasts (a fast upload of 30 s of audio is
+# held back for several seconds with one pending final allowed): the library's keepalive
+# (pongs queued behind audio the server holds back) closed such uploads with 1011.
+FAST_KEEPALIVE = Limits(keepalive_interval_s=0.5, keepalive_timeout_s=2.0, max_pending_finals=1)
+
+
+def test_a_fast_upload_held_back_for_many_keepalive_periods_gets_every_final(whisper_runner):
+    server = ServerThread(whisper_runner, FAST_KEEPALIVE).start()
+    try:
+        r = asyncio.run(replay(server.url, "librivox_16k.s16le", realtime=False, chunk_ms=20))
+        metrics = server.server.metrics.render()
+    finally:
+        server.stop()
+    msgs = [m.message for m in r.messages]
+    assert msgs[-1]["type"] == "closed" and not r.of_type("error")
+    finals = [m for m in msgs if m["type"] == "final" and m["text"]]
+    assert len(finals) == len(MANIFEST["librivox_16k.s16le"]["spans"][0])
+    assert wer(" ".join(MANIFEST["librivox_16k.s16le"]["references"][0]), r.final_text()) < 0.25
+    assert b'code="results_not_read"' not in metrics
+
+
+def test_a_client_that_stops_reading_is_cut_off_with_results_not_read(whisper_runner):
+    server = ServerThread(whisper_runner, FAST_KEEPALIVE).start()
+    audio = (FIXTURES / "cards_16k.wav").read_bytes()
+    try:
+        async def never_reads():
+            # max_queue=1: once one message waits unread, the client stops reading the socket,
+            # so the server's pings go unanswered, as with any client that stopped reading.
+            # A client that does not read cannot see the server cut it either: watch the server.
+            async with websockets.connect(f"{server.url}/v1/listen?encoding=wav", max_queue=1, ping_interval=None) as ws:
+                await ws.send(audio)
+                for _ in range(2400):  # polls a condition, bounded (120 s)
+                    if b'asr_errors_total{code="results_not_read"} 1.0' in server.server.metrics.render():
+                        break
+                    await asyncio.sleep(0.05)
+                ws.transport.abort()
+
+        asyncio.run(never_reads())
+        metrics = server.server.metrics.render()
+    finally:
+        server.stop()
+    assert b'asr_errors_total{code="results_not_read"} 1.0' in metrics
+    assert b'asr_sessions_ended_total{outcome="client_error"} 1.0' in metrics
+
+
+def test_keepalive_limits_are_announced_in_the_session_message(live_server):
+    async def first():
+        async with websockets.connect(f"{live_server.url}/v1/listen") as ws:
+            return json.loads(await ws.recv())
+
+    limits = asyncio.run(first())["limits"]
+    assert limits["keepalive_interval_s"] == 20.0 and limits["keepalive_timeout_s"] == 20.0
