@@ -35,6 +35,15 @@ async def nothing(stream):
     return None
 
 
+async def until(condition, bound_s: float = 60.0) -> None:
+    """Wait for ``condition()`` to hold, polling; the bound only keeps a broken server from hanging the suite."""
+    for _ in range(int(bound_s / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
 def error_of(messages):
     errors = [m for m in messages if m["type"] == "error"]
     assert errors, messages
@@ -96,7 +105,7 @@ def test_bad_input_does_not_harm_a_concurrent_session(live_server, strict_server
 
     async def main():
         good = asyncio.create_task(replay(live_server.url, "librivox_16k.s16le", realtime=True))
-        await asyncio.sleep(1.0)
+        await until(lambda: live_server.server.active_channels >= 1)  # the good stream is in
         results = await asyncio.gather(
             session(live_server.url, send_garbage, encoding="ogg"),
             session(live_server.url, send_truncated, encoding="ogg"),
@@ -107,9 +116,7 @@ def test_bad_input_does_not_harm_a_concurrent_session(live_server, strict_server
         )
         return await good, results
 
-    start = time.monotonic()
     good, (garb, trunc, malformed, big, huge, idle) = asyncio.run(main())
-    assert time.monotonic() - start < 60
 
     # Garbage in a container: invalid_audio, close 1007.
     assert error_of(garb[0])["code"] == "invalid_audio" and garb[1] == 1007
@@ -205,17 +212,20 @@ def test_shutdown_finalizes_what_clients_are_owed(whisper_runner):
     server = ServerThread(whisper_runner).start()
     pcm, _ = read_pcm(str(FIXTURES / "librivox_16k.wav"))
 
-    async def stream_until_closed():
+    async def stream_until_closed(speaking: asyncio.Event):
         async with connect(server.url) as stream:
             await stream.send_audio(pcm[: 16000 * 2 * 3])  # mid first sentence
             messages = []
             async for m in stream:
                 messages.append(m)
+                if m["type"] == "interim":
+                    speaking.set()
             return messages, stream.close_code
 
     async def main():
-        task = asyncio.create_task(stream_until_closed())
-        await asyncio.sleep(2.0)
+        speaking = asyncio.Event()
+        task = asyncio.create_task(stream_until_closed(speaking))
+        await speaking.wait()  # the server holds an open utterance now
         await asyncio.to_thread(server.stop)
         return await task
 

@@ -85,19 +85,24 @@ def test_mic_captions_live_and_ctrl_c_keeps_the_last_sentence(live_server, tmp_p
 
     fake = Path(__file__).resolve().parents[1] / "client" / "fake_sounddevice"
     env = dict(ENV, PYTHONPATH=str(fake), ASR_FAKE_MIC=str(FIXTURES / "librivox_16k.s16le"))
-    proc = subprocess.Popen([sys.executable, "-m", "asr_client", "--url", live_server.url, "mic"],
+    proc = subprocess.Popen([sys.executable, "-m", "asr_client", "--url", live_server.url, "mic", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    messages = []
     try:
-        # Stop while the third sentence is being spoken: its final must still arrive.
-        third_start, third_end = MANIFEST["librivox_16k.s16le"]["spans"][0][2]
-        time.sleep((third_start + third_end) / 2 + 0.5)
+        # Stop while the third sentence is being spoken (its first interim is on screen): its final must still arrive.
+        for line in proc.stdout:
+            messages.append(json.loads(line))
+            if messages[-1]["type"] == "interim" and messages[-1]["utterance"] == 2:
+                break
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
-    lines = out.strip().splitlines()
-    assert len(lines) == 3, out
+    messages += [json.loads(line) for line in out.splitlines()]
+    assert messages[-1]["type"] == "closed"
+    lines = [m["text"] for m in messages if m["type"] == "final" and m["text"]]
+    assert len(lines) == 3, lines
     assert "dashwood" in lines[0].lower() and "young man" in lines[1].lower() and "unless" in lines[2].lower()

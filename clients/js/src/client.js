@@ -17,6 +17,9 @@ import { Transcript } from "./transcript.js";
 
 export const TRANSPORTS = ["webrtc", "websocket"];
 
+/** Server errors after which the session goes on (docs/protocol.md, "Errors": no close code). */
+export const NON_FATAL_CODES = new Set(["invalid_message", "unknown_message_type", "decode_failed"]);
+
 /** Client-side error codes, next to the server's (docs/protocol.md, "Errors"). */
 export const CLIENT_ERRORS = {
   microphone_denied: "the microphone permission was refused",
@@ -346,10 +349,12 @@ export class AsrClient extends EventTarget {
       case "load":
         this._emit("load", m);
         break;
-      case "error":
-        this.lastError = AsrError.fromMessage(m);
-        this._emit("error", this.lastError);
+      case "error": {
+        const error = AsrError.fromMessage(m);
+        if (!NON_FATAL_CODES.has(m.code)) this.lastError = error; // the session goes on after the others
+        this._emit("error", error);
         break;
+      }
       case "closed":
         this._closedMessage = m;
         break;
@@ -368,7 +373,7 @@ export class AsrClient extends EventTarget {
       };
       const waiter = (err, m) => {
         if (err) finish(err);
-        else if (m.type === "error" && !(m.code === "invalid_message" || m.code === "unknown_message_type")) finish(AsrError.fromMessage(m));
+        else if (m.type === "error" && !NON_FATAL_CODES.has(m.code)) finish(AsrError.fromMessage(m));
         else if (pred(m)) finish(null, m);
       };
       this._waiters.add(waiter);

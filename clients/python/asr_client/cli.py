@@ -1,7 +1,13 @@
 """``asr-client``: caption a file or the microphone from a terminal.
 
     asr-client file PATH [--fast] [--json]
-    asr-client mic [--device N]
+    asr-client mic [--device N] [--json]
+
+Options that apply to both (``--url``, ``--json``, ``--no-interim``,
+``--language``, ``--endpoint-ms``) may come before or after the command.
+Exit status: 0 when the server finished the transcript (``closed``), 1 when
+it ended the stream early or with an error, 2 when the file or the server
+could not be reached.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import signal
 import sys
 from typing import Any, TextIO
 
-from .client import MODEL_RATE, connect, stream_file
+from .client import MODEL_RATE, AudioFileError, connect, read_pcm, stream_bytes
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -39,9 +45,8 @@ class Display:
         kind = message["type"]
         if kind == "interim" and self.tty:
             width = shutil.get_terminal_size((100, 20)).columns - 1
-            line = self._label(message) + message["text"]
-            # Show the end of a long line: that is where the words are arriving.
-            self.out.write("\r\x1b[K\x1b[2m" + line[-width:] + "\x1b[0m")
+            line = fit_tail(self._label(message) + message["text"], width)
+            self.out.write("\r\x1b[K\x1b[2m" + line + "\x1b[0m")
             self._live = True
         elif kind == "final":
             if self._live:
@@ -61,6 +66,17 @@ class Display:
             self.out.flush()
 
 
+def fit_tail(line: str, width: int) -> str:
+    """The end of ``line`` in ``width`` characters, cut at a word: that is where the words are arriving."""
+    if len(line) <= width:
+        return line
+    tail = line[len(line) - (width - 1) :]
+    space = tail.find(" ")
+    if 0 <= space < len(tail) - 1:
+        tail = tail[space + 1 :]
+    return "…" + tail
+
+
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {"language": args.language, "endpoint_ms": args.endpoint_ms}
     if args.no_interim:
@@ -69,9 +85,15 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def run_file(args: argparse.Namespace) -> int:
+    try:
+        pcm, channels = read_pcm(args.path, MODEL_RATE, args.channels)
+    except AudioFileError as exc:
+        print(f"asr-client: {exc}", file=sys.stderr)
+        return 2
     display = Display(sys.stdout)
-    status = 0
-    async for item in stream_file(args.url, args.path, realtime=not args.fast, channels=args.channels, **_options(args)):
+    outcome = Outcome()
+    async for item in stream_bytes(args.url, pcm, bytes_per_second=MODEL_RATE * 2 * channels, realtime=not args.fast,
+                                   encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=channels, **_options(args)):
         message = item.message
         if message["type"] == "session":
             display.channels = message["config"]["channels"]
@@ -79,10 +101,34 @@ async def run_file(args: argparse.Namespace) -> int:
             print(json.dumps(message), flush=True)
         else:
             display.show(message)
-        if message["type"] == "error" and not message.get("retryable", False):
-            status = 1
+        outcome.see(message)
     display.clear()
-    return status
+    return outcome.status()
+
+
+class Outcome:
+    """The exit status of a stream: 0 only if the server finished it (``closed``) with no fatal error."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.fatal: dict[str, Any] | None = None
+
+    def see(self, message: dict[str, Any]) -> None:
+        if message["type"] == "closed":
+            self.closed = True
+        elif message["type"] == "error" and message["code"] not in _NON_FATAL:
+            self.fatal = message
+
+    def status(self) -> int:
+        if self.closed and self.fatal is None:
+            return 0
+        why = f" ({self.fatal['code']})" if self.fatal else ""
+        print(f"asr-client: the server ended the stream before the transcript was finished{why}", file=sys.stderr)
+        return 1
+
+
+# Errors after which the session goes on (docs/protocol.md, "Errors").
+_NON_FATAL = frozenset({"invalid_message", "unknown_message_type", "decode_failed"})
 
 
 async def run_mic(args: argparse.Namespace) -> int:
@@ -105,6 +151,7 @@ async def run_mic(args: argparse.Namespace) -> int:
         loop.call_soon_threadsafe(enqueue, bytes(indata))
 
     display = Display(sys.stdout)
+    outcome = Outcome()
     async with connect(args.url, encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=1, **_options(args)) as stream:
 
         async def pump() -> None:
@@ -130,25 +177,37 @@ async def run_mic(args: argparse.Namespace) -> int:
                 print(json.dumps(message), flush=True)
             else:
                 display.show(message)
+            outcome.see(message)
         sender.cancel()
         await asyncio.gather(sender, return_exceptions=True)
     display.clear()
-    return 0
+    return outcome.status()
+
+
+def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The options of every command; a subcommand's copy only overrides what is given after it."""
+
+    def d(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument("--url", default=d(DEFAULT_URL), help=f"server address (default {DEFAULT_URL})")
+    p.add_argument("--language", default=d("en"))
+    p.add_argument("--endpoint-ms", type=int, default=d(500))
+    p.add_argument("--no-interim", action="store_true", default=d(False), help="finals only")
+    p.add_argument("--json", action="store_true", default=d(False), help="print every server message as JSON")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asr-client", description="Live captions from asr-server.")
-    p.add_argument("--url", default=DEFAULT_URL, help=f"server address (default {DEFAULT_URL})")
-    p.add_argument("--language", default="en")
-    p.add_argument("--endpoint-ms", type=int, default=500)
-    p.add_argument("--no-interim", action="store_true", help="finals only")
-    p.add_argument("--json", action="store_true", help="print every server message as JSON")
+    _add_common(p, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common(common, defaults=False)
     sub = p.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("file", help="transcribe an audio file (any format PyAV reads)")
+    f = sub.add_parser("file", parents=[common], help="transcribe an audio file (any format PyAV reads)")
     f.add_argument("path")
     f.add_argument("--fast", action="store_true", help="send as fast as the server accepts instead of real-time pace")
     f.add_argument("--channels", type=int, default=None, help="1 mixes down; default keeps the file's channels")
-    m = sub.add_parser("mic", help="caption the microphone live")
+    m = sub.add_parser("mic", parents=[common], help="caption the microphone live")
     m.add_argument("--device", default=None, help="input device name or number (see python -m sounddevice)")
     return p
 

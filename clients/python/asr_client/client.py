@@ -13,7 +13,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-__all__ = ["AsrStream", "connect", "Transcript", "ServerError", "read_pcm", "stream_file", "Timed"]
+__all__ = ["AsrStream", "connect", "Transcript", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
 
 MODEL_RATE = 16000
 
@@ -27,6 +27,10 @@ class ServerError(Exception):
         self.retryable: bool = bool(message.get("retryable"))
         self.retry_after: float | None = message.get("retry_after")
         self.message = message
+
+
+class AudioFileError(Exception):
+    """A file that cannot be read as audio (missing, unreadable, or not audio)."""
 
 
 def listen_url(url: str, **options: Any) -> str:
@@ -168,13 +172,25 @@ def read_pcm(path: str, rate: int = MODEL_RATE, channels: int | None = None) -> 
     """Decode any file PyAV reads to interleaved s16le at ``rate``.
 
     Keeps the file's channels (up to 8) unless ``channels`` is given (1 mixes
-    down). Returns the bytes and the channel count.
+    down). Returns the bytes and the channel count. Raises
+    :class:`AudioFileError` for a file that is missing or is not audio.
     """
     import av
 
+    try:
+        return _read_pcm(av, path, rate, channels)
+    except FileNotFoundError:
+        raise AudioFileError(f"no such file: {path}") from None
+    except (av.FFmpegError, OSError, ValueError, IndexError, UnicodeError) as exc:
+        raise AudioFileError(f"cannot read {path} as audio ({getattr(exc, 'strerror', None) or exc})") from None
+
+
+def _read_pcm(av: Any, path: str, rate: int, channels: int | None) -> tuple[bytes, int]:
     layouts = {1: "mono", 2: "stereo", 3: "3.0", 4: "quad", 5: "5.0", 6: "5.1", 7: "6.1", 8: "7.1"}
     out = bytearray()
     with av.open(path) as container:
+        if not container.streams.audio:
+            raise ValueError("it has no audio track")
         stream = container.streams.audio[0]
         n = channels or min(8, stream.codec_context.channels or 1)
         resampler = av.AudioResampler(format="s16", layout=layouts[n], rate=rate)
