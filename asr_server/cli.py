@@ -9,19 +9,25 @@ import os
 import signal
 import ssl
 import sys
+from dataclasses import dataclass
 
 # Before numpy loads: its OpenBLAS would start a thread per core that spins
 # between the small matrix products of feature extraction (measured at 16
 # streams on 2 cores: 0.23 cores busy for nothing). The model workers are
 # where the parallelism is.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# Bound the Hugging Face hub's requests (read when huggingface_hub loads), so that
+# a size name not in the cache fails fast on a closed network instead of hanging.
+# The program sets its environment here, at its entry point; library code never does.
+os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
+os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 
 from .inference.whisper import (DEFAULT_MODEL, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, SHORT_INTERIM_PAD_S,
                                 ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
 from .scheduler.policy import BatchLimits
-from .transport.websocket import AsrServer
+from .server import AsrServer
 
 log = logging.getLogger("asr_server")
 
@@ -113,62 +119,72 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     return context
 
 
-async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None) -> int:
+@dataclass(frozen=True)
+class _Plan:
+    """Sizes derived from the command line and the machine."""
+
+    limits: Limits
+    batch: BatchLimits
+    max_windows: int  # the most 30 s windows one model call may encode
+    workers: int
+    threads: int
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    cores = os.cpu_count() or 1
     max_channels = args.max_channels
     if max_channels is None:
-        max_channels = int(CHANNELS_PER_CORE * (os.cpu_count() or 1)) if args.device == "cpu" else 0
+        max_channels = int(CHANNELS_PER_CORE * cores) if args.device == "cpu" else 0
     max_batch = args.max_batch or (32 if args.device == "cuda" else 8)
     batch_seconds = args.max_batch_seconds or (30.0 * max_batch if args.device == "cuda" else 60.0)
     max_frames = max(1, int(batch_seconds * 100))
     final_frames = max(1, int((args.final_batch_seconds or (batch_seconds if args.device == "cuda" else 30.0)) * 100))
-    # The most 30 s windows one model call may encode: the batch measured at start-up.
-    max_windows = max(1, min(max_batch, max(max_frames, final_frames) // FULL_WINDOW_FRAMES))
-    cores = os.cpu_count() or 1
     workers = args.workers or (1 if args.device == "cuda" else cores)
-    threads = args.cpu_threads or max(1, cores // workers)
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
                     webrtc_connect_timeout_s=args.webrtc_connect_timeout)
-    server = AsrServer(args.host, args.port, limits, model_name=args.model, batch=BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames),
-                       workers=workers, rtc=_rtc_options(args), ssl=_tls(args))
+    return _Plan(
+        limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames),
+        max(1, min(max_batch, max(max_frames, final_frames) // FULL_WINDOW_FRAMES)), workers, args.cpu_threads or max(1, cores // workers),
+    )
+
+
+def _load(args: argparse.Namespace, plan: _Plan, model_path: str, interim_path: str | None) -> tuple[WhisperRunner, WhisperRunner | None, MemoryBudget | None]:
+    """Load and warm the model(s), then measure the memory budget (runs in a thread)."""
+    common = dict(device=args.device, compute_type=args.compute_type, cpu_threads=plan.threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
+                  short_interim_pad_s=args.busy_interim_encoder_pad_s, final_encoder_pad_s=args.final_encoder_pad_s, workers=plan.workers)
+    baseline = process_rss()
+    runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, **common)
+    interim = None
+    if interim_path is not None:
+        interim = WhisperRunner(interim_path, **common)
+        interim.warm_up()
+    loaded = process_rss()
+    runner.warm_up()
+    # The largest batch the limits allow, in 30 s finals: its working memory is the most a call needs.
+    budget = _measure_budget(args, runner, baseline, loaded, plan.max_windows)
+    if budget is not None:
+        log.info("memory budget %s", budget.to_wire())
+    return runner, interim, budget
+
+
+async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None) -> int:
+    plan = _plan(args)
+    server = AsrServer(args.host, args.port, plan.limits, model_name=args.model, batch=plan.batch,
+                       workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args))
     await server.start()
     scheme = "https" if server.ssl else "http"
     print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
     print(f"captions page: {scheme}://{'localhost' if server.host in ('127.0.0.1', '::1') else server.host}:{server.port}/", flush=True)
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-
-    def load() -> tuple[WhisperRunner, WhisperRunner | None, MemoryBudget | None]:
-        baseline = process_rss()
-        runner = WhisperRunner(model_path, device=args.device, compute_type=args.compute_type,
-                               cpu_threads=threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
-                               short_interim_pad_s=args.busy_interim_encoder_pad_s,
-                               final_encoder_pad_s=args.final_encoder_pad_s, workers=workers,
-                               pack_finals=args.pack_finals, max_windows=max_windows)
-        interim = None
-        if interim_path is not None:
-            interim = WhisperRunner(interim_path, device=args.device, compute_type=args.compute_type,
-                                    cpu_threads=threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
-                                    short_interim_pad_s=args.busy_interim_encoder_pad_s,
-                                    final_encoder_pad_s=args.final_encoder_pad_s, workers=workers)
-            interim.warm_up()
-        loaded = process_rss()
-        runner.warm_up()
-        # The largest batch the limits allow, in 30 s finals: its working memory is the most a call needs.
-        budget = _measure_budget(args, runner, baseline, loaded, max_windows)
-        if budget is not None:
-            log.info("memory budget %s", budget.to_wire())
-        return runner, interim, budget
-
-    loading = asyncio.ensure_future(asyncio.to_thread(load))
+    loading = asyncio.ensure_future(asyncio.to_thread(_load, args, plan, model_path, interim_path))
     waiting = asyncio.ensure_future(stop.wait())
     await asyncio.wait([loading, waiting], return_when=asyncio.FIRST_COMPLETED)
     if loading.done():
         try:
-            runner, interim, budget = loading.result()
-            server.set_runner(runner, interim, budget)
+            server.set_runner(*loading.result())
         except Exception as exc:
             log.error("could not load model %s: %s", model_path, exc)
             await server.stop(grace_s=0)
