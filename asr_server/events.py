@@ -18,6 +18,7 @@ __all__ = ["SpeechStart", "Interim", "Final", "DecodeJob", "SubmitJob", "Withdra
 class SpeechStart:
     channel: int
     at: float
+    utterance: int = 0
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,10 @@ def test_whole_stream_follows_the_protocol_rules():
             transcript = (transcript + " " + m["text"]).strip()
         if m["type"] == "interim":
             assert m["offset"] == (len(transcript) + 1 if transcript else 0)
-    for f in finals:  # an interim of the same utterance came first
+    for f in finals:  # an interim of the same utterance came first, and its speech_start before that
         assert any(i["utterance"] == f["utterance"] and i["seq"] < f["seq"] for i in d.of_type("interim"))
+        (start,) = [s for s in d.of_type("speech_start") if s["utterance"] == f["utterance"]]
+        assert start["seq"] < f["seq"] and start["at"] <= f["start"] + 0.5
     closed = d.messages[-1]
     assert closed["audio_received_s"] == pytest.approx(speech().shape[1] / 16000, abs=0.01)
     assert 0 < closed["audio_transcribed_s"] < closed["audio_received_s"]

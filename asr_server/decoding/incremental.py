@@ -216,7 +216,7 @@ class ChannelDecoder:
             utt.last_voiced_end = utt.end
             self._carry = None
             return []
-        return [SpeechStart(self.channel, event.speech_at / MODEL_RATE)]
+        return [SpeechStart(self.channel, event.speech_at / MODEL_RATE, event.utterance)]
 
     def _audio(self, event: UtteranceAudio) -> None:
         utt = self._utterances[event.utterance]

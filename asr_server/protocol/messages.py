@@ -42,7 +42,7 @@ class MessageWriter:
     def event(self, event: SpeechStart | Interim | Final) -> dict[str, Any]:
         match event:
             case SpeechStart():
-                return self._message("speech_start", {"channel": event.channel, "at": round(event.at, 3)})
+                return self._message("speech_start", {"channel": event.channel, "utterance": event.utterance, "at": round(event.at, 3)})
             case Interim():
                 return self._message(
                     "interim",
