@@ -229,25 +229,32 @@ def test_an_offer_never_connected_is_webrtc_failed_even_when_the_idle_timeout_is
 
 
 def test_host_addresses_are_restricted_only_while_a_server_runs(whisper_runner):
+    """Process-wide in aioice, so scoped: the newest restriction applies, and undoing any
+    (in any order) leaves what was there before (other servers of this module may be running)."""
     import aioice.ice
 
     from asr_server.transport.webrtc import restrict_host_addresses
 
-    own = aioice.ice.get_host_addresses
-    restore = restrict_host_addresses(["127.0.0.1", "::1"])
+    def offered():
+        return aioice.ice.get_host_addresses(True, True)
+
+    before = offered()
+    first = restrict_host_addresses(["127.0.0.1", "::1"])
+    second = restrict_host_addresses(["127.0.0.2"])
     try:
-        assert aioice.ice.get_host_addresses(True, False) == ["127.0.0.1"]
-        assert aioice.ice.get_host_addresses(True, True) == ["127.0.0.1", "::1"]
+        assert offered() == ["127.0.0.2"]
+        first()  # undone out of order: the newest still applies
+        assert offered() == ["127.0.0.2"]
     finally:
-        restore()
-    assert aioice.ice.get_host_addresses is own
-    assert "127.0.0.1" not in aioice.ice.get_host_addresses(True, False)  # aioice's own: never loopback
-    server = ServerThread(whisper_runner, rtc=LOOPBACK).start()
+        second()
+        first()  # twice is harmless
+    assert offered() == before
+    server = ServerThread(whisper_runner, rtc=RtcOptions(host_addresses=("127.0.0.3",))).start()
     try:
-        assert aioice.ice.get_host_addresses(True, False) == ["127.0.0.1"]
+        assert offered() == ["127.0.0.3"]
     finally:
         server.stop()
-    assert aioice.ice.get_host_addresses is own  # nothing left behind in the process
+    assert offered() == before  # nothing left behind in the process
 
 
 def test_a_stereo_call_over_webrtc_is_transcribed_per_channel(rtc_server):
