@@ -35,7 +35,7 @@ from .scheduler.governor import GovernorOptions, InterimLoad, LoadGovernor
 from .scheduler.policy import BatchLimits, Priority
 from .session import Session
 from .transport.connection import Connection
-from .transport.http import LISTEN_PATH, route
+from .transport.http import LISTEN_PATH, OneRequestConnection, route
 from .transport.static import load_static
 from .transport.webrtc import RtcIngest, restrict_host_addresses
 
@@ -125,6 +125,7 @@ class AsrServer:
             self.host,
             self.port,
             process_request=lambda connection, request: route(self, request),
+            create_connection=OneRequestConnection,
             # Frames up to twice the limit are read so that we can answer with our own
             # frame_too_large error; anything larger is cut off by websockets (close 1009).
             max_size=2 * self.limits.max_frame_bytes,

@@ -11,6 +11,7 @@ import json
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
@@ -19,7 +20,7 @@ from ..scheduler.policy import Priority
 if TYPE_CHECKING:
     from ..server import AsrServer
 
-__all__ = ["LISTEN_PATH", "route", "health", "response"]
+__all__ = ["LISTEN_PATH", "route", "health", "response", "OneRequestConnection"]
 
 LISTEN_PATH = "/v1/listen"
 
@@ -56,6 +57,46 @@ def health(server: "AsrServer") -> dict:
 def response(status: http.HTTPStatus, body: bytes, content_type: str, cache: str = "no-store") -> Response:
     headers = Headers([
         ("Content-Type", content_type), ("Content-Length", str(len(body))), ("Cache-Control", cache),
-        ("X-Content-Type-Options", "nosniff"),
+        ("X-Content-Type-Options", "nosniff"), ("Connection", "close"),  # one request per connection
     ])
     return Response(status.value, status.phrase, headers, body)
+
+
+class OneRequestConnection(ServerConnection):
+    """A connection that reads one HTTP request before anything else.
+
+    websockets parses the bytes after the handshake request as WebSocket
+    frames at once, even when the request is plain HTTP: a pipelined second
+    request then failed the connection before the answer to the first was
+    written (the client got nothing, and websockets logged an internal
+    error). Here what follows the first request is held back until the
+    handshake is over: fed on for a WebSocket (a client sends no frame
+    before our 101 anyway), dropped for plain HTTP, whose connection closes
+    after its one answer.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._tail = b""  # the last bytes of the request head seen so far (to find its end across reads)
+        self._held: bytes | None = None  # bytes after the request head, until the handshake is over
+
+    def data_received(self, data: bytes) -> None:
+        if self._held is not None:
+            self._held += data
+            return
+        seen = self._tail + data
+        end = seen.find(b"\r\n\r\n")
+        if end < 0:
+            self._tail = seen[-3:]
+            super().data_received(data)
+            return
+        cut = end + 4 - len(self._tail)
+        self._held = data[cut:]
+        super().data_received(data[:cut])
+
+    async def handshake(self, *args: object, **kwargs: object) -> None:
+        await super().handshake(*args, **kwargs)  # type: ignore[arg-type]
+        held, self._held = self._held, None
+        upgraded = self.response is not None and self.response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS
+        if held and upgraded:
+            super().data_received(held)

@@ -269,3 +269,23 @@ def test_streams_past_capacity_are_refused_at_connect(whisper_runner):
         assert messages[0]["type"] == "session"
     finally:
         server.stop()
+
+
+def test_pipelined_http_requests_get_an_answer_and_no_internal_error(live_server, caplog):
+    """websockets parsed a second pipelined request as WebSocket frames and failed the connection
+    before answering the first (no answer, a traceback in the log)."""
+    import logging
+    import socket
+
+    request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    with caplog.at_level(logging.INFO), socket.create_connection(("127.0.0.1", live_server.server.port), timeout=30) as sock:
+        sock.sendall(request + request + b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head
+    assert json.loads(body)["status"] == "ok"
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]
+    with urllib.request.urlopen(f"{live_server.http}/healthz", timeout=30) as again:  # and the server goes on
+        assert again.status == 200
