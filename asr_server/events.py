@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .audio.chunker import EndReason
 from .inference.types import DecodeRequest, Word
 
-__all__ = ["SpeechStart", "Interim", "Final", "DecodeJob", "SubmitJob", "WithdrawJob", "PipelineEvent"]
+__all__ = ["SpeechStart", "Interim", "Final", "Revision", "DecodeJob", "SubmitJob", "WithdrawJob", "PipelineEvent"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,23 @@ class Final:
     dropped: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Revision:
+    """The channel's transcript from ``offset`` to the end of its finals is now ``text``.
+
+    It covers every finalized utterance from ``first`` to ``last`` (the
+    latest), and comes from the context pass: those utterances decoded
+    together, as offline transcription would.
+    """
+
+    channel: int
+    first: int
+    last: int
+    offset: int
+    text: str
+    words: tuple[Word, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class DecodeJob:
     """A decode the channel wants. Identity matters: results come back with it."""
@@ -77,4 +94,4 @@ class WithdrawJob:
     job: DecodeJob
 
 
-PipelineEvent = SpeechStart | Interim | Final | SubmitJob | WithdrawJob
+PipelineEvent = SpeechStart | Interim | Final | Revision | SubmitJob | WithdrawJob

@@ -53,6 +53,8 @@ class StreamOptions:
     word_timestamps: bool = True
     # Share of model time when streams compete: interactive 4, standard 2, batch 1.
     priority: str = "interactive"
+    # Second pass: recent finals decoded again together, sent as revisions where they differ.
+    revisions: bool = True
 
     @property
     def is_container(self) -> bool:
@@ -93,6 +95,9 @@ class Limits:
     # back reading for backpressure) is cut off (results_not_read). 0: no pings.
     keepalive_interval_s: float = 20.0
     keepalive_timeout_s: float = 20.0
+    # After the client's close, the context pass may take this long to refine the
+    # last finals; then `closed` is sent with what it has.
+    context_close_s: float = 10.0
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,6 +195,7 @@ _KNOWN = (
     "max_utterance_s",
     "word_timestamps",
     "priority",
+    "revisions",
 )
 PRIORITIES = ("interactive", "standard", "batch")
 
@@ -241,4 +247,5 @@ def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str
         max_utterance_s=_float("max_utterance_s", single.get("max_utterance_s", "20"), 2.0, 30.0),
         word_timestamps=_bool("word_timestamps", single.get("word_timestamps", "true")),
         priority=_choice("priority", single.get("priority", "interactive"), PRIORITIES),
+        revisions=_bool("revisions", single.get("revisions", "true")),
     )

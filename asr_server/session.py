@@ -27,9 +27,10 @@ import numpy as np
 from .audio.chunker import Chunker, ChunkerOptions, EndReason
 from .audio.decode import MODEL_RATE
 from .audio.vad import VadGate, VadOptions
+from .decoding.context import ContextOptions
 from .decoding.incremental import ChannelDecoder
 from .errors import AsrError, DecodeFailed, ServerError, wire_info
-from .events import DecodeJob, Final, Interim, PipelineEvent, SpeechStart, SubmitJob, WithdrawJob
+from .events import DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SubmitJob, WithdrawJob
 from .inference.types import DecodeKind, Hypothesis
 from .options import Limits, StreamOptions
 from .protocol.messages import MessageWriter
@@ -50,7 +51,7 @@ class SessionState(enum.IntEnum):
 @dataclass(frozen=True)
 class Send:
     message: dict[str, Any]
-    event: SpeechStart | Interim | Final | None = None
+    event: SpeechStart | Interim | Final | Revision | None = None
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,10 @@ class Session:
         model_name: str = "",
         vad_options: VadOptions = VadOptions(),
         webrtc: dict[str, Any] | None = None,
+        context: ContextOptions | None = None,
     ) -> None:
-        """``webrtc``: what the ``session`` message tells a WebRTC client (its ICE servers)."""
+        """``webrtc``: what the ``session`` message tells a WebRTC client (its ICE servers);
+        ``context``: the context pass's settings (default: on when ``options.revisions``)."""
         self.session_id = session_id
         self._webrtc = webrtc
         self.options = options
@@ -83,7 +86,8 @@ class Session:
         chunker_options = ChunkerOptions(endpoint_ms=options.endpoint_ms, max_utterance_s=options.max_utterance_s)
         self._vads = [VadGate(vad_options) for _ in range(options.channels)]
         self._chunkers = [Chunker(chunker_options) for _ in range(options.channels)]
-        self._decoders = [ChannelDecoder(c, options) for c in range(options.channels)]
+        context = context if context is not None else ContextOptions(enabled=options.revisions)
+        self._decoders = [ChannelDecoder(c, options, context) for c in range(options.channels)]
         self._received = 0  # samples per channel at 16 kHz
         self._close_code = 1000
         self._close_reason = "closed"
@@ -130,6 +134,7 @@ class Session:
         for c in range(self.options.channels):
             frames = self._vads[c].feed(planar[c])
             out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].feed(frames))))
+            out.extend(self._pipeline(self._decoders[c].advance(self._received)))
         return out
 
     def finalize(self) -> list[SessionOutput]:
@@ -158,6 +163,19 @@ class Session:
             return []
         out = self._pipeline(self._decoders[job.channel].job_skipped(job))
         return out + self._maybe_closed()
+
+    def close_context(self) -> list[SessionOutput]:
+        """The time after close for the context pass ran out: withdraw what still waits, then close."""
+        if self.state is not SessionState.DRAINING:
+            return []
+        out: list[SessionOutput] = []
+        for decoder in self._decoders:
+            out.extend(self._pipeline(decoder.close_context()))
+        return out + self._maybe_closed()
+
+    @property
+    def draining(self) -> bool:
+        return self.state is SessionState.DRAINING
 
     def set_load(self, load: InterimLoad) -> list[SessionOutput]:
         """The server's load level changed: adjust interims and tell the client if they change."""
@@ -222,6 +240,7 @@ class Session:
             frames = self._vads[c].flush()
             events = self._chunkers[c].feed(frames) + self._chunkers[c].end(EndReason.END_OF_STREAM)
             out.extend(self._pipeline(self._decoders[c].feed(events)))
+            out.extend(self._pipeline(self._decoders[c].drain()))
         return out + self._maybe_closed()
 
     def _maybe_closed(self) -> list[SessionOutput]:

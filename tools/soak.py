@@ -42,7 +42,7 @@ def snapshot(server, done: int) -> Sample:
 
     core = server.scheduler.core
     heap = tracemalloc.get_traced_memory()[0] / 2**20 if tracemalloc.is_tracing() else 0.0
-    return Sample(done, process_rss() / 2**20, heap, core.live, core._finals.held + core._interims.held, len(server._connections))
+    return Sample(done, process_rss() / 2**20, heap, core.live, sum(q.held for q in core.queues), len(server._connections))
 
 
 async def one_session(url: str, pcm: bytes) -> bool:

@@ -21,6 +21,12 @@ Rules it keeps:
   resumes, the result was just another interim.
 * Offsets: a channel's transcript is its non-empty final texts joined by
   single spaces; ``offset`` is where the utterance starts in it.
+* Context pass (:mod:`.context`): once enough speech has been finalized, or
+  the speaker pauses, or the stream ends, the latest finals are decoded
+  again together, in a job of their own beside the channel's one in-flight
+  decode. Where the words differ, a :class:`~asr_server.events.Revision`
+  replaces the transcript from the first changed utterance to the end of the
+  finals, and a live interim is sent again at its new offset.
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ import numpy as np
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
-from ..events import DecodeJob, Final, Interim, PipelineEvent, SpeechStart, SubmitJob, WithdrawJob
+from ..events import DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
+from .context import ContextOptions, Finalized, Span, plan_window, revised_texts, window_request
 from .stability import LocalAgreement
 from .text import guard
 
@@ -47,6 +54,8 @@ __all__ = ["ChannelDecoder", "PROMPT_CHARS"]
 # into every later final; the last final alone keeps style and names.
 PROMPT_CHARS = 120
 PROMPT_MIN_WORD_PROBABILITY = 0.5
+# Finals kept before a context window, for its prompt (seconds of their audio).
+PROMPT_CONTEXT_S = 10.0
 
 
 @dataclass(eq=False)
@@ -72,9 +81,19 @@ class _Utterance:
 
 
 class ChannelDecoder:
-    def __init__(self, channel: int, options: StreamOptions) -> None:
+    def __init__(self, channel: int, options: StreamOptions, context: ContextOptions | None = None) -> None:
         self.channel = channel
         self.options = options
+        self.context = context or ContextOptions(enabled=options.revisions)
+        self._done: list[Finalized] = []  # recent non-empty finals, for the context pass
+        self._unrevised = 0  # how many of the latest records no context pass has covered yet
+        self._context_job: DecodeJob | None = None
+        self._context_spans: list[Span] = []
+        self._context_fresh = 0  # the first utterance the pass in flight may revise (earlier ones: context only)
+        self._context_closed = False  # no more context passes (given up at close)
+        self._draining = False  # no more audio: one last pass over what is unrevised
+        self._position = 0  # stream samples received
+        self._last_final_end = 0  # stream sample where the latest final's audio ends
         self._utterances: OrderedDict[int, _Utterance] = OrderedDict()
         self._in_flight: DecodeJob | None = None
         self._transcript_len = 0
@@ -96,7 +115,11 @@ class ChannelDecoder:
 
     @property
     def idle(self) -> bool:
-        return not self._utterances and self._in_flight is None
+        return not self._utterances and self._in_flight is None and self._context_job is None and not self._context_owed
+
+    @property
+    def _context_owed(self) -> bool:
+        return self._draining and self.context.enabled and not self._context_closed and self._unrevised > 0
 
     @property
     def in_flight(self) -> DecodeJob | None:
@@ -136,6 +159,8 @@ class ChannelDecoder:
         final-quality decode is owed next. Call :meth:`job_skipped` when the
         skip is reported.
         """
+        if job.request.kind is DecodeKind.CONTEXT:
+            return self._refresh_context(job)
         if job is not self._in_flight:
             return job
         if self._stale(job):
@@ -163,6 +188,8 @@ class ChannelDecoder:
 
     def job_skipped(self, job: DecodeJob) -> list[PipelineEvent]:
         """The scheduler skipped ``job`` (see :meth:`refresh`): decide what runs next."""
+        if job.request.kind is DecodeKind.CONTEXT:
+            return self._context_ended(job, None)
         if job is not self._in_flight:
             raise ValueError("skip reported for a job that is not in flight on this channel")
         self._in_flight = None
@@ -175,6 +202,8 @@ class ChannelDecoder:
         covers it); a final is given up: its utterance is finalized with empty
         text, so the transcript and later offsets go on.
         """
+        if job.request.kind is DecodeKind.CONTEXT:
+            return self._context_ended(job, None)
         if job is not self._in_flight:
             raise ValueError("failure reported for a job that is not in flight on this channel")
         self._in_flight = None
@@ -187,6 +216,8 @@ class ChannelDecoder:
 
     def job_done(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
         """Hand back the result of the job this decoder submitted last."""
+        if job.request.kind is DecodeKind.CONTEXT:
+            return self._context_ended(job, hypothesis)
         if job is not self._in_flight:
             raise ValueError("result for a job that is not in flight on this channel")
         self._in_flight = None
@@ -203,6 +234,22 @@ class ChannelDecoder:
                 out.extend(self._interim(utt, hyp, job.audio_end))
         out.extend(self._dispatch())
         return out
+
+    def advance(self, position: int) -> list[PipelineEvent]:
+        """``position`` samples of the stream have been received (the context pass waits for pauses)."""
+        self._position = position
+        return self._dispatch_context()
+
+    def drain(self) -> list[PipelineEvent]:
+        """No more audio: once the last finals are out, one context pass over what is unrevised."""
+        self._draining = True
+        return self._dispatch()
+
+    def close_context(self) -> list[PipelineEvent]:
+        """Give up the context pass (the close's time bound ran out): withdraw one that still waits."""
+        self._context_closed = True
+        job = self._context_job
+        return [WithdrawJob(job)] if job is not None else []
 
     # -- chunker events -------------------------------------------------------------
 
@@ -242,6 +289,9 @@ class ChannelDecoder:
     # -- scheduling decodes ---------------------------------------------------------
 
     def _dispatch(self) -> list[PipelineEvent]:
+        return self._dispatch_main() + self._dispatch_context()
+
+    def _dispatch_main(self) -> list[PipelineEvent]:
         out: list[PipelineEvent] = []
         while self._in_flight is None and self._utterances:
             utt = next(iter(self._utterances.values()))
@@ -326,6 +376,7 @@ class ChannelDecoder:
             # prompt is copied into the next final (measured: "old-sposed" twice).
             confident = all(w.probability >= PROMPT_MIN_WORD_PROBABILITY for w in hyp.words)
             self._prompt = _tail_words(text, PROMPT_CHARS) if confident else ""
+            self._remember(utt, offset, text, words, confident)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []
         if self.options.interim_results and text and utt.last_interim is None:
@@ -346,6 +397,103 @@ class ChannelDecoder:
                 dropped=hyp.dropped,
             )
         ]
+
+
+    # -- the context pass -----------------------------------------------------------
+
+    def _remember(self, utt: _Utterance, offset: int, text: str, words: tuple[Word, ...], confident: bool) -> None:
+        assert utt.ended is not None
+        if not self.context.enabled:
+            return
+        audio = utt.audio.copy(0, utt.ended.end - utt.start)
+        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words, confident))
+        self._unrevised += 1
+        self._last_final_end = utt.ended.end
+        self._trim()
+
+    def _trim(self) -> None:
+        """Keep the records a window (and its prompt) may need; never while a pass is in flight."""
+        if self._context_job is not None:
+            return
+        keep_s = self.context.window_s + PROMPT_CONTEXT_S
+        while len(self._done) > max(1, self._unrevised) and sum(r.seconds for r in self._done[1:]) >= keep_s:
+            self._done.pop(0)
+
+    def _dispatch_context(self) -> list[PipelineEvent]:
+        if not self.context.enabled or self._context_closed or self._context_job is not None or not self._unrevised:
+            return []
+        fresh = self._done[-self._unrevised :]
+        quiet = not self._utterances and self._position - self._last_final_end >= self.context.idle_s * MODEL_RATE
+        enough = sum(r.seconds for r in fresh) >= self.context.min_new_s
+        if not (enough or quiet or (self._draining and not self._utterances)):
+            return []
+        job = self._context_job = self._context_window()
+        return [SubmitJob(job)]
+
+    def _context_window(self) -> DecodeJob:
+        records = plan_window(self._done, self.context)
+        before = self._done[: len(self._done) - len(records)]
+        prompt = _tail_words(" ".join(r.text for r in before), PROMPT_CHARS)
+        request, self._context_spans = window_request(records, self.context, self.options.language, prompt)
+        self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
+        last = records[-1]
+        return DecodeJob(self.channel, last.index, request, False, last.start + len(last.audio))
+
+    def _refresh_context(self, job: DecodeJob) -> DecodeJob | None:
+        """A waiting pass takes the newest finals when its turn comes (pull model, as interims)."""
+        if job is not self._context_job or self._context_closed:
+            return None
+        if job.utterance == self._done[-1].index:
+            return job
+        fresh = self._context_job = self._context_window()
+        return fresh
+
+    def _context_ended(self, job: DecodeJob, hypothesis: Hypothesis | None) -> list[PipelineEvent]:
+        """A context pass came back (None: skipped or failed); a revision where its words differ."""
+        if job is not self._context_job:
+            raise ValueError("context result for a job that is not in flight on this channel")
+        self._context_job = None
+        spans = self._context_spans
+        covered = [r for r in self._done if spans[0].index <= r.index <= spans[-1].index]
+        self._unrevised = sum(1 for r in self._done if r.index > spans[-1].index)
+        out: list[PipelineEvent] = []
+        if hypothesis is not None and [r.index for r in covered] == [s.index for s in spans]:
+            hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered))
+            texts = revised_texts(covered, hyp, spans, self._context_fresh)
+            if texts is not None:
+                out.extend(self._revise(covered, spans, texts))
+        self._trim()
+        return out + self._dispatch_context()
+
+    def _revise(self, covered: list[Finalized], spans: list[Span], texts: list[tuple[str, tuple[Word, ...]]]) -> list[PipelineEvent]:
+        changed = next((k for k, (r, (t, _)) in enumerate(zip(covered, texts)) if t != r.text), None)
+        if changed is None:
+            return []
+        for record, span, (text, words) in list(zip(covered, spans, texts))[changed:]:
+            shift = record.start / MODEL_RATE - span.start
+            record.text = text
+            if words:
+                record.words = tuple(Word(w.word, round(w.start + shift, 3), round(w.end + shift, 3), w.probability) for w in words)
+        first = self._done.index(covered[changed])
+        offset = self._done[first].offset
+        position = offset
+        for record in self._done[first:]:
+            record.offset = position
+            position += len(record.text) + 1
+        self._transcript_len = position - 1
+        self._prompt = _tail_words(self._done[-1].text, PROMPT_CHARS)
+        revised = self._done[first:]
+        words = tuple(w for r in revised for w in r.words) if self.options.word_timestamps else ()
+        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words)]
+        return out + self._moved_interim()
+
+    def _moved_interim(self) -> list[PipelineEvent]:
+        """The live interim again, at its new offset (the revision changed the text before it)."""
+        utt = next(iter(self._utterances.values()), None)
+        if utt is None or utt.last_interim is None or not self.options.interim_results:
+            return []
+        text, stable = utt.last_interim
+        return [Interim(self.channel, utt.index, self._next_offset(), text, stable, round(utt.speech_at / MODEL_RATE, 3), round(utt.end / MODEL_RATE, 3))]
 
 
 def _tail_words(text: str, limit: int) -> str:

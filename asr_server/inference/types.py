@@ -23,6 +23,14 @@ SAMPLE_RATE = 16000
 class DecodeKind(str, enum.Enum):
     INTERIM = "interim"  # greedy, no word timing: cheap, re-run as the utterance grows
     FINAL = "final"  # beam search with fallback and word timing: the result that stays
+    # A channel's recent finalized utterances decoded together, as offline transcription
+    # would see them (second pass): beam search, word timing, full window, never packed.
+    CONTEXT = "context"
+
+    @property
+    def final_quality(self) -> bool:
+        """Beam search with fallback, timestamps and word timing (finals and context passes)."""
+        return self is not DecodeKind.INTERIM
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ class WhisperRunner(Runner):
         noise = (rng.standard_normal(SAMPLE_RATE * 2) * 0.01).astype(np.float32)
         language = "en" if "en" in self.languages else self.languages[0]
         for kind in DecodeKind:
-            self.transcribe(DecodeRequest(noise, kind, language=language, word_timestamps=kind is DecodeKind.FINAL))
+            self.transcribe(DecodeRequest(noise, kind, language=language, word_timestamps=kind.final_quality))
 
     def window_frames(self, request: DecodeRequest) -> int:
         """Encoder frames the request takes in a batch (a packed final: its share of a shared window)."""
@@ -186,7 +186,7 @@ class WhisperRunner(Runner):
         items = [self._item(tokenizer, r, frames) for r in requests]
         features = np.stack([it.features for it in items])
         encoded = self.model.model.encode(_storage(features))
-        final = kind is DecodeKind.FINAL
+        final = kind.final_quality
         results = self._generate(tokenizer, items, features, encoded, temperatures=FINAL_TEMPERATURES if final else (0.0,), beam_size=FINAL_BEAM_SIZE if final else 1)
         texts = [text_tokens(tokenizer, r.tokens) for r in results]
         words = self._words(tokenizer, items, texts, features, encoded)
@@ -297,7 +297,7 @@ class WhisperRunner(Runner):
         content = min(frames, feats.shape[-1] - 1)
         window = np.zeros((feats.shape[0], frames), np.float32)
         window[:, :content] = feats[:, :content]
-        final = request.kind is DecodeKind.FINAL
+        final = request.kind.final_quality
         prompt: list[int] = []
         previous = self._prompt_tokens(tokenizer, request.prompt)
         if previous:

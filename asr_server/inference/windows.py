@@ -65,6 +65,8 @@ def window_frames(request: DecodeRequest, pads: Pads) -> int:
     """Encoder frames the request takes in a batch (a packed final: its share of a shared window)."""
     from .packing import PACK_MAX_ITEM_S, packed_frames
 
+    if request.kind is DecodeKind.CONTEXT:
+        return FULL_WINDOW_FRAMES  # as offline transcription: the whole 30 s window
     if request.kind is DecodeKind.FINAL:
         if pads.pack_finals and request.pack and request.duration <= PACK_MAX_ITEM_S:
             return packed_frames(request.duration)

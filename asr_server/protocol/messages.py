@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, assert_never
 
 from ..errors import AsrError, InvalidMessage, UnknownMessageType, wire_info
-from ..events import Final, Interim, SpeechStart
+from ..events import Final, Interim, Revision, SpeechStart
+from ..inference.types import Word
 from ..options import Limits, StreamOptions
 
 __all__ = ["MessageWriter", "Finalize", "CloseStream", "KeepAlive", "WebRtcOffer", "ClientCommand", "parse_client_message", "MAX_SDP_CHARS"]
@@ -39,7 +40,7 @@ class MessageWriter:
     def webrtc_answer(self, sdp: str) -> dict[str, Any]:
         return self._message("webrtc_answer", {"sdp": sdp})
 
-    def event(self, event: SpeechStart | Interim | Final) -> dict[str, Any]:
+    def event(self, event: SpeechStart | Interim | Final | Revision) -> dict[str, Any]:
         match event:
             case SpeechStart():
                 return self._message("speech_start", {"channel": event.channel, "utterance": event.utterance, "at": round(event.at, 3)})
@@ -67,9 +68,18 @@ class MessageWriter:
                         "start": event.start,
                         "end": event.end,
                         "reason": event.reason.value,
-                        "words": [
-                            {"word": w.word.strip(), "start": w.start, "end": w.end, "probability": w.probability} for w in event.words
-                        ],
+                        "words": _words(event.words),
+                    },
+                )
+            case Revision():
+                return self._message(
+                    "revision",
+                    {
+                        "channel": event.channel,
+                        "utterances": [event.first, event.last],
+                        "offset": event.offset,
+                        "text": event.text,
+                        "words": _words(event.words),
                     },
                 )
             case _:
@@ -149,3 +159,7 @@ def parse_client_message(text: str) -> ClientCommand:
         known = ", ".join(_KNOWN_TYPES)
         raise UnknownMessageType(f"unknown message type {message['type'][:40]!r}; known types: {known}")
     return command
+
+
+def _words(words: tuple[Word, ...]) -> list[dict[str, Any]]:
+    return [{"word": w.word.strip(), "start": w.start, "end": w.end, "probability": w.probability} for w in words]

@@ -13,6 +13,10 @@ Policy (unchanged from the single-file scheduler it replaces):
   what a user waits on and is never dropped or reordered. With several
   workers, at most all but one run interims at once, so a final that comes
   finds a worker free.
+* Context passes (a channel's recent finals decoded together, the second
+  pass) have a third queue, served only when no final or interim waits: under
+  load they wait, and catch up when it falls. Like interims, they never take
+  the last free worker.
 * A waiting job is refreshed when it is picked (an interim takes the newest
   audio of its utterance) or skipped once it has gone stale; a session may
   also withdraw a stale job at once (:meth:`SchedulerCore.withdraw`).
@@ -159,6 +163,7 @@ class SchedulerCore:
         self._final_limits = self.limits.for_finals()
         self._finals: FairQueue[Entry] = FairQueue()
         self._interims: FairQueue[Entry] = FairQueue()
+        self._contexts: FairQueue[Entry] = FairQueue()
         self._ids = itertools.count(1)
         self._entries: dict[int, Entry] = {}  # every job not yet answered, waiting or running
         self._running: dict[int, Batch] = {}  # batch id -> batch
@@ -168,7 +173,11 @@ class SchedulerCore:
     @property
     def depth(self) -> int:
         """Jobs waiting (not running)."""
-        return len(self._finals) + len(self._interims)
+        return len(self._finals) + len(self._interims) + len(self._contexts)
+
+    @property
+    def queues(self) -> tuple[FairQueue[Entry], ...]:
+        return (self._finals, self._interims, self._contexts)
 
     @property
     def live(self) -> int:
@@ -192,7 +201,7 @@ class SchedulerCore:
         """Queue ``job``; its answer comes out of a later schedule or update."""
         entry = Entry(next(self._ids), owner, job, now, refresh)
         queue = self._queue(entry)
-        entry.ticket = queue.push(owner, entry, weight=weight, cost=estimated_cost(entry.final, job.request.duration))
+        entry.ticket = queue.push(owner, entry, weight=weight, cost=estimated_cost(job.request.kind.final_quality, job.request.duration))
         self._entries[entry.id] = entry
         return entry
 
@@ -214,8 +223,8 @@ class SchedulerCore:
         dropped = [e for e in self._entries.values() if e.owner == owner]
         for entry in dropped:
             self._finish(entry, JobStatus.CANCELLED)
-        self._finals.forget(owner)
-        self._interims.forget(owner)
+        for queue in self.queues:
+            queue.forget(owner)
         return dropped
 
     # -- deciding --------------------------------------------------------------------
@@ -235,8 +244,10 @@ class SchedulerCore:
 
         wake_at = self._hold(now)
         queues = [] if wake_at is not None else [(self._finals, self._final_limits)]
-        if self._interim_workers() < max(1, self.workers - 1):
+        if self._background_workers() < max(1, self.workers - 1):
             queues.append((self._interims, self.limits))
+            if not self._finals and not self._interims:
+                queues.append((self._contexts, self._final_limits))
         while True:
             tickets, dropped = form_batch(queues, inspect)
             for ticket in dropped:
@@ -288,7 +299,8 @@ class SchedulerCore:
     # -- internals -------------------------------------------------------------------
 
     def _queue(self, entry: Entry) -> FairQueue[Entry]:
-        return self._finals if entry.final else self._interims
+        kind = entry.job.request.kind
+        return self._finals if kind is DecodeKind.FINAL else self._contexts if kind is DecodeKind.CONTEXT else self._interims
 
     def _runner_for(self, request: DecodeRequest) -> Runner:
         if request.model == "interim" and self.interim_runner is not None:
@@ -307,8 +319,9 @@ class SchedulerCore:
         # A retry after a failed call runs in a batch of its own: a batch-mate may have been the cause.
         return (id(runner), ("retry", entry.id) if entry.failures else key), runner.window_frames(request)
 
-    def _interim_workers(self) -> int:
-        return sum(1 for b in self._running.values() if b.kind is DecodeKind.INTERIM)
+    def _background_workers(self) -> int:
+        """Workers running interims or context passes (never all of them while finals may come)."""
+        return sum(1 for b in self._running.values() if b.kind is not DecodeKind.FINAL)
 
     def _hold(self, now: float) -> float | None:
         """When to look again if the only waiting final should wait for a window-mate, else None.

@@ -87,6 +87,7 @@ class Connection:
         self._rtc: RtcIngest | None = None
         self._backlog = LiveBacklog(self.limits.max_live_backlog_s)  # WebRTC audio held under backpressure
         self._ending = False
+        self._context_deadline: asyncio.TimerHandle | None = None
         # Reading stalls on our side (backpressure, a full decoder buffer): a keepalive
         # ping is only judged over a window with none (see _keepalive).
         self._stalled = False
@@ -379,6 +380,10 @@ class Connection:
     async def _apply(self, outputs: list[SessionOutput]) -> None:
         async with self._lock:
             await self._carry_out(outputs)
+        if self.session.draining and self._context_deadline is None and not self.done.is_set():
+            # The context pass refines the last finals before `closed`, within a bound.
+            self._context_deadline = asyncio.get_running_loop().call_later(
+                self.limits.context_close_s, lambda: self._spawn(self._apply_safely(self.session.close_context())))
 
     async def _apply_safely(self, outputs: list[SessionOutput]) -> None:
         try:
@@ -483,6 +488,8 @@ class Connection:
 
     async def _cleanup(self) -> None:
         self.done.set()
+        if self._context_deadline is not None:
+            self._context_deadline.cancel()
         self._progress.set()
         await self._close_rtc()
         if self._container is not None:

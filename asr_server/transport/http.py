@@ -77,10 +77,14 @@ class OneRequestConnection(ServerConnection):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._reading_head = True  # until the first request head has been fed
         self._tail = b""  # the last bytes of the request head seen so far (to find its end across reads)
         self._held: bytes | None = None  # bytes after the request head, until the handshake is over
 
     def data_received(self, data: bytes) -> None:
+        if not self._reading_head:  # the handshake is over: a WebSocket's frames go straight through
+            super().data_received(data)
+            return
         if self._held is not None:
             self._held += data
             return
@@ -95,7 +99,10 @@ class OneRequestConnection(ServerConnection):
         super().data_received(data[:cut])
 
     async def handshake(self, *args: object, **kwargs: object) -> None:
-        await super().handshake(*args, **kwargs)  # type: ignore[arg-type]
+        try:
+            await super().handshake(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            self._reading_head = False
         held, self._held = self._held, None
         upgraded = self.response is not None and self.response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS
         if held and upgraded:

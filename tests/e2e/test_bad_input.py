@@ -173,7 +173,8 @@ def test_disconnect_leaves_nothing_running_and_metrics_tell(whisper_runner):
         async def drop_mid_sentence():
             async with connect(server.url) as stream:
                 await stream.send_audio(pcm[: 16000 * 2 * 4])
-                await asyncio.sleep(0.5)
+                while (await stream.recv())["type"] != "interim":
+                    pass  # the server is decoding this stream now
                 stream._ws.transport.abort()  # vanish without a close frame
 
         asyncio.run(drop_mid_sentence())

