@@ -11,6 +11,7 @@ const RETRY_CODES = new Set([
   "connection_lost", "connect_failed", "timeout", "webrtc_failed", "internal_error", "inference_failed",
 ]);
 const MAX_BACKOFF_S = 30;
+const REVISION_MARK_MS = 1500;
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -107,7 +108,16 @@ function render() {
     span.textContent = text;
     p.append(span);
   };
-  add("final", view.final);
+  // A revision (the server's second pass, with more context) is marked briefly.
+  const revised = app.client?.transcript.revised();
+  const fresh = revised && performance.now() - (app.revisedAt ?? 0) < REVISION_MARK_MS;
+  if (fresh && revised.end <= view.final.length) {
+    add("final", view.final.slice(0, revised.start));
+    add("final revised", view.final.slice(revised.start, revised.end));
+    add("final", view.final.slice(revised.end));
+  } else {
+    add("final", view.final);
+  }
   if (view.final && (view.stable || view.unstable)) p.append(" ");
   add("stable", view.stable);
   add("unstable", view.unstable);
@@ -137,6 +147,10 @@ async function startSession() {
   const client = new AsrClient({ transport: ui.transport.value, options });
   app.client = client;
   client.addEventListener("transcript", render);
+  client.addEventListener("revision", () => {
+    app.revisedAt = performance.now();
+    setTimeout(render, REVISION_MARK_MS + 50); // unmark
+  });
   client.addEventListener("message", (e) => window.asrApp.messages.push(e.detail));
   client.addEventListener("state", (e) => onState(client, e.detail.state));
   client.addEventListener("error", (e) => window.asrApp.errors.push({ code: e.detail.code, message: e.detail.message }));

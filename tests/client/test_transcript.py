@@ -59,3 +59,21 @@ def test_pipe_display_prints_only_finals():
     d.show(msg("interim", 0, "hel"))
     d.show(msg("final", 0, "Hello."))
     assert out.getvalue() == "Hello.\n"
+
+
+def test_a_revision_replaces_finals_from_its_offset_and_keeps_the_live_interim_after_them():
+    from asr_client import Transcript
+
+    for replacement in ("he was not ill-disposed", "he was not an ill-disposed young man at all, no"):
+        t = Transcript()
+        t.apply({"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "And so it began."})
+        t.apply({"type": "final", "channel": 0, "utterance": 1, "offset": 17, "text": "He was not an old-sposed young man."})
+        t.apply({"type": "interim", "channel": 0, "utterance": 2, "offset": 53, "text": "Unless to", "stable": 0})
+        t.apply({"type": "revision", "channel": 0, "utterances": [1, 1], "offset": 17, "text": replacement})
+        assert t.final_text() == "And so it began. " + replacement
+        assert t.text() == t.final_text() + " Unless to"
+        # The server re-sends the interim at its new offset, and later finals follow the revised text.
+        t.apply({"type": "interim", "channel": 0, "utterance": 2, "offset": len(t.final_text()) + 1, "text": "Unless to be", "stable": 0})
+        assert t.text() == t.final_text() + " Unless to be"
+        t.apply({"type": "final", "channel": 0, "utterance": 2, "offset": len(t.final_text()) + 1, "text": "Unless to be cold."})
+        assert t.final_text() == "And so it began. " + replacement + " Unless to be cold."

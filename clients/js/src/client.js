@@ -62,7 +62,8 @@ const MIC_CONSTRAINTS = { echoCancellation: false, noiseSuppression: false, auto
  * States: idle -> connecting -> streaming -> stopping -> closed, or -> failed
  * from any of them. Events (all CustomEvent, payload in `detail`):
  * `state` {state}, `message` (each server message), `transcript` {channel},
- * `error` (an AsrError), `load` (the server's load message),
+ * `error` (an AsrError), `load` (the server's load message), `revision` (the
+ * server's second pass changed finals; already applied to `transcript`),
  * `latency` {kind, seconds}: how far behind live an interim or final arrived.
  */
 export class AsrClient extends EventTarget {
@@ -345,6 +346,10 @@ export class AsrClient extends EventTarget {
           const seconds = (performance.now() - this._audioStartedAt) / 1000 - m.end;
           this._emit("latency", { kind: m.type, seconds: Math.max(0, seconds) });
         }
+        break;
+      case "revision":
+        if (this.transcript.apply(m)) this._emit("transcript", { channel: m.channel ?? 0 });
+        this._emit("revision", m);
         break;
       case "load":
         this._emit("load", m);

@@ -1,10 +1,12 @@
-// The running transcript of each channel, built from `interim` and `final` messages.
+// The running transcript of each channel, built from `interim`, `final` and
+// `revision` messages.
 //
 // The protocol's rule (docs/protocol.md, "Offsets"): a message replaces everything
 // from its `offset` to the end with its `text`, with one space before it when
 // `offset > 0`. Finals are kept; the newest interim of the open utterance is shown
 // after them, split at `stable` into the part that will not change and the part
-// that may still be revised.
+// that may still be revised. A `revision` (the server's context pass) replaces the
+// finals from its `offset` to their end; a live interim stays after them.
 //
 // Plain data in, plain data out: no DOM, no sockets, so it runs under `node --test`.
 
@@ -22,11 +24,20 @@ class ChannelTranscript {
     this.lastFinalUtterance = -1;
     /** @type {{utterance: number, offset: number, text: string, stable: number} | null} */
     this.interim = null;
+    /** The part of `final` the latest revision replaced: {start, end} character positions, or null. */
+    this.revised = null;
   }
 
   /** @returns {boolean} whether the channel's text changed */
   apply(message) {
     const { utterance, offset, text } = message;
+    if (message.type === "revision") {
+      const before = this.final;
+      this.final = offset > 0 ? this.final.slice(0, offset - 1) + " " + text : text;
+      if (this.interim) this.interim = { ...this.interim, offset: this.final.length + 1 }; // stays after the finals
+      this.revised = { start: offset, end: this.final.length };
+      return this.final !== before;
+    }
     if (utterance <= this.lastFinalUtterance) return false; // late interim of a closed utterance
     if (message.type === "interim") {
       if (this.interim && this.interim.utterance > utterance) return false; // out of order
@@ -77,7 +88,7 @@ export class Transcript extends EventTarget {
   }
 
   apply(message) {
-    if (!message || (message.type !== "interim" && message.type !== "final")) return false;
+    if (!message || !(message.type === "interim" || message.type === "final" || message.type === "revision")) return false;
     const channel = message.channel ?? 0;
     let ch = this.channels.get(channel);
     if (!ch) {
@@ -99,6 +110,11 @@ export class Transcript extends EventTarget {
   text(channel = 0) {
     const ch = this.channels.get(channel);
     return ch ? ch.text() : "";
+  }
+
+  /** Where the latest revision landed in a channel's finalized text ({start, end}), or null. */
+  revised(channel = 0) {
+    return this.channels.get(channel)?.revised ?? null;
   }
 
   /** Only the finalized text of a channel. */

@@ -112,3 +112,35 @@ test("stable beyond the text is clamped", () => {
   t.apply(interim(0, 0, "abc", 10));
   assert.deepEqual(t.view(), { final: "", stable: "abc", unstable: "" });
 });
+
+const revision = (first, last, offset, text, channel = 0) => ({ type: "revision", channel, utterances: [first, last], offset, text, words: [] });
+
+test("a revision replaces the finals from its offset to their end, and a live interim stays after them", () => {
+  for (const replacement of ["he was not ill-disposed", "he was not an ill-disposed young man at all, no"]) {
+    const t = new Transcript();
+    t.apply(final(0, 0, "And so it began."));
+    t.apply(final(1, 17, "He was not an old-sposed young man."));
+    t.apply(final(2, 53, "Unless to be cold."));
+    t.apply(interim(3, 72, "Had he married", 6));
+    const changed = t.apply(revision(1, 2, 17, replacement + " Unless to be cold."));
+    assert.equal(changed, true);
+    assert.equal(t.finalText(), "And so it began. " + replacement + " Unless to be cold.");
+    // The live interim is still shown, after the revised finals.
+    assert.equal(t.text(), t.finalText() + " Had he married");
+    assert.deepEqual(t.revised(), { start: 17, end: t.finalText().length });
+    // The server sends the interim again at its new offset: nothing moves.
+    t.apply(interim(3, t.finalText().length + 1, "Had he married", 6));
+    assert.equal(t.text(), t.finalText() + " Had he married");
+    // Later finals follow the revised transcript.
+    t.apply(final(3, t.finalText().length + 1, "Had he married a kinder woman."));
+    assert.equal(t.finalText(), "And so it began. " + replacement + " Unless to be cold. Had he married a kinder woman.");
+  }
+});
+
+test("a revision from offset 0 replaces every final", () => {
+  const t = new Transcript();
+  t.apply(final(0, 0, "ten of clubs"));
+  t.apply(final(1, 13, "for queen of clubs"));
+  t.apply(revision(0, 1, 0, "10 of clubs 4 queen of clubs"));
+  assert.equal(t.text(), "10 of clubs 4 queen of clubs");
+});

@@ -26,10 +26,13 @@ DEFAULT_URL = "ws://127.0.0.1:8765"
 
 
 class Display:
-    """Interims rewrite the current line in place; finals stay.
+    """Interims rewrite the current line in place; finals stay; revisions rewrite finals.
 
-    On a terminal the live line is redrawn with a carriage return; when the
-    output is a pipe or file only finals are printed, one per line.
+    On a terminal the live line is redrawn with a carriage return, and a
+    ``revision`` (the server's second pass) redraws the final lines it
+    changes, as far up as the screen still shows them. When the output is a
+    pipe or file only first-pass finals are printed, one per line (``--json``
+    gives every message, revisions included).
     """
 
     def __init__(self, out: TextIO, channels: int = 1) -> None:
@@ -37,6 +40,7 @@ class Display:
         self.tty = out.isatty()
         self.channels = channels
         self._live = False
+        self._lines: list[tuple[int, int, str]] = []  # final lines on screen: (channel, first utterance, text)
 
     def _label(self, message: dict[str, Any]) -> str:
         return f"[ch{message['channel']}] " if self.channels > 1 else ""
@@ -53,11 +57,32 @@ class Display:
                 self.out.write("\r\x1b[K")
                 self._live = False
             if message["text"]:
-                self.out.write(self._label(message) + message["text"] + "\n")
+                line = self._label(message) + message["text"]
+                self.out.write(line + "\n")
+                self._lines.append((message["channel"], message["utterance"], line))
+        elif kind == "revision" and self.tty:
+            self._revise(message)
         elif kind == "error":
             self.clear()
             print(f"error {message['code']}: {message['message']}", file=sys.stderr)
         self.out.flush()
+
+    def _revise(self, message: dict[str, Any]) -> None:
+        """Redraw from the first revised final down, if it is still on screen."""
+        first = message["utterances"][0]
+        at = next((i for i, (ch, utt, _) in enumerate(self._lines) if ch == message["channel"] and utt >= first), None)
+        if at is None:
+            return
+        columns, rows = shutil.get_terminal_size((100, 20))
+        below = self._lines[at:]
+        height = sum(max(1, -(-len(text) // max(1, columns))) for _, _, text in below)
+        if height >= rows:
+            return  # scrolled away: the next finals follow the revised text anyway
+        self.clear()
+        kept = [entry for entry in below if entry[0] != message["channel"]]  # other channels' lines, redrawn after
+        revised = self._label(message) + message["text"]
+        self.out.write(f"\x1b[{height}F\x1b[J" + revised + "\n" + "".join(text + "\n" for _, _, text in kept))
+        self._lines[at:] = [(message["channel"], first, revised), *kept]
 
     def clear(self) -> None:
         if self._live:
