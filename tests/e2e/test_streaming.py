@@ -42,6 +42,12 @@ def check_protocol(r: Replay) -> None:
     seen_interim: set[tuple[int, int]] = set()
     finished: set[tuple[int, int]] = set()
     for m in msgs:
+        if m["type"] == "revision":  # the finals from offset to their end are now text
+            t = transcripts.get(m["channel"], "")
+            first, last = m["utterances"]
+            assert 0 <= m["offset"] <= len(t) and first <= last and (m["channel"], last) in finished
+            transcripts[m["channel"]] = (t[: m["offset"] - 1] + " " + m["text"]) if m["offset"] else m["text"]
+            continue
         if m["type"] not in ("interim", "final"):
             continue
         key = (m["channel"], m["utterance"])

@@ -74,7 +74,9 @@ def test_webrtc_gives_the_same_results_as_websocket(rtc_server):
     transcript = ""
     interims = set()
     for m in msgs:
-        if m["type"] == "interim":
+        if m["type"] == "revision":
+            transcript = (transcript[: m["offset"] - 1] + " " + m["text"]) if m["offset"] else m["text"]
+        elif m["type"] == "interim":
             interims.add(m["utterance"])
             assert m["offset"] == (len(transcript) + 1 if transcript else 0)
         elif m["type"] == "final" and m["text"]:

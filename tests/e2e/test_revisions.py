@@ -1,0 +1,67 @@
+"""End to end, real model: the context pass fixes what an utterance decoded alone gets wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ..harness import MANIFEST, replay
+from ..wer import wer
+
+pytestmark = pytest.mark.e2e
+
+JS = Path(__file__).resolve().parents[2] / "clients" / "js"
+NAME = "librivox_16k.s16le"  # "He was not an ill-disposed young man": alone, tiny.en hears "old-sposed"
+
+
+def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(live_server):
+    r = asyncio.run(replay(live_server.url, NAME))
+    reference = " ".join(MANIFEST[NAME]["references"][0])
+    first_pass = r.final_text()
+    assert "old-sposed" in first_pass  # the isolated decode's mistake (what the pass is for)
+    revisions = [m.message for m in r.of_type("revision")]
+    assert revisions and any("ill-disposed" in m["text"] for m in revisions)
+    closed = next(i for i, m in enumerate(r.messages) if m.message["type"] == "closed")
+    assert all(r.messages.index(m) < closed for m in r.of_type("revision"))  # the refined text before closed
+    refined = r.transcript().final_text(0)
+    assert "ill-disposed" in refined and "old-sposed" not in refined
+    assert wer(reference, refined) < wer(reference, first_pass)
+
+
+def test_revisions_false_never_sends_one(live_server):
+    r = asyncio.run(replay(live_server.url, NAME, revisions="false"))
+    assert not r.of_type("revision") and r.messages[-1].message["type"] == "closed"
+    assert r.messages[0].message["config"]["revisions"] is False
+
+
+def test_python_and_js_transcripts_agree_after_every_message(live_server, tmp_path):
+    """Both clients apply the same messages (revisions included) to the same text, message by message."""
+    node = shutil.which("node")
+    assert node, "node (>= 20) is needed"
+    r = asyncio.run(replay(live_server.url, NAME, realtime=True))  # interims live while revisions come
+    messages = [m.message for m in r.messages]
+    assert any(m["type"] == "revision" for m in messages)
+    from asr_client import Transcript
+
+    python, after = Transcript(), []
+    for m in messages:
+        python.apply(m)
+        after.append([python.text(0), python.final_text(0)])
+    path = tmp_path / "messages.json"
+    path.write_text(json.dumps(messages))
+    script = (
+        "import { Transcript } from './src/transcript.js';"
+        "import { readFileSync } from 'node:fs';"
+        "const t = new Transcript(); const out = [];"
+        f"for (const m of JSON.parse(readFileSync({json.dumps(str(path))}, 'utf8'))) {{"
+        "  t.apply(m); out.push([t.text(0), t.finalText(0)]); }"
+        "console.log(JSON.stringify(out));"
+    )
+    done = subprocess.run([node, "--input-type=module", "-e", script], cwd=JS, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == after
