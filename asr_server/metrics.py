@@ -60,6 +60,9 @@ class Metrics:
         self.guard_drops = Counter(
             "asr_guard_drops_total", "Finals from which a guard removed text, by guard", ["guard"], registry=r
         )
+        self.revisions = Counter(
+            "asr_revisions_total", "Revisions sent: the context pass changed finals the client held", registry=r
+        )
         self.decode_failures = Counter(
             "asr_decode_failures_total",
             "Decodes given up after the model raised: interims are dropped, finals sent empty with decode_failed",

@@ -33,6 +33,7 @@ from .scheduler.admission import Capacity, refusal
 from .scheduler.budget import MemoryBudget, audio_bytes, process_rss, stream_bytes
 from .scheduler.governor import GovernorOptions, InterimLoad, LoadGovernor
 from .scheduler.policy import BatchLimits, Priority
+from .decoding.incremental import CONTEXT_KEPT_S
 from .session import Session
 from .transport.connection import Connection
 from .transport.http import LISTEN_PATH, OneRequestConnection, route
@@ -115,7 +116,9 @@ class AsrServer:
             buffered = self.limits.max_container_buffer_bytes
         elif options.is_webrtc:
             buffered = audio_bytes(self.limits.max_live_backlog_s, options.channels)
-        return stream_bytes(options.channels, options.max_utterance_s, self.limits.max_pending_finals, buffered)
+        # The context pass keeps a window of finalized audio (and its prompt's) per channel.
+        context_s = CONTEXT_KEPT_S if options.revisions else 0.0
+        return stream_bytes(options.channels, options.max_utterance_s, self.limits.max_pending_finals, buffered, context_s)
 
     async def start(self) -> None:
         if self.rtc.host_addresses:

@@ -56,6 +56,8 @@ PROMPT_CHARS = 120
 PROMPT_MIN_WORD_PROBABILITY = 0.5
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
+# Finalized audio a channel keeps for the context pass, at most (for the memory budget).
+CONTEXT_KEPT_S = ContextOptions().window_s + PROMPT_CONTEXT_S + 30.0  # + the newest record, up to one utterance
 
 
 @dataclass(eq=False)
@@ -412,12 +414,12 @@ class ChannelDecoder:
         self._trim()
 
     def _trim(self) -> None:
-        """Keep the records a window (and its prompt) may need; never while a pass is in flight."""
-        if self._context_job is not None:
-            return
+        """Keep only the records a window (and its prompt) can use: bounded memory however long
+        passes wait (a pass in flight over a dropped record is not applied)."""
         keep_s = self.context.window_s + PROMPT_CONTEXT_S
-        while len(self._done) > max(1, self._unrevised) and sum(r.seconds for r in self._done[1:]) >= keep_s:
+        while len(self._done) > 1 and sum(r.seconds for r in self._done[1:]) >= keep_s:
             self._done.pop(0)
+        self._unrevised = min(self._unrevised, len(self._done))
 
     def _dispatch_context(self) -> list[PipelineEvent]:
         if not self.context.enabled or self._context_closed or self._context_job is not None or not self._unrevised:

@@ -35,14 +35,15 @@ def audio_bytes(seconds: float, channels: int = 1) -> int:
     return int(seconds * MODEL_RATE * 4 * channels)
 
 
-def channel_bytes(max_utterance_s: float, max_pending_finals: int) -> int:
-    """Worst-case memory of one channel: the open utterance plus every owed final, as float32."""
-    return audio_bytes((max_pending_finals + 1) * max_utterance_s) + _PER_CHANNEL_OVERHEAD
+def channel_bytes(max_utterance_s: float, max_pending_finals: int, context_s: float = 0.0) -> int:
+    """Worst-case memory of one channel: the open utterance plus every owed final, as float32,
+    plus ``context_s`` of finalized audio kept for the context pass (and one window of it being decoded)."""
+    return audio_bytes((max_pending_finals + 1) * max_utterance_s + 2 * context_s) + _PER_CHANNEL_OVERHEAD
 
 
-def stream_bytes(channels: int, max_utterance_s: float, max_pending_finals: int, container_buffer: int) -> int:
+def stream_bytes(channels: int, max_utterance_s: float, max_pending_finals: int, container_buffer: int, context_s: float = 0.0) -> int:
     """``container_buffer``: input held ahead of the pipeline (compressed bytes, or a WebRTC live backlog)."""
-    return channels * channel_bytes(max_utterance_s, max_pending_finals) + container_buffer
+    return channels * channel_bytes(max_utterance_s, max_pending_finals, context_s) + container_buffer
 
 
 @dataclass(frozen=True)

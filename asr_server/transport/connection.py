@@ -41,7 +41,7 @@ from ..errors import (
     ShuttingDown,
     wire_info,
 )
-from ..events import Final, Interim, SubmitJob, WithdrawJob
+from ..events import Final, Interim, Revision, SubmitJob, WithdrawJob
 from ..options import Limits
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, WebRtcOffer, parse_client_message
 from ..scheduler.engine import JobFailed
@@ -457,6 +457,9 @@ class Connection:
         if isinstance(event, Interim) and not self._first_interim_seen and self._first_audio_at is not None:
             self._first_interim_seen = True
             self.metrics.first_interim.observe(now - self._first_audio_at)
+        elif isinstance(event, Revision):
+            self.metrics.revisions.inc()
+            log.info("session=%s event=revision channel=%d utterances=%d-%d chars=%d", self.sid, event.channel, event.first, event.last, len(event.text))
         elif isinstance(event, Final):
             self.metrics.audio_transcribed.inc(max(0.0, event.end - event.start))
             arrived = self._arrival_of(int(event.speech_end * MODEL_RATE))

@@ -220,3 +220,17 @@ def test_closed_waits_for_the_last_pass_and_its_time_bound_gives_it_up():
     slow.apply(outputs)
     slow.apply(slow.session.job_skipped(job))  # the scheduler's answer to the withdrawal
     assert slow.messages[-1]["type"] == "closed" and slow.close.code == 1000
+
+
+def test_finalized_audio_kept_for_the_pass_stays_bounded_when_passes_never_run():
+    """Under sustained load context passes wait; what a channel keeps for them must not grow."""
+    from asr_server.decoding.incremental import CONTEXT_KEPT_S
+
+    model = TwoPassModel([f"sentence {i}" for i in range(60)], [f"sentence {i}" for i in range(60)])
+    d = Driver(model)
+    audio = speech()
+    for _ in range(8):  # about 2 minutes of speech, the pass never answered
+        d.feed(audio)
+    kept = sum(r.seconds for r in d.session._decoders[0]._done)
+    assert len(d.of_type("final")) == 40 and kept <= CONTEXT_KEPT_S
+    assert kept <= ContextOptions().window_s + 10.0 + 4.0  # a window, its prompt, one utterance
