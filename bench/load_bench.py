@@ -1,6 +1,6 @@
 """Load benchmark: N concurrent real-time streams against one server.
 
-    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--max-channels N] [--server-arg=--max-batch=4]
+    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--sync] [--max-channels N] [--server-arg=--max-batch=4]
 
 For each N, starts N clients at once (start times spread over one second,
 seeded), each replaying a real fixture at real-time pace (fixtures are dealt
@@ -11,6 +11,8 @@ final), time to first interim, interims per stream-second, word error rate of
 the finals, server CPU (cores busy) and peak memory, refused streams and how
 long the slowest refusal took from connecting. Between levels it waits for the
 server's load level to return to 0.
+With ``--sync`` every stream starts at the same instant with the same recording
+(LibriVox, not rotated), so their finals come due together: the burst case.
 It stops the sweep once p95 final latency exceeds --limit (default 1.5 s) and
 names the largest N that held it. Not a test: it prints a table.
 """
@@ -131,7 +133,7 @@ def wait_calm(port: int, limit_s: float = 60.0) -> None:
         time.sleep(1.0)
 
 
-async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: int = 1) -> dict:
+async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: int = 1, sync: bool = False) -> dict:
     rng = random.Random(seed)
     peak = [rss_mib(pid)]
 
@@ -142,13 +144,19 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
 
     watcher = asyncio.create_task(watch())
     cpu0, t0, model0 = cpu_seconds(pid), time.monotonic(), model_seconds(port)
-    results = await asyncio.gather(*(one_client(url, FIXTURES[i % len(FIXTURES)], i // len(FIXTURES), rng.random(), rounds) for i in range(n)))
+    if sync:  # every stream at once with the same recording: their finals come due together
+        clients = [one_client(url, FIXTURES[0], 0, 0.0, rounds) for _ in range(n)]
+    else:
+        clients = [one_client(url, FIXTURES[i % len(FIXTURES)], i // len(FIXTURES), rng.random(), rounds) for i in range(n)]
+    results = await asyncio.gather(*clients)
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
     model1 = model_seconds(port)
     model = {k: model1[k] - model0.get(k, 0.0) for k in model1}
     watcher.cancel()
     latencies, first, interims, errors, words, refused, stream_s = [], [], 0, 0, 0, 0, 0.0
     finals_sent = 0
+    refined_errors = 0
+    delays: list[float] = []
     refusal_s: list[float] = []
     broken = 0
     for entry, r, _code, refused_after in results:
@@ -173,8 +181,14 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
                     latencies.append(match.at - end)
             ref = normalize(" ".join(entry["references"][ch]))
             errors += edit_distance(ref, normalize(r.final_text(ch)))
+            refined_errors += edit_distance(ref, normalize(r.transcript().final_text(ch)))
             words += len(ref)
+            shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
+            delays += [t.at - shown[t.message["utterances"][0]] for t in r.of_type("revision") if t.message["channel"] == ch]
     return {
+        "refined_wer": refined_errors / words if words else float("nan"),
+        "revision_p95": pct(delays, 0.95) if delays else float("nan"), "revisions": len(delays),
+        "model_context": model.get("context", 0.0) / stream_s if stream_s else 0.0,
         "n": n, "finals": len(latencies), "p50": pct(latencies, 0.5) if latencies else float("nan"), "p95": pct(latencies, 0.95) if latencies else float("nan"),
         "first": pct(first, 0.5) if first else float("nan"), "interim_rate": interims / stream_s if stream_s else 0.0,
         "wer": errors / words if words else float("nan"), "cpu": cpu / wall, "rss": max(peak), "refused": refused,
@@ -195,6 +209,7 @@ def main() -> None:
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=1, help="each client replays its fixture this many times (each from another pause): more finals per level, a steadier p95")
+    ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
     args = ap.parse_args()
@@ -204,7 +219,7 @@ def main() -> None:
     try:
         for n in (int(x) for x in args.streams.split(",")):
             wait_calm(port)
-            row = asyncio.run(run_level(url, n, args.seed + n, proc.pid, port, args.rounds))
+            row = asyncio.run(run_level(url, n, args.seed + n, proc.pid, port, args.rounds, args.sync))
             rows.append(row)
             print(f"N={n}: p50 {row['p50']:.2f}s p95 {row['p95']:.2f}s over {row['finals']} finals", file=sys.stderr, flush=True)
             if row["p95"] <= args.limit and row["refused"] == 0:
@@ -214,12 +229,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interims/stream-s | WER | server CPU (cores) | model s/audio s (interim + final) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s) | server CPU (cores) | model s/audio s (interim + final + context) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
         broken = f" ({r['broken']} broken)" if r["broken"] else ""
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['cpu']:.2f} | {r['model_interim']:.2f} + {r['model_final']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}) | {r['cpu']:.2f} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 

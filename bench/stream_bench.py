@@ -1,20 +1,27 @@
 """Single-stream benchmark: replay fixtures at real-time pace through a real server.
 
-    python bench/stream_bench.py [--runs 2] [--fixtures a,b,...] [--compute-type auto]
+    python bench/stream_bench.py [--runs 1] [--fixtures a,b,...] [--noise-db 20] [--revisions false]
 
 Starts ``asr-server`` as a subprocess on a free loopback port with the embedded
 model, streams each fixture at real-time pace (one stream at a time), and
 reports per fixture and overall:
 
-* time to first interim: first interim's arrival minus the start of the first sentence;
-* final latency: each sentence's final arrival minus the end of that sentence (p50/p95);
-* word error rate of the finals, and of faster-whisper's offline transcription of the
-  same file with the same model and compute type;
-* compute per audio second: the server process's CPU seconds, and the model's own
-  decode seconds (from /metrics), divided by the audio seconds streamed.
+* final latency: each sentence's first final's arrival minus where its speech ends in the
+  audio itself (the last frame within 30 dB of the sentence's loudest: room tone and
+  breaths after it are not speech), p50/p95;
+* word error rate of the first-pass finals, of the transcript after revisions (the
+  context pass), and of faster-whisper's offline transcription of the same file with
+  the same model and compute type (beam 5, computed in the same run);
+* revisions per final, and the revision delay: how long the first utterance a revision
+  changed had shown its first-pass text;
+* time to first interim, from the start of the first sentence;
+* compute per audio second: the server process's CPU seconds, and the model's decode
+  seconds by kind (interim, final, context; from /metrics).
 
-Sentence times come from tests/audio_fixtures/manifest.json. Not a test: no
-assertion, it prints a table (and --json writes the raw figures).
+``--noise-db N`` replays the audio with continuous pink noise N dB below its speech
+level, so that pauses are not digital silence. Sentence spans come from
+tests/audio_fixtures/manifest.json. Not a test: it prints a table (--json writes the
+raw figures).
 """
 
 from __future__ import annotations
@@ -34,7 +41,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import MANIFEST, load_channels, replay  # noqa: E402
+import numpy as np  # noqa: E402
+from asr_client import stream_bytes  # noqa: E402
+
+from tests.harness import MANIFEST, Replay, load_channels, replay  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
 
 DEFAULT_FIXTURES = "librivox_16k.s16le,espeak_8k.mulaw,call_8k_stereo.s16le,cards_44k.f32le"
@@ -87,15 +97,97 @@ def offline_errors(name: str, channel: int, compute_type: str) -> tuple[int, int
 
 
 def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def speech_ends(audio: np.ndarray, spans: list[list[float]], floor_db: float = 30.0) -> list[float]:
+    """Where each sentence's speech really ends, found in the audio itself: the end of its last
+    30 ms frame within ``floor_db`` of the sentence's loudest frame (room tone and breaths after
+    it are not speech), searched up to 0.6 s past the manifest's end."""
+    frame = 480
+    ends = []
+    for start, end in spans:
+        a, b = int(start * 16000), min(len(audio), int((end + 0.6) * 16000))
+        seg = audio[a:b]
+        n = len(seg) // frame
+        rms = np.sqrt(np.mean(seg[: n * frame].reshape(n, frame).astype(np.float64) ** 2, axis=1)) + 1e-9
+        loud = np.nonzero(20 * np.log10(rms / rms.max()) > -floor_db)[0]
+        ends.append((a + (loud[-1] + 1) * frame) / 16000 if len(loud) else end)
+    return ends
+
+
+def pink_noise(n: int, seed: int) -> np.ndarray:
+    """Pink (1/f) noise, unit RMS (Voss-McCartney-like sum of held random rows)."""
+    rng = np.random.default_rng(seed)
+    rows = 16
+    out = np.zeros(n)
+    for k in range(rows):
+        step = 2 ** k
+        held = np.repeat(rng.standard_normal(n // step + 2), step)[:n]
+        out += held
+    out += rng.standard_normal(n)
+    return (out / np.sqrt(np.mean(out**2))).astype(np.float32)
+
+
+def noisy_pcm(name: str, snr_db: float) -> tuple[bytes, list[np.ndarray]]:
+    """The fixture at 16 kHz with continuous pink noise ``snr_db`` below its speech level, as s16le."""
+    channels = load_channels(name)
+    mixed = []
+    for ch, audio in enumerate(channels):
+        spans = MANIFEST[name]["spans"][ch]
+        speech = np.concatenate([audio[int(a * 16000) : int(b * 16000)] for a, b in spans])
+        level = float(np.sqrt(np.mean(speech.astype(np.float64) ** 2)))
+        mixed.append(np.clip(audio + pink_noise(len(audio), 11 + ch) * level * 10 ** (-snr_db / 20), -1, 1))
+    planar = np.stack(mixed)
+    return (planar.T.reshape(-1) * 32767).astype("<i2").tobytes(), mixed
+
+
+async def replay_noisy(url: str, name: str, snr_db: float, **options) -> tuple[Replay, list[np.ndarray]]:
+    data, mixed = noisy_pcm(name, snr_db)
+    n = len(mixed)
+    result = Replay(name)
+    async for item in stream_bytes(url, data, bytes_per_second=16000 * 2 * n, realtime=True, encoding="pcm_s16le",
+                                   sample_rate=16000, channels=n, **options):
+        result.messages.append(item)
+    return result, mixed
+
+
+def final_latencies(r: Replay, ch: int, ends: list[float]) -> list[float]:
+    """Per sentence: the first final covering its end, minus where its speech ended."""
+    finals = [t for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
+    out = []
+    for end in ends:
+        match = next((f for f in finals if f.message["end"] >= end - 0.6 and f.message["start"] <= end), None)
+        if match is not None:
+            out.append(match.at - end)
+    return out
+
+
+def revision_delays(r: Replay, ch: int) -> list[float]:
+    """Per revision: how long the first utterance it changed had shown its first-pass text."""
+    finals = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
+    return [t.at - finals[t.message["utterances"][0]] for t in r.of_type("revision") if t.message["channel"] == ch]
+
+
+def model_seconds(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if m := re.match(r'asr_decode_seconds_sum\{kind="(\w+)"\} (\S+)', line):
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
     ap.add_argument("--compute-type", default="auto")
+    ap.add_argument("--noise-db", type=float, default=None, help="add continuous pink noise this many dB below the speech (raw 16 kHz replay)")
+    ap.add_argument("--revisions", default="true", help="the stream option (true/false)")
     ap.add_argument("--json", help="write raw figures here")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--final-encoder-pad-s=15")
     args = ap.parse_args()
@@ -103,54 +195,65 @@ def main() -> None:
 
     proc, port = start_server(args.compute_type, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
-    rows, latencies, first_interims = [], [], []
-    errors = ref_words = off_errors = 0
+    rows, latencies, first_interims, delays = [], [], [], []
+    totals = {"first": 0, "refined": 0, "offline": 0, "words": 0, "finals": 0, "revisions": 0}
     audio_s = 0.0
-    cpu0, decode0 = cpu_seconds(proc.pid), metric(port, "asr_decode_seconds_sum")
+    cpu0, model0 = cpu_seconds(proc.pid), model_seconds(port)
     try:
         for name in names:
             entry = MANIFEST[name]
             for run in range(args.runs):
-                r = asyncio.run(replay(url, name, realtime=True))
+                if args.noise_db is None:
+                    r = asyncio.run(replay(url, name, realtime=True, revisions=args.revisions))
+                    heard = list(load_channels(name))
+                else:
+                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, revisions=args.revisions))
                 audio_s += r.of_type("closed")[0].message["audio_received_s"]
-                fixture_lat = []
+                refined = r.transcript()
                 for ch in range(entry["channels"]):
-                    finals = [t for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
-                    for span in entry["spans"][ch]:
-                        # The first final that covers the end of this sentence.
-                        match = next((f for f in finals if f.message["end"] >= span[1] - 0.6 and f.message["start"] <= span[1]), None)
-                        if match is not None:
-                            fixture_lat.append(match.at - span[1])
+                    latencies.extend(final_latencies(r, ch, speech_ends(heard[ch], entry["spans"][ch])))
+                    delays.extend(revision_delays(r, ch))
+                    if run:
+                        continue
                     ref = normalize(" ".join(entry["references"][ch]))
-                    e = edit_distance(ref, normalize(r.final_text(ch)))
-                    if run == 0:
-                        oe, _ = offline_errors(name, ch, args.compute_type)
-                        errors, ref_words, off_errors = errors + e, ref_words + len(ref), off_errors + oe
-                        rows.append((f"{name} ch{ch}", e / len(ref), oe / len(ref)))
+                    first = edit_distance(ref, normalize(r.final_text(ch)))
+                    better = edit_distance(ref, normalize(refined.final_text(ch)))
+                    offline, _ = offline_errors(name, ch, args.compute_type)
+                    rows.append((f"{name} ch{ch}", first / len(ref), better / len(ref), offline / len(ref)))
+                    for key, value in (("first", first), ("refined", better), ("offline", offline), ("words", len(ref))):
+                        totals[key] += value
+                totals["finals"] += sum(1 for t in r.of_type("final") if t.message["text"])
+                totals["revisions"] += len(r.of_type("revision"))
                 interims = r.of_type("interim")
-                first_speech = min(s for spans in entry["spans"] for s, _ in spans)
                 if interims:
-                    first_interims.append(interims[0].at - first_speech)
-                latencies.extend(fixture_lat)
+                    first_interims.append(interims[0].at - min(s for spans in entry["spans"] for s, _ in spans))
         cpu = cpu_seconds(proc.pid) - cpu0
-        decode = metric(port, "asr_decode_seconds_sum") - decode0
+        model1 = model_seconds(port)
     finally:
         proc.terminate()
         proc.wait(10)
+    report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1})
 
-    print(f"# single stream, real-time pace, {args.runs} run(s) per fixture, tiny.en {args.compute_type}, {os.cpu_count()} cores")
-    print("| fixture | WER streamed | WER offline |")
-    print("|---|---|---|")
-    for label, w, o in rows:
-        print(f"| {label} | {w:.3f} | {o:.3f} |")
-    print(f"| **pooled** | **{errors / ref_words:.3f}** | **{off_errors / ref_words:.3f}** |")
+
+def report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, model) -> None:
+    noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
+    print(f"# single stream, real-time pace{noise}, revisions={args.revisions}, {args.runs} run(s) per fixture, tiny.en {args.compute_type}, {os.cpu_count()} cores")
+    print("| fixture | WER first-pass finals | WER after revisions | WER offline |")
+    print("|---|---|---|---|")
+    for label, first, refined, offline in rows:
+        print(f"| {label} | {first:.3f} | {refined:.3f} | {offline:.3f} |")
+    w = totals["words"]
+    print(f"| **pooled** | **{totals['first'] / w:.3f}** | **{totals['refined'] / w:.3f}** | **{totals['offline'] / w:.3f}** |")
     print()
+    print(f"final latency from the end of speech found in the audio (s): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} (n={len(latencies)})")
     print(f"time to first interim (s): median {statistics.median(first_interims):.2f}, max {max(first_interims):.2f} (n={len(first_interims)})")
-    print(f"final latency, end of sentence to final (s): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} (n={len(latencies)})")
-    print(f"compute per audio second: server CPU {cpu / audio_s:.3f} s/s, model decode time {decode / audio_s:.3f} s/s ({audio_s:.0f} s of audio)")
+    print(f"revisions: {totals['revisions']} for {totals['finals']} finals; delay from the first changed final (s): p50 {pct(delays, 0.5):.2f}, p95 {pct(delays, 0.95):.2f} (n={len(delays)})")
+    kinds = ", ".join(f"{k} {v / audio_s:.3f}" for k, v in sorted(model.items()))
+    print(f"compute per audio second: server CPU {cpu / audio_s:.3f} s/s; model time by kind: {kinds} ({audio_s:.0f} s of audio)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "latencies": latencies, "first_interims": first_interims,
-                                                "cpu_per_audio_s": cpu / audio_s, "decode_per_audio_s": decode / audio_s}, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": rows, "totals": totals, "latencies": latencies, "delays": delays,
+                                                "first_interims": first_interims, "cpu_per_audio_s": cpu / audio_s,
+                                                "model_per_audio_s": {k: v / audio_s for k, v in model.items()}}, indent=1))
 
 
 if __name__ == "__main__":
