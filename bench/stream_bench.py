@@ -82,7 +82,8 @@ def metric(port: int, name: str) -> float:
     return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + "{") or l.startswith(name + " "))
 
 
-def offline_errors(name: str, channel: int, compute_type: str) -> tuple[int, int]:
+def offline_errors(name: str, channel: int, compute_type: str, audio: np.ndarray | None = None) -> tuple[int, int]:
+    """faster-whisper's own transcription of the whole recording (``audio``: as streamed, noise included)."""
     from faster_whisper import WhisperModel
 
     from asr_server.inference.whisper import resolve_model
@@ -91,7 +92,7 @@ def offline_errors(name: str, channel: int, compute_type: str) -> tuple[int, int
     if "_MODEL" not in globals():
         _MODEL = WhisperModel(resolve_model("tiny.en"), device="cpu", compute_type=compute_type, cpu_threads=os.cpu_count() or 1)
     entry = MANIFEST[name]
-    segments, _ = _MODEL.transcribe(load_channels(name)[channel], language="en")
+    segments, _ = _MODEL.transcribe(load_channels(name)[channel] if audio is None else audio, language="en", beam_size=5, vad_filter=True)
     ref = normalize(" ".join(entry["references"][channel]))
     return edit_distance(ref, normalize(" ".join(s.text for s in segments))), len(ref)
 
@@ -218,7 +219,7 @@ def main() -> None:
                     ref = normalize(" ".join(entry["references"][ch]))
                     first = edit_distance(ref, normalize(r.final_text(ch)))
                     better = edit_distance(ref, normalize(refined.final_text(ch)))
-                    offline, _ = offline_errors(name, ch, args.compute_type)
+                    offline, _ = offline_errors(name, ch, args.compute_type, heard[ch])
                     rows.append((f"{name} ch{ch}", first / len(ref), better / len(ref), offline / len(ref)))
                     for key, value in (("first", first), ("refined", better), ("offline", offline), ("words", len(ref))):
                         totals[key] += value

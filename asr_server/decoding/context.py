@@ -41,6 +41,9 @@ class ContextOptions:
     min_new_s: float = 6.0
     # ... or once the channel has been silent this long after its last final (a pause in talk).
     idle_s: float = 1.0
+    # The newest final is decided only with a later one in the window (context on both sides,
+    # as offline transcription has), unless the channel has been silent this long, or ended.
+    settle_s: float = 3.0
 
 
 @dataclass
@@ -113,20 +116,24 @@ def _distance(t: float, span: Span) -> float:
     return 0.0 if span.start <= t <= span.end else min(abs(t - span.start), abs(t - span.end))
 
 
-def revised_texts(records: Sequence[Finalized], hyp: Hypothesis, spans: Sequence[Span], fresh_from: int) -> list[tuple[str, tuple[Word, ...]]] | None:
+def revised_texts(
+    records: Sequence[Finalized], hyp: Hypothesis, spans: Sequence[Span], fresh_from: int, decide_to: int
+) -> list[tuple[str, tuple[Word, ...]]] | None:
     """Per record, its text and words (window times) after the context decode; None if it is not to be trusted.
 
-    Only records from index ``fresh_from`` on may change: the ones before
-    are in the window as context (a pass already refined them; deciding
-    them again would make the transcript flip). A record keeps what it had
-    when the decode left it without words (Whisper can skip an utterance at
-    a window's edge) or heard it with less confidence than the first pass
-    did (mean word probability lower by more than :data:`CONFIDENCE_MARGIN`).
-    The whole result is refused when it holds far fewer or far more words
-    than the first pass (a loop, or a lost stretch).
+    Only records with index from ``fresh_from`` to ``decide_to`` may change:
+    the ones before are in the window as context (a pass already refined
+    them; deciding them again would make the transcript flip), the ones after
+    as lookahead (decided by a later pass, with context after them too). A
+    record keeps what it had when the decode gave it no words or a very
+    different number of them (Whisper can skip or cut an utterance at a
+    window's edge), or heard it with less confidence than the first pass did
+    (mean word probability lower by more than :data:`CONFIDENCE_MARGIN`). The
+    whole result is refused when it holds far fewer or far more words than
+    the first pass (a loop, or a lost stretch).
     """
     groups = split_words(hyp.words, spans)
-    fresh = [(r, g) for r, g in zip(records, groups, strict=True) if r.index >= fresh_from]
+    fresh = [(r, g) for r, g in zip(records, groups, strict=True) if fresh_from <= r.index <= decide_to]
     old_words = sum(len(r.text.split()) for r, _ in fresh)
     new_words = sum(len(g) for _, g in fresh)
     if not hyp.words or new_words < 0.6 * old_words or new_words > 1.6 * old_words + 2:
@@ -134,7 +141,12 @@ def revised_texts(records: Sequence[Finalized], hyp: Hypothesis, spans: Sequence
     out: list[tuple[str, tuple[Word, ...]]] = []
     for record, group in zip(records, groups, strict=True):
         text = " ".join("".join(w.word for w in group).split())
-        keep = record.index < fresh_from or not _words(text) or _confidence(group) < _confidence(record.words) - CONFIDENCE_MARGIN
+        old = len(record.text.split())
+        keep = (
+            not fresh_from <= record.index <= decide_to
+            or not 0.7 * old - 1 <= len(_words(text)) <= 1.5 * old + 2
+            or _confidence(group) < _confidence(record.words) - CONFIDENCE_MARGIN
+        )
         out.append((record.text, ()) if keep else (text, tuple(group)))
     return out
 

@@ -92,6 +92,7 @@ class ChannelDecoder:
         self._context_job: DecodeJob | None = None
         self._context_spans: list[Span] = []
         self._context_fresh = 0  # the first utterance the pass in flight may revise (earlier ones: context only)
+        self._context_decide_to = 0  # the last one it may revise (later ones: lookahead only)
         self._context_closed = False  # no more context passes (given up at close)
         self._draining = False  # no more audio: one last pass over what is unrevised
         self._position = 0  # stream samples received
@@ -425,9 +426,10 @@ class ChannelDecoder:
         if not self.context.enabled or self._context_closed or self._context_job is not None or not self._unrevised:
             return []
         fresh = self._done[-self._unrevised :]
+        decidable = fresh if self._settled() else fresh[:-1]
         quiet = not self._utterances and self._position - self._last_final_end >= self.context.idle_s * MODEL_RATE
         enough = sum(r.seconds for r in fresh) >= self.context.min_new_s
-        if not (enough or quiet or (self._draining and not self._utterances)):
+        if not decidable or not (enough or quiet or (self._draining and not self._utterances)):
             return []
         job = self._context_job = self._context_window()
         return [SubmitJob(job)]
@@ -438,8 +440,15 @@ class ChannelDecoder:
         prompt = _tail_words(" ".join(r.text for r in before), PROMPT_CHARS)
         request, self._context_spans = window_request(records, self.context, self.options.language, prompt)
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
+        self._context_decide_to = records[-1].index if self._settled() or len(records) < 2 else records[-2].index
         last = records[-1]
         return DecodeJob(self.channel, last.index, request, False, last.start + len(last.audio))
+
+    def _settled(self) -> bool:
+        """Whether the newest final may be decided without a later one (the speaker stopped, or the stream ended)."""
+        if self._utterances:
+            return False
+        return self._draining or self._position - self._last_final_end >= self.context.settle_s * MODEL_RATE
 
     def _refresh_context(self, job: DecodeJob) -> DecodeJob | None:
         """A waiting pass takes the newest finals when its turn comes (pull model, as interims)."""
@@ -457,11 +466,11 @@ class ChannelDecoder:
         self._context_job = None
         spans = self._context_spans
         covered = [r for r in self._done if spans[0].index <= r.index <= spans[-1].index]
-        self._unrevised = sum(1 for r in self._done if r.index > spans[-1].index)
+        self._unrevised = sum(1 for r in self._done if r.index > self._context_decide_to)
         out: list[PipelineEvent] = []
         if hypothesis is not None and [r.index for r in covered] == [s.index for s in spans]:
             hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered))
-            texts = revised_texts(covered, hyp, spans, self._context_fresh)
+            texts = revised_texts(covered, hyp, spans, self._context_fresh, self._context_decide_to)
             if texts is not None:
                 out.extend(self._revise(covered, spans, texts))
         self._trim()

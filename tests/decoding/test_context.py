@@ -166,7 +166,7 @@ def test_nothing_is_sent_when_the_context_pass_agrees():
 @pytest.mark.parametrize("change", ["shorter", "longer"])
 def test_a_revision_before_a_live_interim_moves_the_interim_with_the_transcript(change):
     together = list(ALONE)
-    together[1] = "unless cold" if change == "shorter" else "unless to be rather cold hearted and so on and on"
+    together[1] = "unless to be cold" if change == "shorter" else "unless to be rather cold hearted and so on and on"
     model = TwoPassModel(ALONE, together)
     # A pass after every final (min_new_s 0): the first ones run while the next sentence is spoken.
     d = Driver(model, context=ContextOptions(min_new_s=0.1))
@@ -234,3 +234,33 @@ def test_finalized_audio_kept_for_the_pass_stays_bounded_when_passes_never_run()
     kept = sum(r.seconds for r in d.session._decoders[0]._done)
     assert len(d.of_type("final")) == 40 and kept <= CONTEXT_KEPT_S
     assert kept <= ContextOptions().window_s + 10.0 + 4.0  # a window, its prompt, one utterance
+
+
+def test_the_newest_final_waits_for_a_later_one_or_for_the_speaker_to_stop():
+    """Context on both sides: a pass decides an utterance only with another after it in the window,
+    unless the channel has been silent for settle_s (or the stream ended)."""
+    model = TwoPassModel(ALONE, [t + " too" for t in ALONE])
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=0.1, settle_s=30.0))
+    audio = speech()
+    d.feed(audio[: int(4.5 * 16000)])  # the first sentence is final, the second not yet
+    assert len(d.of_type("final")) == 1 and not d.context_jobs  # nothing to decide yet
+    d.feed(audio[int(4.5 * 16000) :])
+    d.run_context()
+    last = max(f["utterance"] for f in d.of_type("final"))
+    assert d.of_type("revision") and last not in {m["utterances"][0] for m in d.of_type("revision")}
+    assert not d.client.final_text().endswith("too")  # the newest keeps its first-pass text for now
+    d.apply(d.session.end_of_stream())
+    d.run_context()  # the stream ended: the newest is decided too
+    assert d.client.final_text() == " ".join(t + " too" for t in ALONE)
+
+
+def test_a_pass_that_cuts_an_utterance_short_leaves_it_as_it_was():
+    together = list(ALONE)
+    together[1] = "unless"  # the window's decode lost most of it
+    together[2] = "and rather selfish indeed"
+    model = TwoPassModel(ALONE, together)
+    d = Driver(model)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    assert d.client.final_text() == " ".join([ALONE[0], ALONE[1], together[2], ALONE[3], ALONE[4]])
