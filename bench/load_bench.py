@@ -39,6 +39,7 @@ from asr_client import stream_bytes  # noqa: E402
 from tests.harness import FIXTURES as FIXTURE_DIR, MANIFEST, Replay, bytes_per_second  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
 
+REVISIONS = ["true"]  # the streams' option, set from the command line
 FIXTURES = ["librivox_16k.s16le", "espeak_8k.mulaw", "cards_44k.f32le", "call_8k_stereo.s16le"]
 
 
@@ -94,7 +95,7 @@ async def one_client(url: str, name: str, turn: int, delay: float, rounds: int =
     await asyncio.sleep(delay)
     t0 = time.monotonic()
     r = Replay(name)
-    options = {"encoding": entry["encoding"], "channels": entry["channels"], "sample_rate": entry["sample_rate"]}
+    options = {"encoding": entry["encoding"], "channels": entry["channels"], "sample_rate": entry["sample_rate"], "revisions": REVISIONS[0]}
     try:
         async for item in stream_bytes(url, data, bytes_per_second=bytes_per_second(name), realtime=True, **options):
             r.messages.append(item)
@@ -209,10 +210,12 @@ def main() -> None:
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=1, help="each client replays its fixture this many times (each from another pause): more finals per level, a steadier p95")
+    ap.add_argument("--revisions", default="true", help="the streams' revisions option (true/false)")
     ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
     args = ap.parse_args()
+    REVISIONS[0] = args.revisions
     proc, port = start_server(args.compute_type, "--max-channels", args.max_channels, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
     rows, best = [], 0

@@ -26,6 +26,8 @@ from .text import normalize_word
 
 # A context decode may revise an utterance only if it heard it about as confidently as the first pass.
 CONFIDENCE_MARGIN = 0.05
+# ... and only if its words reach within this much of where the first pass's began and ended.
+COVER_MARGIN_S = 0.6
 
 __all__ = ["CONFIDENCE_MARGIN", "ContextOptions", "Finalized", "Span", "plan_window", "window_request", "split_words", "revised_texts"]
 
@@ -38,9 +40,9 @@ class ContextOptions:
     # Silence between joined utterances (the measurement above used 0.5 s).
     gap_s: float = 0.5
     # A pass runs once this much speech has been finalized since the last one ...
-    min_new_s: float = 6.0
+    min_new_s: float = 8.0
     # ... or once the channel has been silent this long after its last final (a pause in talk).
-    idle_s: float = 1.0
+    idle_s: float = 2.0
     # The newest final is decided only with a later one in the window (context on both sides,
     # as offline transcription has), unless the channel has been silent this long, or ended.
     settle_s: float = 3.0
@@ -139,16 +141,27 @@ def revised_texts(
     if not hyp.words or new_words < 0.6 * old_words or new_words > 1.6 * old_words + 2:
         return None
     out: list[tuple[str, tuple[Word, ...]]] = []
-    for record, group in zip(records, groups, strict=True):
+    for record, group, span in zip(records, groups, spans, strict=True):
         text = " ".join("".join(w.word for w in group).split())
         old = len(record.text.split())
         keep = (
             not fresh_from <= record.index <= decide_to
-            or not 0.7 * old - 1 <= len(_words(text)) <= 1.5 * old + 2
+            or not 0.8 * old - 1 <= len(_words(text)) <= 1.5 * old + 2
+            or not _covers(group, span, record)
             or _confidence(group) < _confidence(record.words) - CONFIDENCE_MARGIN
         )
         out.append((record.text, ()) if keep else (text, tuple(group)))
     return out
+
+
+def _covers(group: Sequence[Word], span: Span, record: Finalized) -> bool:
+    """Whether the new words reach as far into the utterance's audio as the first pass's did
+    (Whisper can stop early at the end of a window and drop the last words)."""
+    if not record.words or not group:
+        return True
+    base = record.start / MODEL_RATE
+    return group[-1].end - span.start >= record.words[-1].end - base - COVER_MARGIN_S and \
+        group[0].start - span.start <= record.words[0].start - base + COVER_MARGIN_S
 
 
 def _confidence(words: Sequence[Word]) -> float:
