@@ -118,7 +118,7 @@ class Decision:
     batch: Batch | None = None
     skipped: tuple[Entry, ...] = ()  # answer "skipped" (stale)
     failed: tuple[Entry, ...] = ()  # answer "failed" (its refresh or batch arithmetic raised)
-    wake_at: float | None = None  # nothing to run now; look again then (a pack hold ends)
+    wake_at: float | None = None  # a pack hold ends then: look again (even if this worker took interims meanwhile)
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ class SchedulerCore:
                 break
         batch = self._start(worker, [t.item for t in tickets], now) if tickets else None
         self._check()
-        return Decision(batch, tuple(skipped), tuple(failed), None if batch else wake_at)
+        return Decision(batch, tuple(skipped), tuple(failed), wake_at)
 
     def update_from_output(self, batch_id: int, hypotheses: Sequence[Hypothesis | None], now: float) -> Outcome:
         """The model answered ``batch_id``: one hypothesis (or None: a pack missed it) per job, in order."""

@@ -168,8 +168,8 @@ class Scheduler:
                 log.exception("scheduling failed; worker %d waits for the next change", worker)
                 decision = Decision()
             self._answer_decision(decision)
+            self._arm(decision.wake_at)
             if decision.batch is None:
-                self._arm(decision.wake_at)
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue

@@ -199,3 +199,14 @@ def test_the_queues_hold_only_live_jobs_after_many_sessions():
             core.cancel_owner(owner)
     assert core.live == 0 and core.depth == 0
     assert core._finals.held <= 8 and core._interims.held <= 8
+
+
+def test_a_worker_that_takes_interims_during_a_pack_hold_is_still_told_when_the_hold_ends():
+    """Otherwise the held final waits for whichever batch ends next, not for the hold."""
+    core = SchedulerCore(ThirdOfAWindow(), BatchLimits(max_batch=4, final_frames=3000), workers=2, pack_hold_s=0.2)
+    core.add("f", final("busy"), 0.0)
+    assert core.schedule(0.0, 0).batch is not None  # the other worker runs finals
+    core.add("a", final("a", speculative=True), 1.0)
+    core.add("j", interim("meanwhile"), 1.0)
+    decision = core.schedule(1.05, 1)
+    assert [r.prompt for r in decision.batch.requests] == ["meanwhile"] and decision.wake_at == pytest.approx(1.2)
