@@ -207,24 +207,25 @@ class ChannelDecoder:
         """
         if job.request.kind is DecodeKind.CONTEXT:
             return self._context_ended(job, None)
-        if job is not self._in_flight:
-            raise ValueError("failure reported for a job that is not in flight on this channel")
-        self._in_flight = None
-        utt = self._utterances.get(job.utterance)
+        utt = self._landed(job)
         out: list[PipelineEvent] = []
         if utt is not None and job.request.kind is DecodeKind.FINAL and not job.speculative:
-            out.extend(self._finalize(utt, Hypothesis(text="", dropped=("decode_failed",))))
+            out.extend(self._finalize(utt, Hypothesis(text="")))
         out.extend(self._dispatch())
         return out
+
+    def _landed(self, job: DecodeJob) -> _Utterance | None:
+        """``job`` (this channel's one in flight) came back: the utterance it was for, if still open."""
+        if job is not self._in_flight:
+            raise ValueError("an answer for a job that is not in flight on this channel")
+        self._in_flight = None
+        return self._utterances.get(job.utterance)
 
     def job_done(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
         """Hand back the result of the job this decoder submitted last."""
         if job.request.kind is DecodeKind.CONTEXT:
             return self._context_ended(job, hypothesis)
-        if job is not self._in_flight:
-            raise ValueError("result for a job that is not in flight on this channel")
-        self._in_flight = None
-        utt = self._utterances.get(job.utterance)
+        utt = self._landed(job)
         out: list[PipelineEvent] = []
         if utt is not None:
             audio_s = len(job.request.audio) / MODEL_RATE
