@@ -14,8 +14,10 @@ Policy (unchanged from the single-file scheduler it replaces):
   workers, at most all but one run interims at once, so a final that comes
   finds a worker free.
 * Context passes (a channel's recent finals decoded together, the second
-  pass) have a third queue, served only when no final or interim waits: under
-  load they wait, and catch up when it falls. Like interims, they never take
+  pass) have a third queue, served when no final or interim waits: under load
+  they wait, and catch up when it falls. One that has waited
+  ``context_max_wait_s`` goes before interims (never before finals), so that
+  revisions keep coming under sustained load. Like interims, they never take
   the last free worker.
 * A waiting job is refreshed when it is picked (an interim takes the newest
   audio of its utterance) or skipped once it has gone stale; a session may
@@ -57,6 +59,8 @@ log = logging.getLogger("asr_server.scheduler")
 PACK_HOLD_S = 0.2
 # Model calls a final may take part in that raise before it is given up.
 FINAL_ATTEMPTS = 2
+# A context pass that has waited this long goes before interims.
+CONTEXT_MAX_WAIT_S = 5.0
 
 # Called when a waiting job is about to be batched: the job to run instead
 # (the same one, or one with newer audio), or None to skip it.
@@ -154,8 +158,10 @@ class SchedulerCore:
         interim_runner: Runner | None = None,
         workers: int = 1,
         pack_hold_s: float = PACK_HOLD_S,
+        context_max_wait_s: float = CONTEXT_MAX_WAIT_S,
     ) -> None:
         self.runner = runner
+        self.context_max_wait_s = context_max_wait_s
         self.interim_runner = interim_runner
         self.limits = limits or BatchLimits()
         self.workers = max(1, workers)
@@ -245,8 +251,11 @@ class SchedulerCore:
         wake_at = self._hold(now)
         queues = [] if wake_at is not None else [(self._finals, self._final_limits)]
         if self._background_workers() < max(1, self.workers - 1):
+            overdue = any(now - t.item.queued_at >= self.context_max_wait_s for t in self._contexts.waiting())
+            if overdue:
+                queues.append((self._contexts, self._final_limits))
             queues.append((self._interims, self.limits))
-            if not self._finals and not self._interims:
+            if not overdue and not self._finals and not self._interims:
                 queues.append((self._contexts, self._final_limits))
         while True:
             tickets, dropped = form_batch(queues, inspect)

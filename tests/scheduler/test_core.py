@@ -210,3 +210,19 @@ def test_a_worker_that_takes_interims_during_a_pack_hold_is_still_told_when_the_
     core.add("j", interim("meanwhile"), 1.0)
     decision = core.schedule(1.05, 1)
     assert [r.prompt for r in decision.batch.requests] == ["meanwhile"] and decision.wake_at == pytest.approx(1.2)
+
+
+def context(tag: str) -> DecodeJob:
+    return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.CONTEXT, prompt=tag), False, 1600)
+
+
+def test_a_context_pass_waits_behind_finals_and_interims_until_it_is_overdue():
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), context_max_wait_s=5.0)
+    core.add("c", context("pass"), 0.0)
+    for i in range(10):
+        core.add(f"i{i}", interim(f"interim {i}"), 0.0)
+    core.add("f", final("final"), 0.0)
+    assert ran(core, 1.0) == ["final"]  # finals first, always
+    assert ran(core, 2.0) == ["interim 0"]  # then interims, while the pass is young
+    assert ran(core, 5.0) == ["pass"]  # overdue: before the waiting interims
+    assert ran(core, 5.5) == ["interim 1"]
