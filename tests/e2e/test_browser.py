@@ -113,8 +113,13 @@ def test_page_captions_the_microphone(playwright, page_server, whisper_runner, t
     reference = " ".join(MANIFEST[FIXTURE]["references"][0])
     offline = wer(reference, _offline_text(whisper_runner, FIXTURE))
     assert wer(reference, got["final"]) <= offline + WER_FILE_MARGIN, got["final"]
-    # What the page shows as final is exactly what the server finalized.
-    assert got["final"] == " ".join(m["text"] for m in messages if m["type"] == "final" and m["text"])
+    # What the page shows as final is exactly what the server finalized, with its revisions applied.
+    from asr_client import Transcript
+
+    server_view = Transcript()
+    for m in messages:
+        server_view.apply(m)
+    assert got["final"] == server_view.final_text(0)
     assert got["status"] == "Stopped" and got["latency"].endswith(" s")
     assert got["shot"] and shot.stat().st_size > 10_000
 
@@ -150,11 +155,12 @@ def test_page_waits_out_a_busy_server_and_then_captions(playwright, whisper_runn
         page.wait_for_function("window.asrApp.state === 'streaming'", timeout=20_000)
         assert not page.is_visible("#notice")
         page.wait_for_function("window.asrApp.finalText().length > 0", timeout=20_000)
-        received = page.evaluate("window.asrApp.finalText()")
         # The server goes away mid-stream: the page says so, keeps the transcript, and keeps retrying.
         server.stop()
         page.wait_for_function("document.getElementById('status').dataset.state === 'retrying'", timeout=15_000)
         assert page.evaluate("window.asrApp.errors")[1]["code"] == "shutting_down"
+        received = page.evaluate("window.asrApp.finalText()")  # as the server left it (revisions included)
+        assert received
         # Retrying against a server that is gone: every later error is a retryable connection failure.
         # Past the server's retry_after (5 s) the page tries again, and fails to connect.
         page.wait_for_function("window.asrApp.errors.length > 2", timeout=30_000)
