@@ -191,12 +191,6 @@ class SchedulerCore:
         """Jobs waiting or running: every one is still owed an answer."""
         return len(self._entries)
 
-    def running(self) -> list[Batch]:
-        return list(self._running.values())
-
-    def entry(self, entry_id: int) -> Entry | None:
-        return self._entries.get(entry_id)
-
     def state(self, now: float) -> QueueState:
         finals = [e.queued_at for e in self._entries.values() if e.final and e.status <= JobStatus.RUNNING]
         interims = max((now - t.item.queued_at for t in self._interims.waiting()), default=0.0)
