@@ -144,10 +144,14 @@ class Scheduler:
         task.add_done_callback(partial(self._worker_ended, worker))
 
     def _worker_ended(self, worker: int, task: asyncio.Task[None]) -> None:
-        """A worker task ended: unless we are stopping, fail its batch and replace it."""
-        if self._stopping:
+        """A worker task ended with an error: fail its batch and replace it.
+
+        A cancelled worker is not replaced: only :meth:`stop` or the event
+        loop's own shutdown cancels one.
+        """
+        if self._stopping or task.cancelled():
             return
-        error = None if task.cancelled() else task.exception()
+        error = task.exception()
         log.error("scheduler worker %d ended unexpectedly (%r); replacing it", worker, error, exc_info=error)
         self.restarts += 1
         if self.metrics is not None:
@@ -164,7 +168,7 @@ class Scheduler:
             try:
                 decision = self.core.schedule(loop.time(), worker)
             except Exception:
-                # A broken invariant: logged and counted by the core's caller, never a silent stall.
+                # A broken invariant: logged, and the worker waits for the next change instead of dying.
                 log.exception("scheduling failed; worker %d waits for the next change", worker)
                 decision = Decision()
             self._answer_decision(decision)
