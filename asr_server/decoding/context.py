@@ -58,7 +58,6 @@ class Finalized:
     offset: int  # where its text starts in the channel's transcript
     text: str
     words: tuple[Word, ...]  # stream times
-    confident: bool  # every word heard with probability >= PROMPT_MIN_WORD_PROBABILITY
 
     @property
     def seconds(self) -> float:

@@ -380,7 +380,7 @@ class ChannelDecoder:
             # prompt is copied into the next final (measured: "old-sposed" twice).
             confident = all(w.probability >= PROMPT_MIN_WORD_PROBABILITY for w in hyp.words)
             self._prompt = _tail_words(text, PROMPT_CHARS) if confident else ""
-            self._remember(utt, offset, text, words, confident)
+            self._remember(utt, offset, text, words)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []
         if self.options.interim_results and text and utt.last_interim is None:
@@ -405,12 +405,12 @@ class ChannelDecoder:
 
     # -- the context pass -----------------------------------------------------------
 
-    def _remember(self, utt: _Utterance, offset: int, text: str, words: tuple[Word, ...], confident: bool) -> None:
+    def _remember(self, utt: _Utterance, offset: int, text: str, words: tuple[Word, ...]) -> None:
         assert utt.ended is not None
         if not self.context.enabled:
             return
         audio = utt.audio.copy(0, utt.ended.end - utt.start)
-        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words, confident))
+        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words))
         self._unrevised += 1
         self._last_final_end = utt.ended.end
         self._trim()

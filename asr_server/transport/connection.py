@@ -217,11 +217,12 @@ class Connection:
             self._first_audio_at = time.monotonic()
         if self._container is not None:
             self._container.feed(data)
-            self._stalls += 0 if self._container.has_room() else 1
-            while not self._container.has_room() and not self.done.is_set():
+            if not self._container.has_room():  # rare: the decoder thread is behind by max_container_buffer_bytes
                 self._stalled = True
-                await asyncio.sleep(0.01)  # rare: the decoder thread is behind by max_container_buffer_bytes
-            self._stalled = False
+                self._stalls += 1
+                while not self._container.has_room() and not self.done.is_set():
+                    await asyncio.sleep(0.01)
+                self._stalled = False
             return
         assert self._pcm is not None
         try:
