@@ -22,6 +22,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
 os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 
+from .audio.vad import DETECTORS, VadOptions
 from .inference.whisper import (DEFAULT_MODEL, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, SHORT_INTERIM_PAD_S,
                                 ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
@@ -74,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds for a WebRTC connection to come up after the answer (default %(default)s)")
     p.add_argument("--certfile", default=None, help="TLS certificate (PEM): serve https and wss, which browsers on other machines need for the microphone")
     p.add_argument("--keyfile", default=None, help="TLS private key (PEM) for --certfile")
+    p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
+                   help="what decides where speech ends: silero (a learned model, default), webrtc (cheaper, fooled by noise and reverberation), or both")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -170,7 +173,7 @@ def _load(args: argparse.Namespace, plan: _Plan, model_path: str, interim_path: 
 async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None) -> int:
     plan = _plan(args)
     server = AsrServer(args.host, args.port, plan.limits, model_name=args.model, batch=plan.batch,
-                       workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args))
+                       workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=VadOptions(detector=args.vad))
     await server.start()
     scheme = "https" if server.ssl else "http"
     print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)

@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from .audio.vad import VadOptions
 from .errors import AsrError, NotReady, ShuttingDown, wire_info
 from .inference.types import Runner
 from .metrics import Metrics
@@ -68,12 +69,13 @@ class AsrServer:
         workers: int = 1,
         rtc: RtcOptions = RtcOptions(),
         ssl: Any = None,
+        vad: VadOptions = VadOptions(),
     ) -> None:
         """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
         the governor's memory-critical step (compared with ``budget.total``); ``rtc``:
         ICE servers and host addresses for ``encoding=webrtc`` sessions; ``ssl``: an
         :class:`ssl.SSLContext` to serve https/wss (browsers give the microphone only to
-        secure pages, or to localhost)."""
+        secure pages, or to localhost); ``vad``: how every stream finds speech."""
         self.host = host
         self.port = port
         self.limits = limits
@@ -86,6 +88,7 @@ class AsrServer:
         self.workers = workers
         self.rtc = rtc
         self.ssl = ssl
+        self.vad = vad
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
         self.runner: Runner | None = None
@@ -245,7 +248,7 @@ class AsrServer:
             return
         # No await between the capacity check and this add: admission is atomic.
         webrtc = self.rtc.to_wire() if options.is_webrtc else None
-        conn = Connection(self, ws, Session(session_id, options, self.limits, self.model_name, webrtc=webrtc))
+        conn = Connection(self, ws, Session(session_id, options, self.limits, self.model_name, self.vad, webrtc=webrtc))
         self._connections.add(conn)
         self.metrics.sessions_started.inc()
         self.metrics.active_sessions.inc()

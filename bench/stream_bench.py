@@ -1,6 +1,6 @@
 """Single-stream benchmark: replay fixtures at real-time pace through a real server.
 
-    python bench/stream_bench.py [--runs 1] [--fixtures a,b,...] [--noise-db 20] [--revisions false]
+    python bench/stream_bench.py [--runs 1] [--fixtures a,b,...] [--noise-db 20] [--room] [--revisions false]
 
 Starts ``asr-server`` as a subprocess on a free loopback port with the embedded
 model, streams each fixture at real-time pace (one stream at a time), and
@@ -19,7 +19,10 @@ reports per fixture and overall:
   seconds by kind (interim, final, context; from /metrics).
 
 ``--noise-db N`` replays the audio with continuous pink noise N dB below its speech
-level, so that pauses are not digital silence. Sentence spans come from
+level, so that pauses are not digital silence; ``--room`` reverberates it (RT60 0.5 s,
+as much reverberant as direct energy) over room tone 35 dB below the speech. Either
+way, the end of speech is found in the dry recording, so a reverberant tail or noise
+counts as latency, as a user would feel it. Sentence spans come from
 tests/audio_fixtures/manifest.json. Not a test: it prints a table (--json writes the
 raw figures).
 """
@@ -133,21 +136,45 @@ def pink_noise(n: int, seed: int) -> np.ndarray:
     return (out / np.sqrt(np.mean(out**2))).astype(np.float32)
 
 
-def noisy_pcm(name: str, snr_db: float) -> tuple[bytes, list[np.ndarray]]:
-    """The fixture at 16 kHz with continuous pink noise ``snr_db`` below its speech level, as s16le."""
-    channels = load_channels(name)
+def reverberate(audio: np.ndarray, rt60_s: float, seed: int) -> np.ndarray:
+    """A room's reverberation: the dry signal plus a tail of exponentially decaying noise
+    (60 dB down after ``rt60_s``) carrying as much energy as the direct sound, as at 1-2 m
+    from a talker in a meeting room."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(rt60_s * 16000)) / 16000
+    tail = rng.standard_normal(len(t)) * np.exp(-6.9 * t / rt60_s)
+    tail[: 16 * 5] = 0  # the first reflections arrive after ~5 ms
+    ir = np.concatenate([[1.0], tail[1:] / np.sqrt(np.sum(tail**2))])
+    size = 1 << int(np.ceil(np.log2(len(audio) + len(ir))))
+    wet = np.fft.irfft(np.fft.rfft(audio, size) * np.fft.rfft(ir, size), size)[: len(audio)]
+    return (wet / np.sqrt(2)).astype(np.float32)
+
+
+def speech_level(audio: np.ndarray, spans: list[list[float]]) -> float:
+    speech = np.concatenate([audio[int(a * 16000) : int(b * 16000)] for a, b in spans])
+    return float(np.sqrt(np.mean(speech.astype(np.float64) ** 2)))
+
+
+ROOM_TONE_DB = 35.0  # a quiet meeting room's hum and air, below the talker's speech level
+
+
+def noisy_pcm(name: str, snr_db: float | None, room: bool = False) -> tuple[bytes, list[np.ndarray]]:
+    """The fixture at 16 kHz as s16le: with ``room``, reverberated (RT60 0.5 s) over room tone
+    ``ROOM_TONE_DB`` below its speech level; with ``snr_db``, continuous pink noise that far below it."""
     mixed = []
-    for ch, audio in enumerate(channels):
-        spans = MANIFEST[name]["spans"][ch]
-        speech = np.concatenate([audio[int(a * 16000) : int(b * 16000)] for a, b in spans])
-        level = float(np.sqrt(np.mean(speech.astype(np.float64) ** 2)))
-        mixed.append(np.clip(audio + pink_noise(len(audio), 11 + ch) * level * 10 ** (-snr_db / 20), -1, 1))
+    for ch, audio in enumerate(load_channels(name)):
+        level = speech_level(audio, MANIFEST[name]["spans"][ch])
+        if room:
+            audio = reverberate(audio, 0.5, 5 + ch) + pink_noise(len(audio), 21 + ch) * level * 10 ** (-ROOM_TONE_DB / 20)
+        if snr_db is not None:
+            audio = audio + pink_noise(len(audio), 11 + ch) * level * 10 ** (-snr_db / 20)
+        mixed.append(np.clip(audio, -1, 1).astype(np.float32))
     planar = np.stack(mixed)
     return (planar.T.reshape(-1) * 32767).astype("<i2").tobytes(), mixed
 
 
-async def replay_noisy(url: str, name: str, snr_db: float, **options) -> tuple[Replay, list[np.ndarray]]:
-    data, mixed = noisy_pcm(name, snr_db)
+async def replay_noisy(url: str, name: str, snr_db: float | None, room: bool = False, **options) -> tuple[Replay, list[np.ndarray]]:
+    data, mixed = noisy_pcm(name, snr_db, room)
     n = len(mixed)
     result = Replay(name)
     async for item in stream_bytes(url, data, bytes_per_second=16000 * 2 * n, realtime=True, encoding="pcm_s16le",
@@ -188,6 +215,7 @@ def main() -> None:
     ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--noise-db", type=float, default=None, help="add continuous pink noise this many dB below the speech (raw 16 kHz replay)")
+    ap.add_argument("--room", action="store_true", help="reverberate the audio (RT60 0.5 s) over room tone 35 dB below the speech")
     ap.add_argument("--revisions", default="true", help="the stream option (true/false)")
     ap.add_argument("--json", help="write raw figures here")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--final-encoder-pad-s=15")
@@ -204,15 +232,16 @@ def main() -> None:
         for name in names:
             entry = MANIFEST[name]
             for run in range(args.runs):
-                if args.noise_db is None:
+                dry = list(load_channels(name))
+                if args.noise_db is None and not args.room:
                     r = asyncio.run(replay(url, name, realtime=True, revisions=args.revisions))
-                    heard = list(load_channels(name))
+                    heard = dry
                 else:
-                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, revisions=args.revisions))
+                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, args.room, revisions=args.revisions))
                 audio_s += r.of_type("closed")[0].message["audio_received_s"]
                 refined = r.transcript()
                 for ch in range(entry["channels"]):
-                    latencies.extend(final_latencies(r, ch, speech_ends(heard[ch], entry["spans"][ch])))
+                    latencies.extend(final_latencies(r, ch, speech_ends(dry[ch], entry["spans"][ch])))
                     delays.extend(revision_delays(r, ch))
                     if run:
                         continue
@@ -238,6 +267,7 @@ def main() -> None:
 
 def report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, model) -> None:
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
+    noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
     print(f"# single stream, real-time pace{noise}, revisions={args.revisions}, {args.runs} run(s) per fixture, tiny.en {args.compute_type}, {os.cpu_count()} cores")
     print("| fixture | WER first-pass finals | WER after revisions | WER offline |")
     print("|---|---|---|---|")

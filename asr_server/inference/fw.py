@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SUPPORTED_MINOR", "Tokens", "load_model", "tokens_for", "align", "merge_punctuation", "version"]
+__all__ = ["SUPPORTED_MINOR", "Tokens", "load_model", "tokens_for", "align", "merge_punctuation", "silero_vad_path", "version"]
 
 SUPPORTED_MINOR = "1.2"  # keep in step with pyproject.toml's faster-whisper pin
 
@@ -61,3 +61,12 @@ def merge_punctuation(alignment: list[dict], prepended: str, appended: str) -> N
     from faster_whisper.transcribe import merge_punctuations
 
     merge_punctuations(alignment, prepended, appended)
+
+
+def silero_vad_path() -> str:
+    """The Silero voice-activity model (ONNX) that faster-whisper ships in its package."""
+    import os
+
+    from faster_whisper.vad import get_assets_path
+
+    return os.path.join(get_assets_path(), "silero_vad_v6.onnx")

@@ -8,7 +8,7 @@ from ..harness import MANIFEST, load_mono
 def scripted(pattern: str) -> VadGate:
     """A gate whose raw classifier answers from ``pattern`` ('1' voiced, '0' not)."""
     answers = iter(pattern)  # frames below are silent, so disable the energy floor
-    return VadGate(VadOptions(window=5, threshold=3, min_rms_dbfs=float("-inf")), classifier=lambda pcm: next(answers) == "1")
+    return VadGate(VadOptions(window=5, threshold=3, min_rms_dbfs=float("-inf"), detector="webrtc"), classifier=lambda pcm: next(answers) == "1")
 
 
 def speech_flags(gate: VadGate, n: int) -> str:

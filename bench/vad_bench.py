@@ -1,0 +1,130 @@
+"""Endpointing benchmark: where each voice-activity detector says speech ended.
+
+    python bench/vad_bench.py [--fixtures a,b,...] [--endpoint-ms 500]
+
+Runs the server's own VAD gate and chunker (no model, no server) over each
+fixture channel as recorded, in a reverberant room with room tone, and under
+continuous pink noise 20 and 10 dB below the speech (the conditions of
+``stream_bench.py``), for each detector (``webrtc``, ``silero``, ``both``).
+Per detector and condition it reports:
+
+* endpoint delay: when the endpoint fired (the moment the final can be sent)
+  minus where the sentence's speech ends in the dry recording, p50/p95; the
+  ideal is the endpoint wait itself;
+* sentences that got an endpoint of their own (the rest merged with the next
+  one or were missed), and sentences whose utterance ends before their speech
+  does (clipped words);
+* false starts: utterances that hold no sentence;
+* speech found in 60 s of noise alone at each condition's level (what a
+  model would be asked to transcribe in an empty room);
+* CPU time of the gate per audio second.
+
+Not a test: it prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+from stream_bench import DEFAULT_FIXTURES, ROOM_TONE_DB, noisy_pcm, pct, pink_noise, speech_ends, speech_level  # noqa: E402
+
+from asr_server.audio.chunker import Chunker, ChunkerOptions, EndReason, UtteranceEnded, UtteranceStarted  # noqa: E402
+from asr_server.audio.silero import SileroModel  # noqa: E402
+from asr_server.audio.vad import DETECTORS, VadGate, VadOptions  # noqa: E402
+from asr_server.inference.fw import silero_vad_path  # noqa: E402
+from tests.harness import MANIFEST, load_channels  # noqa: E402
+
+CONDITIONS = {"clean": (None, False), "room": (None, True), "noise 20 dB": (20.0, False), "noise 10 dB": (10.0, False)}
+PIECE = 320  # 20 ms pieces, as a browser sends
+
+
+def utterances(audio: np.ndarray, options: VadOptions, endpoint_ms: int, model: SileroModel) -> tuple[list[tuple[int, int, int, str]], float]:
+    """(start, end, sample at which it was decided, reason) of each utterance, and the gate's CPU seconds."""
+    gate, chunker = VadGate(options, silero=model), Chunker(ChunkerOptions(endpoint_ms=endpoint_ms))
+    out, starts, cpu = [], {}, 0.0
+    for i in range(0, len(audio), PIECE):
+        t = time.process_time()
+        frames = gate.feed(audio[i : i + PIECE])
+        cpu += time.process_time() - t
+        for event in chunker.feed(frames):
+            if isinstance(event, UtteranceStarted):
+                starts[event.utterance] = event.start
+            elif isinstance(event, UtteranceEnded):
+                out.append((starts[event.utterance], event.end, i + PIECE, event.reason.value))
+    for event in chunker.end(EndReason.END_OF_STREAM):
+        if isinstance(event, UtteranceEnded):
+            out.append((starts[event.utterance], event.end, len(audio), event.reason.value))
+    return out, cpu
+
+
+def score(utts, spans, ends) -> dict:
+    """Per sentence, the last utterance overlapping it: its own if it ended on an endpoint
+    before the next sentence began."""
+    delays, own, clipped = [], 0, 0
+    for i, ((a, b), end) in enumerate(zip(spans, ends)):
+        following = spans[i + 1][0] if i + 1 < len(spans) else float("inf")
+        over = [u for u in utts if u[0] < b * 16000 and u[1] > a * 16000]
+        if not over:
+            continue
+        last = max(over, key=lambda u: u[0])
+        if last[3] == EndReason.ENDPOINT.value and last[1] < following * 16000:
+            own += 1
+            delays.append(last[2] / 16000 - end)
+            clipped += last[1] / 16000 < end - 0.05
+    false = sum(1 for u in utts if not any(u[0] < b * 16000 and u[1] > a * 16000 for a, b in spans))
+    return {"delays": delays, "own": own, "clipped": clipped, "false": false}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
+    ap.add_argument("--endpoint-ms", type=int, default=500)
+    args = ap.parse_args()
+    model = SileroModel(silero_vad_path())
+    print(f"# endpoint {args.endpoint_ms} ms; fixtures {args.fixtures}")
+    print("| condition | detector | endpoint delay p50 / p95 (s) | own endpoint | clipped | false starts | speech in 60 s of noise alone (s) | gate CPU s/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for cond, (snr, room) in CONDITIONS.items():
+        for detector in DETECTORS:
+            options = VadOptions(detector=detector)
+            total = {"delays": [], "own": 0, "clipped": 0, "false": 0, "n": 0}
+            cpu = audio_s = 0.0
+            for name in args.fixtures.split(","):
+                heard = load_channels(name) if snr is None and not room else noisy_pcm(name, snr, room)[1]
+                dry = load_channels(name)
+                for ch, audio in enumerate(heard):
+                    spans = MANIFEST[name]["spans"][ch]
+                    utts, spent = utterances(np.asarray(audio, np.float32), options, args.endpoint_ms, model)
+                    s = score(utts, spans, speech_ends(dry[ch], spans))
+                    for k in ("own", "clipped", "false"):
+                        total[k] += s[k]
+                    total["delays"] += s["delays"]
+                    total["n"] += len(spans)
+                    cpu, audio_s = cpu + spent, audio_s + len(audio) / 16000
+            idle = noise_alone(snr, room, options, args.endpoint_ms, model)
+            d = total["delays"]
+            print(f"| {cond} | {detector} | {pct(d, 0.5):.2f} / {pct(d, 0.95):.2f} | {total['own']}/{total['n']} | {total['clipped']} | {total['false']} | {idle:.1f} | {cpu / audio_s:.4f} |")
+
+
+def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms: int, model: SileroModel) -> float:
+    """Seconds held in utterances over 60 s of the condition's background alone (LibriVox's speech level)."""
+    if snr is None and not room:
+        return 0.0
+    audio = load_channels("librivox_16k.s16le")[0]
+    level = speech_level(audio, MANIFEST["librivox_16k.s16le"]["spans"][0])
+    db = snr if snr is not None else ROOM_TONE_DB
+    noise = pink_noise(60 * 16000, 99) * level * 10 ** (-db / 20)
+    utts, _ = utterances(noise.astype(np.float32), options, endpoint_ms, model)
+    return sum(u[1] - u[0] for u in utts) / 16000
+
+
+if __name__ == "__main__":
+    main()
