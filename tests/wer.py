@@ -19,6 +19,8 @@ def _number(n: int) -> str:
 
 def normalize(text: str) -> list[str]:
     text = text.lower().replace("-", " ")
+    text = re.sub(r"(?<=\d),(?=\d{3})", "", text)  # 3,800 -> 3800
+    text = re.sub(r"\b([a-z])\.", r"\1", text)  # b.c. -> bc
     text = re.sub(r"[^\w' ]+", " ", text)
     words: list[str] = []
     for w in text.split():

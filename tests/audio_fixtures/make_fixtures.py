@@ -5,12 +5,19 @@ is committed, so tests never run this; it documents exactly how each file was
 made (see README.md beside it for provenance and licences).
 
     python tests/audio_fixtures/make_fixtures.py
+    python tests/audio_fixtures/make_fixtures.py --longform linda_johnson_02.flac
+
+The second form (re)builds only the long-form recording, from the file named
+in README.md, and merges it into the manifest: its sentence spans come from
+the embedded model's word timings aligned to the reference.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
+import sys
 import tempfile
 from fractions import Fraction
 from pathlib import Path
@@ -137,7 +144,108 @@ def g711(audio: np.ndarray, codec: str) -> bytes:
     return b"".join(bytes(p) for p in ctx.encode(frame)) + b"".join(bytes(p) for p in ctx.encode(None))
 
 
+# LJ Speech clips LJ028-0030 to LJ028-0039 (Linda Johnson's LibriVox reading of E. J. Banks,
+# "The Seven Wonders of the Ancient World", 1916; public domain), numbers as digits.
+LONGFORM = [
+    'Your journey is at an end. Before you is Babylon, the "Gate of God," as the old name means.',
+    "About you is all that remains of the second of the Seven Wonders of the World.",
+    "Babylon, even in the days of Nebuchadnezzar, was an old, old city.",
+    "There is a Hebrew tradition that it was the oldest of all cities, but now we know that great empires flourished and passed away before Babylon was built.",
+    "Old King Sargon I, who may have lived as early as 3800 BC,",
+    "seems to have been the first to mention Babylon, and one of his inscriptions seems to say that he built the city and gave it its name.",
+    "But in those very early days Babylon was little more than a shrine, surrounded with mud huts and date palms.",
+    "It was about 2250 BC, when the great Hammurabi made it his capital, that it became the chief city of Babylonia.",
+    "Its history for the next 1500 years or more is obscure.",
+    "We know the names of its kings, and the records speak of long wars with the Assyrians.",
+]
+
+
+def sentence_spans(audio: np.ndarray, sentences: list[str]) -> list[tuple[float, float]]:
+    """Each sentence's (start, end) in seconds. The recording is cut at its pauses (120 ms or
+    more, 35 dB under its loudest frame), each piece is transcribed alone by the embedded
+    model, and the pieces' words are aligned to the reference: a sentence spans the pieces
+    holding its words (LJ Speech clips end at pauses, so sentences do too)."""
+    sys.path.insert(0, str(HERE.parents[1]))
+    from faster_whisper import WhisperModel
+
+    from asr_server.inference.models import DEFAULT_MODEL, resolve_model
+    from tests.wer import normalize
+
+    model = WhisperModel(resolve_model(DEFAULT_MODEL), cpu_threads=2)
+    pieces = _between_pauses(audio)
+    words: list[tuple[str, int]] = []  # (word, piece)
+    for p, (a, b) in enumerate(pieces):
+        segments, _ = model.transcribe(audio[a:b], language="en", beam_size=5, condition_on_previous_text=False)
+        words += [(w, p) for s in segments for w in normalize(s.text)]
+    ref = [(k, w) for k, sentence in enumerate(sentences) for w in normalize(sentence)]
+    pairs = _align([w for _, w in ref], [w for w, _ in words])
+    spans = []
+    for k in range(len(sentences)):
+        held = [words[j][1] for i, j in pairs if ref[i][0] == k and j is not None]
+        spans.append((round(pieces[min(held)][0] / 16000, 3), round(pieces[max(held)][1] / 16000, 3)))
+    return spans
+
+
+def _between_pauses(audio: np.ndarray, frame: int = 480, floor_db: float = 35.0, pause_frames: int = 4) -> list[tuple[int, int]]:
+    """(start, end) samples of the stretches of sound between pauses of ``pause_frames`` quiet frames."""
+    n = len(audio) // frame
+    rms = np.sqrt(np.mean(audio[: n * frame].reshape(n, frame).astype(np.float64) ** 2, axis=1)) + 1e-9
+    loud = 20 * np.log10(rms / rms.max()) > -floor_db
+    out, start, quiet = [], None, 0
+    for i, on in enumerate(loud):
+        if on:
+            start = i if start is None else start
+            quiet = 0
+        elif start is not None:
+            quiet += 1
+            if quiet >= pause_frames:
+                out.append((start * frame, (i - quiet + 1) * frame))
+                start, quiet = None, 0
+    if start is not None:
+        out.append((start * frame, n * frame))
+    return out
+
+
+def _align(ref: list[str], hyp: list[str]) -> list[tuple[int, int | None]]:
+    """Levenshtein alignment: for each reference word, the hypothesis word matched or substituted (None: deleted)."""
+    n, m = len(ref), len(hyp)
+    cost = np.zeros((n + 1, m + 1), int)
+    cost[:, 0], cost[0, :] = range(n + 1), range(m + 1)
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            cost[i, j] = min(cost[i - 1, j] + 1, cost[i, j - 1] + 1, cost[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]))
+    out, i, j = [], n, m
+    while i > 0:
+        if j > 0 and cost[i, j] == cost[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]):
+            out.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif j > 0 and cost[i, j] == cost[i, j - 1] + 1:
+            j -= 1
+        else:
+            out.append((i - 1, None))
+            i -= 1
+    return out[::-1]
+
+
+def longform(source: Path) -> None:
+    """ljspeech_babylon_16k.s16le: 72 s of continuous reading, raw 16 kHz so replay is paced exactly."""
+    audio = read_mono(source, 16000)
+    name = "ljspeech_babylon_16k.s16le"
+    (HERE / name).write_bytes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+    manifest = json.loads((HERE / "manifest.json").read_text())
+    manifest[name] = dict(encoding="pcm_s16le", sample_rate=16000, channels=1, references=[LONGFORM],
+                          spans=[sentence_spans(audio, LONGFORM)], source="ljspeech")
+    (HERE / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(name, manifest[name]["spans"])
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--longform", type=Path, help="only (re)build the long-form recording from this file")
+    args = ap.parse_args()
+    if args.longform:
+        longform(args.longform)
+        return
     manifest: dict[str, dict] = {}
 
     def record(name: str, **entry) -> None:
