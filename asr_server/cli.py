@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
 os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 
 from .audio.vad import DETECTORS, VadOptions
-from .inference.whisper import (DEFAULT_MODEL, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, SHORT_INTERIM_PAD_S,
+from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, SHORT_INTERIM_PAD_S,
                                 ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the same while the server is loaded (load level 1 and up; default 2: cheaper, less accurate interims)")
     p.add_argument("--final-encoder-pad-s", type=float, default=FINAL_ENCODER_PAD_S,
                    help="seconds of silence after the audio in final decodes (default 30: Whisper's full window, most accurate)")
+    p.add_argument("--final-beam-size", type=int, default=FINAL_BEAM_SIZE,
+                   help=f"beam width of first-pass finals, 1 for greedy (default {FINAL_BEAM_SIZE}); context revisions always use {FINAL_BEAM_SIZE}")
     p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
                    help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
@@ -156,7 +158,7 @@ def _load(args: argparse.Namespace, plan: _Plan, model_path: str, interim_path: 
     common = dict(device=args.device, compute_type=args.compute_type, cpu_threads=plan.threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
                   short_interim_pad_s=args.busy_interim_encoder_pad_s, final_encoder_pad_s=args.final_encoder_pad_s, workers=plan.workers)
     baseline = process_rss()
-    runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, **common)
+    runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, final_beam_size=args.final_beam_size, **common)
     interim = None
     if interim_path is not None:
         interim = WhisperRunner(interim_path, **common)

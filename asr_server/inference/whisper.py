@@ -80,6 +80,7 @@ class WhisperRunner(Runner):
         short_interim_pad_s: float = SHORT_INTERIM_PAD_S,
         pack_finals: bool = True,
         max_windows: int = 0,
+        final_beam_size: int = FINAL_BEAM_SIZE,
     ) -> None:
         """``*_encoder_pad_s``: seconds of silence after the audio in the encoder window (30: Whisper's full window).
 
@@ -90,7 +91,13 @@ class WhisperRunner(Runner):
         of finals that needs more (packs, and members decoded alone after
         all) runs in several calls, so working memory stays that of
         ``max_windows`` windows.
+        ``final_beam_size``: beam width of first-pass finals (1: greedy); the
+        context pass, which gives the transcript that stays, always uses
+        ``FINAL_BEAM_SIZE``.
         """
+        if final_beam_size < 1:
+            raise ValueError("final_beam_size must be at least 1")
+        self.final_beam_size = final_beam_size
         self.pads = Pads.from_seconds(interim_encoder_pad_s, short_interim_pad_s, final_encoder_pad_s, pack_finals)
         self.max_windows = max(0, max_windows)
         threads = cpu_threads or (os.cpu_count() or 1)
@@ -187,7 +194,8 @@ class WhisperRunner(Runner):
         features = np.stack([it.features for it in items])
         encoded = self.model.model.encode(_storage(features))
         final = kind.final_quality
-        results = self._generate(tokenizer, items, features, encoded, temperatures=FINAL_TEMPERATURES if final else (0.0,), beam_size=FINAL_BEAM_SIZE if final else 1)
+        beam = self.final_beam_size if kind is DecodeKind.FINAL else FINAL_BEAM_SIZE if final else 1
+        results = self._generate(tokenizer, items, features, encoded, temperatures=FINAL_TEMPERATURES if final else (0.0,), beam_size=beam)
         texts = [text_tokens(tokenizer, r.tokens) for r in results]
         words = self._words(tokenizer, items, texts, features, encoded)
         out = []
@@ -218,7 +226,7 @@ class WhisperRunner(Runner):
         items, spans = zip(*(self._pack_item(tokenizer, pack) for pack in packs))
         features = np.stack([it.features for it in items])
         encoded = self.model.model.encode(_storage(features))
-        results = self._generate(tokenizer, list(items), features, encoded, temperatures=(0.0,), beam_size=FINAL_BEAM_SIZE, fallback=False)
+        results = self._generate(tokenizer, list(items), features, encoded, temperatures=(0.0,), beam_size=self.final_beam_size, fallback=False)
         ok = [i for i, r in enumerate(results) if usable_pack(tokenizer, r.tokens, r.avg_logprob, r.compression_ratio, items[i].max_new)]
         aligned: dict[int, list[dict]] = {}
         if ok:
