@@ -50,7 +50,7 @@ from asr_client import stream_bytes  # noqa: E402
 from tests.harness import MANIFEST, Replay, load_channels, replay  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
 
-DEFAULT_FIXTURES = "librivox_16k.s16le,espeak_8k.mulaw,call_8k_stereo.s16le,cards_44k.f32le"
+DEFAULT_FIXTURES = "librivox_16k.s16le,espeak_8k.mulaw,call_8k_stereo.s16le,cards_44k.f32le,ljspeech_babylon_16k.s16le"
 
 
 def start_server(compute_type: str, *extra: str) -> tuple[subprocess.Popen, int]:
@@ -110,11 +110,12 @@ def pct(values: list[float], q: float) -> float:
 def speech_ends(audio: np.ndarray, spans: list[list[float]], floor_db: float = 30.0) -> list[float]:
     """Where each sentence's speech really ends, found in the audio itself: the end of its last
     30 ms frame within ``floor_db`` of the sentence's loudest frame (room tone and breaths after
-    it are not speech), searched up to 0.6 s past the manifest's end."""
+    it are not speech), searched up to 0.6 s past the manifest's end but never into the next sentence."""
     frame = 480
     ends = []
-    for start, end in spans:
-        a, b = int(start * 16000), min(len(audio), int((end + 0.6) * 16000))
+    for k, (start, end) in enumerate(spans):
+        limit = min(end + 0.6, spans[k + 1][0]) if k + 1 < len(spans) else end + 0.6
+        a, b = int(start * 16000), min(len(audio), int(limit * 16000))
         seg = audio[a:b]
         n = len(seg) // frame
         rms = np.sqrt(np.mean(seg[: n * frame].reshape(n, frame).astype(np.float64) ** 2, axis=1)) + 1e-9

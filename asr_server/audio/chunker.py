@@ -4,7 +4,11 @@ An utterance opens on the first speech frame (with up to ``preroll_ms`` of
 the audio before it, so a soft first syllable is not clipped) and ends when:
 
 * ``endpoint_ms`` of trailing silence has passed (reason ``endpoint``); the
-  utterance keeps ``tail_ms`` of that silence and drops the rest;
+  utterance keeps ``tail_ms`` of that silence and drops the rest. Once it has
+  lasted ``long_utterance_s``, a pause of ``long_endpoint_ms`` is enough: in
+  continuous reading or a monologue the pauses between sentences are often
+  shorter than the endpoint, and without this the final would wait for
+  ``max_utterance_s``;
 * it reaches ``max_utterance_s``: it is cut in the middle of the longest
   pause in its second half, or at its quietest frame, and the next utterance
   continues from there (reason ``max_length``);
@@ -59,10 +63,19 @@ class ChunkerOptions:
     # The max-length cut looks in this last share of the utterance: for the middle
     # of its longest non-speech stretch, or failing that its quietest frame.
     cut_search_fraction: float = 0.5
+    # An utterance this long ends at a pause this short (when shorter than endpoint_ms).
+    long_utterance_s: float = 6.0
+    long_endpoint_ms: int = 250
 
     @property
     def endpoint_samples(self) -> int:
         return self.endpoint_ms * MODEL_RATE // 1000
+
+    def endpoint_after(self, length: int) -> int:
+        """Silence (samples) that ends an utterance ``length`` samples long."""
+        if length >= self.long_utterance_s * MODEL_RATE:
+            return min(self.endpoint_samples, self.long_endpoint_ms * MODEL_RATE // 1000)
+        return self.endpoint_samples
 
     @property
     def tail_samples(self) -> int:
@@ -176,7 +189,7 @@ class Chunker:
             self._paused = False
         else:
             self._silence += len(frame.samples)
-        if self._silence >= opts.endpoint_samples:
+        if self._silence >= opts.endpoint_after(self._last_speech_end - self._start):
             events.append(self._close(self._last_speech_end + opts.tail_samples, EndReason.ENDPOINT))
             return
         if self._silence >= opts.tail_samples and not self._paused:

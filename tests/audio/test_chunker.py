@@ -95,3 +95,21 @@ def test_max_length_prefers_the_middle_of_a_pause():
     events = c.feed(frames(pattern, quiet_at={95}))
     (end,) = [e for e in events if isinstance(e, UtteranceEnded)]
     assert end.end == 75 * FRAME_SAMPLES
+
+
+def test_a_long_utterance_ends_at_a_shorter_pause():
+    """Continuous reading: past long_utterance_s, a pause of long_endpoint_ms ends the utterance."""
+    options = ChunkerOptions(endpoint_ms=500, long_utterance_s=3.0, long_endpoint_ms=240)
+    pause = "." * 9  # 270 ms: short of the endpoint, longer than the long-utterance one
+    early = Chunker(options).feed(frames("S" * 40 + pause + "SSSS"))  # 1.2 s of speech: goes on
+    assert "UtteranceEnded" not in kinds(early)
+    late = Chunker(options).feed(frames("S" * 110 + pause + "SSSS"))  # 3.3 s: ends at the pause
+    ended = [e for e in late if isinstance(e, UtteranceEnded)]
+    assert [e.reason for e in ended] == [EndReason.ENDPOINT]
+    assert ended[0].end == 110 * FRAME_SAMPLES + options.tail_samples
+    assert kinds(late)[-2:] == ["UtteranceEnded", "UtteranceStarted"]  # the next sentence opens a new one
+
+
+def test_an_endpoint_shorter_than_the_long_one_is_kept():
+    options = ChunkerOptions(endpoint_ms=150, tail_ms=60, long_utterance_s=1.0, long_endpoint_ms=240)
+    assert options.endpoint_after(10 * 16000) == options.endpoint_after(0) == 150 * 16
