@@ -23,7 +23,8 @@ os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
 os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 
 from .audio.vad import DETECTORS, VadOptions
-from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, SHORT_INTERIM_PAD_S,
+from .decoding.context import ContextOptions
+from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S,
                                 ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
@@ -42,16 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-type", default="auto", help="CTranslate2 compute type: auto, int8, float16, float32, ... (default auto)")
     p.add_argument("--cpu-threads", type=int, default=0, help="threads per model worker on CPU (default: cores / workers)")
     p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: one per core on CPU, 1 on CUDA)")
-    p.add_argument("--interim-encoder-pad-s", type=float, default=INTERIM_ENCODER_PAD_S,
-                   help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster)")
-    p.add_argument("--busy-interim-encoder-pad-s", type=float, default=SHORT_INTERIM_PAD_S,
-                   help="the same while the server is loaded (load level 1 and up; default 2: cheaper, less accurate interims)")
-    p.add_argument("--final-encoder-pad-s", type=float, default=FINAL_ENCODER_PAD_S,
-                   help="seconds of silence after the audio in final decodes (default 30: Whisper's full window, most accurate)")
-    p.add_argument("--final-beam-size", type=int, default=FINAL_BEAM_SIZE,
-                   help=f"beam width of first-pass finals, 1 for greedy (default {FINAL_BEAM_SIZE}); context revisions always use {FINAL_BEAM_SIZE}")
-    p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
-                   help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
+    _decoding_options(p)
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
     p.add_argument("--max-channels", type=int, default=None,
@@ -77,10 +69,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds for a WebRTC connection to come up after the answer (default %(default)s)")
     p.add_argument("--certfile", default=None, help="TLS certificate (PEM): serve https and wss, which browsers on other machines need for the microphone")
     p.add_argument("--keyfile", default=None, help="TLS private key (PEM) for --certfile")
-    p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
-                   help="what decides where speech ends: silero (a learned model, default), webrtc (cheaper, fooled by noise and reverberation), or both")
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def _decoding_options(p: argparse.ArgumentParser) -> None:
+    """How speech is found and decoded: windows, beams, quick finals, packing, the VAD."""
+    p.add_argument("--interim-encoder-pad-s", type=float, default=INTERIM_ENCODER_PAD_S,
+                   help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster)")
+    p.add_argument("--busy-interim-encoder-pad-s", type=float, default=SHORT_INTERIM_PAD_S,
+                   help="the same while the server is loaded (load level 1 and up; default 2: cheaper, less accurate interims)")
+    p.add_argument("--final-encoder-pad-s", type=float, default=FINAL_ENCODER_PAD_S,
+                   help="seconds of silence after the audio in final decodes (default 30: Whisper's full window, most accurate)")
+    p.add_argument("--final-beam-size", type=int, default=FINAL_BEAM_SIZE,
+                   help=f"beam width of first-pass finals, 1 for greedy (default {FINAL_BEAM_SIZE}); context revisions always use {FINAL_BEAM_SIZE}")
+    p.add_argument("--quick-finals", action=argparse.BooleanOptionalAction, default=True,
+                   help="first-pass finals of streams with revisions decode greedily on a short window (a third of the model time; "
+                        "the context pass refines them); with --no-quick-finals they use the full window and --final-beam-size, "
+                        "except in a burst (default on)")
+    p.add_argument("--quick-final-encoder-pad-s", type=float, default=QUICK_FINAL_PAD_S,
+                   help=f"seconds of silence after the audio in a quick final's window (default {QUICK_FINAL_PAD_S:g})")
+    p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
+                   help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
+    p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
+                   help="what decides where speech ends: silero (a learned model, default), webrtc (cheaper, fooled by noise and reverberation), or both")
 
 
 # Measured on 2 cores with tiny.en (README, "Several streams at once"): 16
@@ -158,7 +170,8 @@ def _load(args: argparse.Namespace, plan: _Plan, model_path: str, interim_path: 
     common = dict(device=args.device, compute_type=args.compute_type, cpu_threads=plan.threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
                   short_interim_pad_s=args.busy_interim_encoder_pad_s, final_encoder_pad_s=args.final_encoder_pad_s, workers=plan.workers)
     baseline = process_rss()
-    runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, final_beam_size=args.final_beam_size, **common)
+    runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, final_beam_size=args.final_beam_size,
+                           quick_final_pad_s=args.quick_final_encoder_pad_s, **common)
     interim = None
     if interim_path is not None:
         interim = WhisperRunner(interim_path, **common)
@@ -175,7 +188,8 @@ def _load(args: argparse.Namespace, plan: _Plan, model_path: str, interim_path: 
 async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None) -> int:
     plan = _plan(args)
     server = AsrServer(args.host, args.port, plan.limits, model_name=args.model, batch=plan.batch,
-                       workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=VadOptions(detector=args.vad))
+                       workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=VadOptions(detector=args.vad),
+                       context=ContextOptions(quick_finals=args.quick_finals))
     await server.start()
     scheme = "https" if server.ssl else "http"
     print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)

@@ -34,6 +34,7 @@ from .scheduler.admission import Capacity, refusal
 from .scheduler.budget import MemoryBudget, audio_bytes, process_rss, stream_bytes
 from .scheduler.governor import GovernorOptions, InterimLoad, LoadGovernor
 from .scheduler.policy import BatchLimits, Priority
+from .decoding.context import ContextOptions
 from .decoding.incremental import CONTEXT_KEPT_S
 from .session import Session
 from .transport.connection import Connection
@@ -70,12 +71,14 @@ class AsrServer:
         rtc: RtcOptions = RtcOptions(),
         ssl: Any = None,
         vad: VadOptions = VadOptions(),
+        context: ContextOptions = ContextOptions(),
     ) -> None:
         """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
         the governor's memory-critical step (compared with ``budget.total``); ``rtc``:
         ICE servers and host addresses for ``encoding=webrtc`` sessions; ``ssl``: an
         :class:`ssl.SSLContext` to serve https/wss (browsers give the microphone only to
-        secure pages, or to localhost); ``vad``: how every stream finds speech."""
+        secure pages, or to localhost); ``vad``: how every stream finds speech; ``context``: the
+        context pass of streams with ``revisions`` on."""
         self.host = host
         self.port = port
         self.limits = limits
@@ -89,6 +92,7 @@ class AsrServer:
         self.rtc = rtc
         self.ssl = ssl
         self.vad = vad
+        self.context = context
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
         self.runner: Runner | None = None
@@ -248,7 +252,7 @@ class AsrServer:
             return
         # No await between the capacity check and this add: admission is atomic.
         webrtc = self.rtc.to_wire() if options.is_webrtc else None
-        conn = Connection(self, ws, Session(session_id, options, self.limits, self.model_name, self.vad, webrtc=webrtc))
+        conn = Connection(self, ws, Session(session_id, options, self.limits, self.model_name, self.vad, webrtc=webrtc, context=self.context))
         self._connections.add(conn)
         self.metrics.sessions_started.inc()
         self.metrics.active_sessions.inc()

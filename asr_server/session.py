@@ -19,7 +19,7 @@ Per channel the data flows VAD -> chunker -> incremental decoder.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -86,7 +86,7 @@ class Session:
         chunker_options = ChunkerOptions(endpoint_ms=options.endpoint_ms, max_utterance_s=options.max_utterance_s)
         self._vads = [VadGate(vad_options) for _ in range(options.channels)]
         self._chunkers = [Chunker(chunker_options) for _ in range(options.channels)]
-        context = context if context is not None else ContextOptions(enabled=options.revisions)
+        context = replace(context or ContextOptions(), enabled=options.revisions and (context is None or context.enabled))
         self._decoders = [ChannelDecoder(c, options, context) for c in range(options.channels)]
         self._received = 0  # samples per channel at 16 kHz
         self._close_code = 1000

@@ -1,16 +1,18 @@
 """Load benchmark: N concurrent real-time streams against one server.
 
-    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--sync] [--max-channels N] [--server-arg=--max-batch=4]
+    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--sync] [--noise-db 20] [--max-channels N] [--server-arg=--max-batch=4]
 
 For each N, starts N clients at once (start times spread over one second,
 seeded), each replaying a real fixture at real-time pace (fixtures are dealt
 round-robin; the copies of one fixture start at different sentences, the
 recording rotated at a pause, so that streams carry different speech at any
-moment, as independent callers do), and reports per N: final latency p50/p95 (end of sentence to
-final), time to first interim, interims per stream-second, word error rate of
+moment, as independent callers do), and reports per N: final latency p50/p95 (from where each
+sentence's speech ends, found in the recording's energy, to its final), time to first interim, interims per stream-second, word error rate of
 the finals, server CPU (cores busy) and peak memory, refused streams and how
 long the slowest refusal took from connecting. Between levels it waits for the
 server's load level to return to 0.
+With ``--noise-db N`` every stream carries continuous pink noise N dB below its
+speech (sent as raw 16 kHz), so pauses are not digital silence.
 With ``--sync`` every stream starts at the same instant with the same recording
 (LibriVox, not rotated), so their finals come due together: the burst case.
 It stops the sweep once p95 final latency exceeds --limit (default 1.5 s) and
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import sys
@@ -32,14 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stream_bench import cpu_seconds, pct, start_server  # noqa: E402
+from stream_bench import cpu_seconds, noisy_pcm, pct, speech_ends, start_server  # noqa: E402
 
 from asr_client import stream_bytes  # noqa: E402
 
-from tests.harness import FIXTURES as FIXTURE_DIR, MANIFEST, Replay, bytes_per_second  # noqa: E402
+from tests.harness import FIXTURES as FIXTURE_DIR, MANIFEST, Replay, bytes_per_second, load_channels  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
 
 REVISIONS = ["true"]  # the streams' option, set from the command line
+NOISE_DB: list[float | None] = [None]  # continuous pink noise this far below the speech (None: as recorded)
 FIXTURES = ["librivox_16k.s16le", "espeak_8k.mulaw", "cards_44k.f32le", "call_8k_stereo.s16le"]
 
 
@@ -50,15 +54,33 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+@functools.lru_cache(maxsize=None)
+def source(name: str) -> tuple[bytes, dict, float]:
+    """What a client streams: the fixture's bytes, the stream options, and bytes per second.
+    With noise, the recording decoded to 16 kHz with the noise mixed in (raw s16le)."""
+    entry = MANIFEST[name]
+    if NOISE_DB[0] is None:
+        return (FIXTURE_DIR / name).read_bytes(), entry, bytes_per_second(name)
+    data, _ = noisy_pcm(name, NOISE_DB[0])
+    return data, dict(entry, encoding="pcm_s16le", sample_rate=16000), 16000 * 2 * entry["channels"]
+
+
+@functools.lru_cache(maxsize=None)
+def speech_end_shifts(name: str) -> list[list[float]]:
+    """Per channel and sentence: where its speech ends in the recording (energy) minus the manifest's end."""
+    entry = MANIFEST[name]
+    dry = load_channels(name)
+    return [[e - b for e, (_, b) in zip(speech_ends(dry[ch], spans), spans)] for ch, spans in enumerate(entry["spans"])]
+
+
 def rotated(name: str, turn: int) -> tuple[bytes, dict]:
-    """The fixture's bytes starting at its ``turn``-th pause (0: as recorded), and its manifest entry to match.
+    """The fixture's bytes starting at its ``turn``-th pause (0: as recorded), and its manifest entry to match
+    (``ends``: where each sentence's speech ends, found in the audio).
 
     Pauses are the gaps where no channel speaks; the audio before the cut
     moves to the end, and the sentences' times and order follow.
     """
-    entry = MANIFEST[name]
-    data = (FIXTURE_DIR / name).read_bytes()
-    rate = bytes_per_second(name)
+    data, entry, rate = source(name)
     frame = int(rate // entry["sample_rate"])
     spans = sorted(span for channel in entry["spans"] for span in channel)
     gaps, reach = [], spans[0][1]
@@ -69,23 +91,26 @@ def rotated(name: str, turn: int) -> tuple[bytes, dict]:
     cut = 0.0 if turn % (len(gaps) + 1) == 0 else gaps[turn % (len(gaps) + 1) - 1]
     at = int(cut * rate) // frame * frame
     length = len(data) / rate
-    out = dict(entry, spans=[], references=[])
-    for ch_spans, ch_refs in zip(entry["spans"], entry["references"]):
-        moved = sorted((((a - cut) % length, (b - cut) % length), ref) for (a, b), ref in zip(ch_spans, ch_refs))
-        out["spans"].append([list(span) for span, _ in moved])
-        out["references"].append([ref for _, ref in moved])
+    out = dict(entry, spans=[], references=[], ends=[])
+    for ch_spans, ch_refs, shifts in zip(entry["spans"], entry["references"], speech_end_shifts(name)):
+        moved = sorted((((a - cut) % length, (b - cut) % length), ref, shift) for (a, b), ref, shift in zip(ch_spans, ch_refs, shifts))
+        out["spans"].append([list(span) for span, _, _ in moved])
+        out["references"].append([ref for _, ref, _ in moved])
+        out["ends"].append([span[1] + shift for span, _, shift in moved])
     return data[at:] + data[:at], out
 
 
 def replayed(name: str, turn: int, rounds: int) -> tuple[bytes, dict]:
     """``rounds`` rotations of the fixture one after another (each starting at another pause), and their manifest."""
     parts = [rotated(name, turn + 5 * k) for k in range(rounds)]
-    length = len(parts[0][0]) / bytes_per_second(name)
-    out = dict(parts[0][1], spans=[[] for _ in parts[0][1]["spans"]], references=[[] for _ in parts[0][1]["spans"]])
+    length = len(parts[0][0]) / source(name)[2]
+    channels = range(len(parts[0][1]["spans"]))
+    out = dict(parts[0][1], spans=[[] for _ in channels], references=[[] for _ in channels], ends=[[] for _ in channels])
     for k, (_, entry) in enumerate(parts):
-        for ch, (spans, refs) in enumerate(zip(entry["spans"], entry["references"])):
+        for ch, (spans, refs, ends) in enumerate(zip(entry["spans"], entry["references"], entry["ends"])):
             out["spans"][ch] += [[a + k * length, b + k * length] for a, b in spans]
             out["references"][ch] += refs
+            out["ends"][ch] += [e + k * length for e in ends]
     return b"".join(data for data, _ in parts), out
 
 
@@ -97,7 +122,7 @@ async def one_client(url: str, name: str, turn: int, delay: float, rounds: int =
     r = Replay(name)
     options = {"encoding": entry["encoding"], "channels": entry["channels"], "sample_rate": entry["sample_rate"], "revisions": REVISIONS[0]}
     try:
-        async for item in stream_bytes(url, data, bytes_per_second=bytes_per_second(name), realtime=True, **options):
+        async for item in stream_bytes(url, data, bytes_per_second=source(name)[2], realtime=True, **options):
             r.messages.append(item)
     except Exception as exc:  # a broken stream
         return entry, None, type(exc).__name__, None
@@ -176,7 +201,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
             first.append(r.of_type("interim")[0].at - min(starts))
         for ch in range(entry["channels"]):
             finals = [t for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
-            for _, end in entry["spans"][ch]:
+            for end in entry["ends"][ch]:
                 match = next((f for f in finals if f.message["end"] >= end - 0.6 and f.message["start"] <= end), None)
                 if match is not None:
                     latencies.append(match.at - end)
@@ -211,11 +236,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=1, help="each client replays its fixture this many times (each from another pause): more finals per level, a steadier p95")
     ap.add_argument("--revisions", default="true", help="the streams' revisions option (true/false)")
+    ap.add_argument("--noise-db", type=float, default=None, help="mix continuous pink noise this many dB below the speech into every stream (sent as raw 16 kHz)")
     ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
     args = ap.parse_args()
     REVISIONS[0] = args.revisions
+    NOISE_DB[0] = args.noise_db
     proc, port = start_server(args.compute_type, "--max-channels", args.max_channels, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
     rows, best = [], 0

@@ -46,6 +46,8 @@ class ContextOptions:
     # The newest final is decided only with a later one in the window (context on both sides,
     # as offline transcription has), unless the channel has been silent this long, or ended.
     settle_s: float = 3.0
+    # First-pass finals are quick (greedy, short window) while the pass is on.
+    quick_finals: bool = True
 
 
 @dataclass

@@ -108,6 +108,9 @@ class ChannelDecoder:
         self.interim_ms = options.interim_ms
         self.interim_model = False  # interims on the server's smaller interim model
         self.interim_short_window = False  # interims on the model's short encoder window
+        # First-pass finals are quick (greedy, short window) when a context pass refines them:
+        # finals come sooner and cost a third, and the transcript that stays is the pass's.
+        self.quick_finals = self.context.enabled and self.context.quick_finals
         self._withdrawn: DecodeJob | None = None  # the in-flight job already withdrawn
 
     # -- state the session looks at -------------------------------------------------
@@ -333,7 +336,7 @@ class ChannelDecoder:
             # Finals are always aligned: the guards use word timing even when the client did not ask for it.
             word_timestamps=final,
             model="interim" if self.interim_model and not final else "",
-            short_window=self.interim_short_window and not final,
+            short_window=self.quick_finals if final else self.interim_short_window,
         )
         job = DecodeJob(self.channel, utt.index, request, speculative, end)
         self._in_flight = job

@@ -42,7 +42,9 @@ class DecodeRequest:
     prefix: str = ""  # forced start of the output (the stable part of an interim)
     word_timestamps: bool = False
     model: str = ""  # "" for the main model, "interim" for the optional smaller interim model
-    short_window: bool = False  # an interim on the runner's short encoder window (under load)
+    # An interim on the runner's short encoder window (under load); a final on its quick
+    # window, greedy (a first pass that the context pass will refine, or a burst of finals).
+    short_window: bool = False
     pack: bool = True  # a final that may share a window with other finals (see plan_packs)
 
     @property
@@ -105,3 +107,4 @@ class BatchKey:
     language: str
     frames: int
     prompt_tokens: int
+    quick: bool = False  # quick finals: greedy, on the short window

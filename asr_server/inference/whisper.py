@@ -30,7 +30,7 @@ from .models import DEFAULT_MODEL, ModelNotFound, resolve_model
 from .packing import PACK_CONTENT_S, PACK_GAP_S, PACK_MAX_ITEM_S, packed_frames, plan_packs, split_pack, text_tokens, usable_pack
 from .types import SAMPLE_RATE, BatchKey, DecodeKind, DecodeRequest, Hypothesis, Runner, Word
 from .windows import (
-    FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, MAX_INITIAL_TIMESTAMP_INDEX, SHORT_INTERIM_PAD_S, Pads,
+    FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, MAX_INITIAL_TIMESTAMP_INDEX, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S, Pads,
     max_new_tokens, prompt_bucket, window_frames,
 )
 
@@ -81,6 +81,7 @@ class WhisperRunner(Runner):
         pack_finals: bool = True,
         max_windows: int = 0,
         final_beam_size: int = FINAL_BEAM_SIZE,
+        quick_final_pad_s: float = QUICK_FINAL_PAD_S,
     ) -> None:
         """``*_encoder_pad_s``: seconds of silence after the audio in the encoder window (30: Whisper's full window).
 
@@ -91,14 +92,15 @@ class WhisperRunner(Runner):
         of finals that needs more (packs, and members decoded alone after
         all) runs in several calls, so working memory stays that of
         ``max_windows`` windows.
-        ``final_beam_size``: beam width of first-pass finals (1: greedy); the
+        ``final_beam_size``: beam width of full first-pass finals (1: greedy); the
         context pass, which gives the transcript that stays, always uses
-        ``FINAL_BEAM_SIZE``.
+        ``FINAL_BEAM_SIZE``. ``quick_final_pad_s``: the padding of quick finals
+        (``short_window``), which decode greedily.
         """
         if final_beam_size < 1:
             raise ValueError("final_beam_size must be at least 1")
         self.final_beam_size = final_beam_size
-        self.pads = Pads.from_seconds(interim_encoder_pad_s, short_interim_pad_s, final_encoder_pad_s, pack_finals)
+        self.pads = Pads.from_seconds(interim_encoder_pad_s, short_interim_pad_s, final_encoder_pad_s, pack_finals, quick_final_pad_s)
         self.max_windows = max(0, max_windows)
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()
@@ -134,11 +136,12 @@ class WhisperRunner(Runner):
         return window_frames(request, self.pads)
 
     def batch_key(self, request: DecodeRequest) -> BatchKey:
-        if request.kind is DecodeKind.FINAL and self.pack_finals:
+        if request.kind is DecodeKind.FINAL and self.pack_finals and not request.short_window:
             # Packs carry no prompt, and the rest are regrouped by prompt length inside the batch.
             return BatchKey(request.kind, request.language, FULL_WINDOW_FRAMES, -1)
         tokens = self._prompt_tokens(self._tokenizer(request.language), request.prompt)
-        return BatchKey(request.kind, request.language, self.window_frames(request), len(tokens))
+        quick = request.kind is DecodeKind.FINAL and request.short_window
+        return BatchKey(request.kind, request.language, self.window_frames(request), len(tokens), quick)
 
     def transcribe(self, request: DecodeRequest) -> Hypothesis:
         [hyp] = self.transcribe_batch([request])
@@ -156,7 +159,7 @@ class WhisperRunner(Runner):
         tokenizer = self._tokenizer(key.language)
         out: list[Hypothesis | None] = [None] * len(requests)
         retry: set[int] = set()
-        if key.kind is DecodeKind.FINAL and self.pack_finals:
+        if key.kind is DecodeKind.FINAL and self.pack_finals and not key.quick:
             retry = self._decode_packed(tokenizer, requests, out, retry_later)
         self._decode_alone(tokenizer, requests, [i for i, h in enumerate(out) if h is None and i not in retry], key, out)
         share = (time.monotonic() - t0) / len(requests)
@@ -194,7 +197,8 @@ class WhisperRunner(Runner):
         features = np.stack([it.features for it in items])
         encoded = self.model.model.encode(_storage(features))
         final = kind.final_quality
-        beam = self.final_beam_size if kind is DecodeKind.FINAL else FINAL_BEAM_SIZE if final else 1
+        quick = kind is DecodeKind.FINAL and requests[0].short_window
+        beam = 1 if quick else self.final_beam_size if kind is DecodeKind.FINAL else FINAL_BEAM_SIZE if final else 1
         results = self._generate(tokenizer, items, features, encoded, temperatures=FINAL_TEMPERATURES if final else (0.0,), beam_size=beam)
         texts = [text_tokens(tokenizer, r.tokens) for r in results]
         words = self._words(tokenizer, items, texts, features, encoded)

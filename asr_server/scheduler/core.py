@@ -25,6 +25,10 @@ Policy (unchanged from the single-file scheduler it replaces):
   queue, to be decoded alone.
 * While another worker is busy, a lone young pause decode waits up to
   ``pack_hold_s`` for a window-mate (:meth:`SchedulerCore._hold`).
+* A burst: when more finals wait than there are workers to take them
+  (``quick_backlog``), the finals picked run quick (greedy, on the runner's
+  short window; a third of the model time), so that streams speaking in step
+  get their finals in time; their context passes bring the accuracy back.
 
 Failures cost one job, never a worker or a session: a job whose refresh or
 batch arithmetic raises fails alone; a batch whose model call raises fails
@@ -87,13 +91,17 @@ class Entry:
     queued_at: float
     refresh: Refresh | None = None
     alone: bool = False  # decode in a window of its own (a pack missed it, or a retry)
+    quick: bool = False  # a final made quick because finals were queueing (see SchedulerCore)
     failures: int = 0  # model calls it took part in that raised
     status: JobStatus = JobStatus.WAITING
     ticket: Ticket["Entry"] | None = field(default=None, repr=False)
 
     @property
     def request(self) -> DecodeRequest:
-        return replace(self.job.request, pack=False) if self.alone else self.job.request
+        request = self.job.request
+        if self.quick and not request.short_window:
+            request = replace(request, short_window=True)
+        return replace(request, pack=False) if self.alone else request
 
     @property
     def final(self) -> bool:
@@ -160,8 +168,12 @@ class SchedulerCore:
         workers: int = 1,
         pack_hold_s: float = PACK_HOLD_S,
         context_max_wait_s: float | None = CONTEXT_MAX_WAIT_S,
+        quick_backlog: int | None = None,
     ) -> None:
+        """``quick_backlog``: waiting finals from which finals run quick (default: one more
+        than there are workers; 0: never)."""
         self.runner = runner
+        self.quick_backlog = max(1, workers) + 1 if quick_backlog is None else quick_backlog
         self.context_max_wait_s = context_max_wait_s
         self.interim_runner = interim_runner
         self.limits = limits or BatchLimits()
@@ -318,6 +330,8 @@ class SchedulerCore:
             if fresh is None:
                 return None
             entry.job = fresh
+        if entry.final and self.quick_backlog and len(self._finals) >= self.quick_backlog:
+            entry.quick = True  # once quick, it stays quick: its batch key is settled
         request = entry.request
         runner = self._runner_for(request)
         key = runner.batch_key(request)

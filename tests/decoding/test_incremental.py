@@ -219,3 +219,21 @@ def test_an_interim_still_wanted_is_never_withdrawn_and_a_final_never():
     (final,) = [e.job for e in only(d.job_skipped(interim), SubmitJob)]
     assert final.request.kind is DecodeKind.FINAL and not final.speculative
     assert not only(d.feed([UtteranceStarted(1, SR, SR), audio(1, 0.5)]), WithdrawJob)
+
+
+def _final_request(options: StreamOptions, context=None):
+    d = ChannelDecoder(0, options, context)
+    d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0)])
+    d.job_done(d.in_flight, Hypothesis("one"))
+    ev = d.feed([UtteranceEnded(0, SR, EndReason.ENDPOINT)])
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.request.kind is DecodeKind.FINAL
+    return job.request
+
+
+def test_first_pass_finals_are_quick_only_when_a_context_pass_refines_them():
+    from asr_server.decoding.context import ContextOptions
+
+    assert _final_request(StreamOptions(revisions=True)).short_window  # greedy, short window: the pass refines it
+    assert not _final_request(StreamOptions(revisions=False)).short_window  # the first pass is what stays
+    assert not _final_request(StreamOptions(revisions=True), ContextOptions(quick_finals=False)).short_window

@@ -204,3 +204,17 @@ def test_with_retry_later_a_member_the_pack_missed_comes_back_none_for_the_calle
     assert all(h.packed and "moment to talk" in h.text.lower() for h in (hyps[0], hyps[2]))
     alone = replace(requests[1], pack=False)
     assert whisper_runner.window_frames(alone) == 3000 and whisper_runner.window_frames(requests[1]) < 3000
+
+
+def test_a_quick_final_takes_its_audio_plus_the_quick_pad_and_is_never_packed():
+    from asr_server.inference.types import DecodeKind, DecodeRequest
+    from asr_server.inference.windows import Pads, window_frames
+
+    pads = Pads.from_seconds(10.0, 2.0, 30.0, True, quick_final_s=5.0)
+    three_s = np.zeros(3 * 16000, np.float32)
+    full = DecodeRequest(three_s, DecodeKind.FINAL)
+    quick = DecodeRequest(three_s, DecodeKind.FINAL, short_window=True)
+    assert window_frames(full, pads) == packed_frames(3.0)  # a packable final: its share of a window
+    assert window_frames(quick, pads) == 1000  # 3 s + 5 s, up to the next 5 s step
+    long_quick = DecodeRequest(np.zeros(28 * 16000, np.float32), DecodeKind.FINAL, short_window=True)
+    assert window_frames(long_quick, pads) == 3000
