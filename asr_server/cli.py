@@ -27,6 +27,7 @@ from .decoding.context import ContextOptions
 from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S,
                                 ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
+from .scheduler.capacity import CapacityModel
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
 from .scheduler.policy import BatchLimits
 from .server import AsrServer
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
     p.add_argument("--max-channels", type=int, default=None,
-                   help=f"channels transcribed at once; more streams are refused with 'overloaded' (default: {CHANNELS_PER_CORE:g} per core on CPU, no limit on CUDA; 0: no limit)")
+                   help="channels transcribed at once; more streams are refused with 'overloaded' (default: measured: as many as "
+                        "can all get a final within 2 s of speaking in step, from the model time of a quick final; 0: no limit)")
     p.add_argument("--max-batch", type=int, default=None, help="decodes per model call (default 8 on CPU, 32 on CUDA)")
     p.add_argument("--max-batch-seconds", type=float, default=None,
                    help="padded encoder seconds per model call, which bounds how long one call takes (default 60 on CPU: two 30 s finals or four 15 s interims; 30 x max-batch on CUDA)")
@@ -95,10 +97,6 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
                    help="what decides where speech ends: silero (a learned model, default), webrtc (cheaper, fooled by noise and reverberation), or both")
 
 
-# Measured on 2 cores with tiny.en (README, "Several streams at once"): 16
-# real-time channels held p95 final latency 1.08-1.33 s; 20 held 1.29-1.48 s,
-# too close to 1.5 s to admit by default.
-CHANNELS_PER_CORE = 8
 
 
 def _measure_budget(args: argparse.Namespace, runner: WhisperRunner, baseline: int, loaded: int, max_batch: int) -> MemoryBudget | None:
@@ -149,9 +147,7 @@ class _Plan:
 
 def _plan(args: argparse.Namespace) -> _Plan:
     cores = os.cpu_count() or 1
-    max_channels = args.max_channels
-    if max_channels is None:
-        max_channels = int(CHANNELS_PER_CORE * cores) if args.device == "cpu" else 0
+    max_channels = args.max_channels or 0  # None: measured (see _capacity)
     max_batch = args.max_batch or (32 if args.device == "cuda" else 8)
     batch_seconds = args.max_batch_seconds or (30.0 * max_batch if args.device == "cuda" else 60.0)
     max_frames = max(1, int(batch_seconds * 100))
@@ -165,8 +161,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
     )
 
 
-def _load(args: argparse.Namespace, plan: _Plan, model_path: str, interim_path: str | None) -> tuple[WhisperRunner, WhisperRunner | None, MemoryBudget | None]:
-    """Load and warm the model(s), then measure the memory budget (runs in a thread)."""
+def _load(
+    args: argparse.Namespace, plan: _Plan, model_path: str, interim_path: str | None,
+) -> tuple[WhisperRunner, WhisperRunner | None, MemoryBudget | None, CapacityModel | None]:
+    """Load and warm the model(s), then measure the memory budget and the capacity (runs in a thread)."""
     common = dict(device=args.device, compute_type=args.compute_type, cpu_threads=plan.threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
                   short_interim_pad_s=args.busy_interim_encoder_pad_s, final_encoder_pad_s=args.final_encoder_pad_s, workers=plan.workers)
     baseline = process_rss()
@@ -182,7 +180,16 @@ def _load(args: argparse.Namespace, plan: _Plan, model_path: str, interim_path: 
     budget = _measure_budget(args, runner, baseline, loaded, plan.max_windows)
     if budget is not None:
         log.info("memory budget %s", budget.to_wire())
-    return runner, interim, budget
+    return runner, interim, budget, _capacity(args, runner, plan)
+
+
+def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan) -> CapacityModel | None:
+    """Admission from the measured cost of a quick final, unless --max-channels was given."""
+    if args.max_channels is not None:
+        return None
+    capacity = CapacityModel(plan.workers, runner.measure_quick_final())
+    log.info("capacity %s", capacity.to_wire())
+    return capacity
 
 
 async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None) -> int:

@@ -16,6 +16,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import replace
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -31,6 +32,7 @@ from .options import Limits, RtcOptions, StreamOptions, parse_stream_options
 from .protocol.messages import MessageWriter
 from .scheduler import Scheduler
 from .scheduler.admission import Capacity, refusal
+from .scheduler.capacity import CapacityModel
 from .scheduler.budget import MemoryBudget, audio_bytes, process_rss, stream_bytes
 from .scheduler.governor import GovernorOptions, InterimLoad, LoadGovernor
 from .scheduler.policy import BatchLimits, Priority
@@ -95,6 +97,7 @@ class AsrServer:
         self.context = context
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
+        self.capacity: CapacityModel | None = None
         self.runner: Runner | None = None
         self.interim_runner: Runner | None = None
         self._server: Server | None = None
@@ -108,6 +111,11 @@ class AsrServer:
     @property
     def ready(self) -> bool:
         return self.scheduler is not None and not self.stopping
+
+    @property
+    def max_channels(self) -> int:
+        """Channels admitted at most now (0: no limit): measured capacity when there is a model of it."""
+        return self.capacity.channels() if self.capacity is not None else self.limits.max_channels
 
     @property
     def active_channels(self) -> int:
@@ -149,13 +157,18 @@ class AsrServer:
         self.port = sock.getsockname()[1]
         server_log.info("listening on %s://%s:%d%s", "wss" if self.ssl else "ws", self.host, self.port, LISTEN_PATH)
 
-    def set_runner(self, runner: Runner, interim_runner: Runner | None = None, budget: MemoryBudget | None = None) -> None:
-        """The model is loaded and warm: start serving (``budget`` may come with it, measured)."""
+    def set_runner(
+        self, runner: Runner, interim_runner: Runner | None = None, budget: MemoryBudget | None = None, capacity: CapacityModel | None = None,
+    ) -> None:
+        """The model is loaded and warm: start serving (``budget`` may come with it, measured;
+        ``capacity``: admit as many channels as it says instead of ``limits.max_channels``)."""
         self.runner = runner
         self.interim_runner = interim_runner
         if budget is not None:
             self.budget = budget
+        self.capacity = capacity
         self.scheduler = Scheduler(runner, self.metrics, self.batch_limits, interim_runner, workers=self.workers)
+        self.scheduler.capacity = capacity
         self.scheduler.start()
         if self.tick_s > 0:  # 0: the governor is driven by explicit tick() calls only
             self._ticker = asyncio.get_running_loop().create_task(self._tick_forever(), name="asr-governor")
@@ -181,6 +194,9 @@ class AsrServer:
         level = self.governor.observe(loop.time(), state.oldest_final_wait, used, self.budget.total if self.budget else 0, state.oldest_interim_wait)
         self.metrics.memory_used.set(used)
         self.metrics.degradation_level.set(int(level))
+        self.metrics.capacity_channels.set(self.max_channels)
+        if self.capacity is not None:
+            self.metrics.quick_final_seconds.set(self.capacity.final_s)
         if level != before:
             server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs oldest_interim_wait=%.2fs finals=%d interims=%d",
                             before, level, level.name.lower(), state.oldest_final_wait, state.oldest_interim_wait, state.finals, state.interims)
@@ -252,7 +268,8 @@ class AsrServer:
             return
         # No await between the capacity check and this add: admission is atomic.
         webrtc = self.rtc.to_wire() if options.is_webrtc else None
-        conn = Connection(self, ws, Session(session_id, options, self.limits, self.model_name, self.vad, webrtc=webrtc, context=self.context))
+        limits = replace(self.limits, max_channels=self.max_channels)  # as admission counts it now
+        conn = Connection(self, ws, Session(session_id, options, limits, self.model_name, self.vad, webrtc=webrtc, context=self.context))
         self._connections.add(conn)
         self.metrics.sessions_started.inc()
         self.metrics.active_sessions.inc()
@@ -278,7 +295,7 @@ class AsrServer:
 
     def _admit(self, options: StreamOptions) -> None:
         """Refuse, before any audio, a stream past the channel or memory capacity, or at a refusing load level."""
-        capacity = Capacity(self.active_channels, self.limits.max_channels, self.reserved_bytes, self.budget)
+        capacity = Capacity(self.active_channels, self.max_channels, self.reserved_bytes, self.budget)
         error = refusal(capacity, options.channels, self.stream_bytes(options), Priority(options.priority), self.governor)
         if error is not None:
             raise error

@@ -21,6 +21,7 @@ from asr_server.audio.decode import PcmDecoder
 
 from asr_server.inference.types import Runner
 from asr_server.options import Limits
+from asr_server.scheduler.capacity import CapacityModel
 from asr_server.server import AsrServer
 
 FIXTURES = Path(__file__).resolve().parent / "audio_fixtures"
@@ -93,8 +94,9 @@ async def replay(url: str, name: str, *, realtime: bool = False, chunk_ms: int =
 class ServerThread:
     """A real :class:`AsrServer` on 127.0.0.1 and a free port, in its own thread and loop."""
 
-    def __init__(self, runner: Runner | None, limits: Limits = Limits(), **server_options: Any) -> None:
+    def __init__(self, runner: Runner | None, limits: Limits = Limits(), capacity: CapacityModel | None = None, **server_options: Any) -> None:
         self.runner = runner
+        self.capacity = capacity
         self.limits = limits
         self.server_options = server_options
         self.server: AsrServer | None = None
@@ -151,7 +153,7 @@ class ServerThread:
         self.server = AsrServer("127.0.0.1", 0, self.limits, model_name="tiny.en", **self.server_options)
         await self.server.start()
         if self.runner is not None:
-            self.server.set_runner(self.runner)
+            self.server.set_runner(self.runner, capacity=self.capacity)
         self._ready.set()
         await self._stop.wait()
         await self.server.stop(grace_s=5)

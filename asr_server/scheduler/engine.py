@@ -26,9 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from ..events import DecodeJob
-from ..inference.types import Hypothesis, Runner
+from ..inference.types import DecodeKind, Hypothesis, Runner
 from ..metrics import Metrics
 from .core import PACK_HOLD_S, Batch, Decision, Entry, Outcome, QueueState, Refresh, SchedulerCore
+from .capacity import CapacityModel
 from .policy import BatchLimits
 
 __all__ = ["Scheduler", "Refresh", "QueueState", "DecodeAnswer", "JobFailed"]
@@ -66,6 +67,7 @@ class Scheduler:
         """
         self.core = SchedulerCore(runner, limits, interim_runner, workers, pack_hold_s)
         self.metrics = metrics
+        self.capacity: CapacityModel | None = None  # told the cost of every quick final
         self._n_workers = self.core.workers
         self._executor = ThreadPoolExecutor(max_workers=self._n_workers, thread_name_prefix="asr-model")
         self._futures: dict[int, asyncio.Future[DecodeAnswer]] = {}
@@ -250,6 +252,10 @@ class Scheduler:
             asyncio.get_running_loop().call_at(wake_at, self._wakeup.set)
 
     def _observe_batch(self, batch: Batch, outcome: Outcome) -> None:
+        if self.capacity is not None and batch.kind is DecodeKind.FINAL:
+            for entry, hyp in outcome.done:
+                if entry.request.short_window:
+                    self.capacity.observe_final(hyp.decode_s)
         if self.metrics is None:
             return
         kind = batch.kind.value

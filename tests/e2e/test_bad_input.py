@@ -290,3 +290,32 @@ def test_pipelined_http_requests_get_an_answer_and_no_internal_error(live_server
     assert not [r for r in caplog.records if "internal error" in r.getMessage()]
     with urllib.request.urlopen(f"{live_server.http}/healthz", timeout=30) as again:  # and the server goes on
         assert again.status == 200
+
+
+def test_admission_follows_the_measured_cost_of_a_quick_final(whisper_runner):
+    from asr_server.scheduler.capacity import CapacityModel, CapacityOptions
+
+    cost = whisper_runner.measure_quick_final(repeats=1)
+    assert 0 < cost < 30
+    # A burst budget of 2.5 quick finals on one worker: two channels' finals fit at once, three do not.
+    capacity = CapacityModel(1, cost, CapacityOptions(burst_s=2.5 * cost))
+    server = ServerThread(whisper_runner, capacity=capacity).start()
+    try:
+        pcm, _ = read_pcm(str(FIXTURES / "cards_16k.wav"))
+
+        async def main():
+            async with connect(server.url) as first:
+                assert (await first.recv())["type"] == "session"
+                refused, code = await session(server.url, nothing, channels=2)
+                await first.send_audio(pcm)
+                await first.close_stream()
+                return refused, code, [m async for m in first]
+
+        refused, code, first_msgs = asyncio.run(main())
+        assert code == 1013 and error_of(refused)["code"] == "overloaded"
+        assert first_msgs[-1]["type"] == "closed"
+        health = json.loads(get(server.http + "/healthz")[1])
+        # The admitted stream's finals were quick, and each one taught the model what a final costs.
+        assert health["capacity"]["observed_finals"] >= 1 and health["max_channels"] == capacity.channels()
+    finally:
+        server.stop()
