@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 
 from .audio.vad import DETECTORS, VadOptions
 from .decoding.context import ContextOptions
-from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S,
+from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, QUICK_FINAL_PAD_S, BURST_FINAL_PAD_S, SHORT_INTERIM_PAD_S,
                                 ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.capacity import CapacityModel
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
     p.add_argument("--max-channels", type=int, default=None,
                    help="channels transcribed at once; more streams are refused with 'overloaded' (default: measured: as many as "
-                        "can all get a final within 2 s of speaking in step, from the model time of a quick final; 0: no limit)")
+                        "can all get a final within 2 s of speaking in step, from the model time of a final in a burst; 0: no limit)")
     p.add_argument("--max-batch", type=int, default=None, help="decodes per model call (default 8 on CPU, 32 on CUDA)")
     p.add_argument("--max-batch-seconds", type=float, default=None,
                    help="padded encoder seconds per model call, which bounds how long one call takes (default 60 on CPU: two 30 s finals or four 15 s interims; 30 x max-batch on CUDA)")
@@ -86,11 +86,13 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--final-beam-size", type=int, default=FINAL_BEAM_SIZE,
                    help=f"beam width of first-pass finals, 1 for greedy (default {FINAL_BEAM_SIZE}); context revisions always use {FINAL_BEAM_SIZE}")
     p.add_argument("--quick-finals", action=argparse.BooleanOptionalAction, default=True,
-                   help="first-pass finals of streams with revisions decode greedily on a short window (a third of the model time; "
-                        "the context pass refines them); with --no-quick-finals they use the full window and --final-beam-size, "
-                        "except in a burst (default on)")
+                   help="first-pass finals of streams with revisions decode on the audio plus --quick-final-encoder-pad-s (half the "
+                        "model time; the context pass refines them); with --no-quick-finals they use the full window (default on)")
     p.add_argument("--quick-final-encoder-pad-s", type=float, default=QUICK_FINAL_PAD_S,
                    help=f"seconds of silence after the audio in a quick final's window (default {QUICK_FINAL_PAD_S:g})")
+    p.add_argument("--quick-final-beam-size", type=int, default=FINAL_BEAM_SIZE, help=f"beam width of quick finals (default {FINAL_BEAM_SIZE})")
+    p.add_argument("--burst-final-encoder-pad-s", type=float, default=BURST_FINAL_PAD_S,
+                   help=f"the same for finals in a burst (more finals waiting than workers), decoded greedily (default {BURST_FINAL_PAD_S:g})")
     p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
                    help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
     p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
@@ -169,7 +171,8 @@ def _load(
                   short_interim_pad_s=args.busy_interim_encoder_pad_s, final_encoder_pad_s=args.final_encoder_pad_s, workers=plan.workers)
     baseline = process_rss()
     runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, final_beam_size=args.final_beam_size,
-                           quick_final_pad_s=args.quick_final_encoder_pad_s, **common)
+                           quick_final_pad_s=args.quick_final_encoder_pad_s, quick_final_beam_size=args.quick_final_beam_size,
+                           burst_final_pad_s=args.burst_final_encoder_pad_s, **common)
     interim = None
     if interim_path is not None:
         interim = WhisperRunner(interim_path, **common)
@@ -184,10 +187,10 @@ def _load(
 
 
 def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan) -> CapacityModel | None:
-    """Admission from the measured cost of a quick final, unless --max-channels was given."""
+    """Admission from the measured cost of a final in a burst, unless --max-channels was given."""
     if args.max_channels is not None:
         return None
-    capacity = CapacityModel(plan.workers, runner.measure_quick_final())
+    capacity = CapacityModel(plan.workers, runner.measure_burst_final())
     log.info("capacity %s", capacity.to_wire())
     return capacity
 

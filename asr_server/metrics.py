@@ -74,8 +74,8 @@ class Metrics:
         self.errors = Counter("asr_errors_total", "Errors sent to clients, by code", ["code"], registry=r)
         self.webrtc_peers = Gauge("asr_webrtc_peers", "Open WebRTC peer connections", registry=r)
         self.model_ready = Gauge("asr_model_ready", "1 once the model is loaded and warmed up", registry=r)
-        self.capacity_channels = Gauge("asr_capacity_channels", "Channels admitted at most now (from the measured cost of a quick final; 0: no limit)", registry=r)
-        self.quick_final_seconds = Gauge("asr_quick_final_seconds", "Model seconds one quick final takes (measured, averaged)", registry=r)
+        self.capacity_channels = Gauge("asr_capacity_channels", "Channels admitted at most now (from the measured cost of a final in a burst; 0: no limit)", registry=r)
+        self.burst_final_seconds = Gauge("asr_burst_final_seconds", "Model seconds one final in a burst takes (measured, averaged)", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -196,7 +196,7 @@ class AsrServer:
         self.metrics.degradation_level.set(int(level))
         self.metrics.capacity_channels.set(self.max_channels)
         if self.capacity is not None:
-            self.metrics.quick_final_seconds.set(self.capacity.final_s)
+            self.metrics.burst_final_seconds.set(self.capacity.final_s)
         if level != before:
             server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs oldest_interim_wait=%.2fs finals=%d interims=%d",
                             before, level, level.name.lower(), state.oldest_final_wait, state.oldest_interim_wait, state.finals, state.interims)

@@ -185,6 +185,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     delays: list[float] = []
     refusal_s: list[float] = []
     broken = 0
+    per_fixture: dict[str, list[int]] = {}
     for entry, r, _code, refused_after in results:
         if refused_after is not None:
             refused += 1
@@ -206,11 +207,14 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
                 if match is not None:
                     latencies.append(match.at - end)
             ref = normalize(" ".join(entry["references"][ch]))
-            errors += edit_distance(ref, normalize(r.final_text(ch)))
-            refined_errors += edit_distance(ref, normalize(r.transcript().final_text(ch)))
-            words += len(ref)
+            e1, e2 = edit_distance(ref, normalize(r.final_text(ch))), edit_distance(ref, normalize(r.transcript().final_text(ch)))
+            errors, refined_errors, words = errors + e1, refined_errors + e2, words + len(ref)
+            tally = per_fixture.setdefault(f"{r.fixture} ch{ch}", [0, 0, 0])
+            tally[0], tally[1], tally[2] = tally[0] + e1, tally[1] + e2, tally[2] + len(ref)
             shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
             delays += [t.at - shown[t.message["utterances"][0]] for t in r.of_type("revision") if t.message["channel"] == ch]
+    print(f"N={n} WER first pass / after revisions by fixture: "
+          + ", ".join(f"{k} {a / w:.3f} / {b / w:.3f}" for k, (a, b, w) in sorted(per_fixture.items())), file=sys.stderr, flush=True)
     return {
         "refined_wer": refined_errors / words if words else float("nan"),
         "revision_p95": pct(delays, 0.95) if delays else float("nan"), "revisions": len(delays),

@@ -226,6 +226,7 @@ def main() -> None:
     proc, port = start_server(args.compute_type, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims, delays = [], [], [], []
+    by_fixture: dict[str, list[float]] = {}
     totals = {"first": 0, "refined": 0, "offline": 0, "words": 0, "finals": 0, "revisions": 0}
     audio_s = 0.0
     cpu0, model0 = cpu_seconds(proc.pid), model_seconds(port)
@@ -242,7 +243,9 @@ def main() -> None:
                 audio_s += r.of_type("closed")[0].message["audio_received_s"]
                 refined = r.transcript()
                 for ch in range(entry["channels"]):
-                    latencies.extend(final_latencies(r, ch, speech_ends(dry[ch], entry["spans"][ch])))
+                    found = final_latencies(r, ch, speech_ends(dry[ch], entry["spans"][ch]))
+                    latencies.extend(found)
+                    by_fixture.setdefault(f"{name} ch{ch}", []).extend(found)
                     delays.extend(revision_delays(r, ch))
                     if run:
                         continue
@@ -263,6 +266,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+    rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
     report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1})
 
 
@@ -270,12 +274,13 @@ def report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, 
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
     print(f"# single stream, real-time pace{noise}, revisions={args.revisions}, {args.runs} run(s) per fixture, tiny.en {args.compute_type}, {os.cpu_count()} cores")
-    print("| fixture | WER first-pass finals | WER after revisions | WER offline |")
-    print("|---|---|---|---|")
-    for label, first, refined, offline in rows:
-        print(f"| {label} | {first:.3f} | {refined:.3f} | {offline:.3f} |")
+    print("| fixture | WER first-pass finals | WER after revisions | WER offline | final latency p50 / p95 (s), sentences matched |")
+    print("|---|---|---|---|---|")
+    for label, first, refined, offline, lat in rows:
+        n = len(MANIFEST[label.rsplit(" ", 1)[0]]["spans"][int(label.rsplit("ch", 1)[1])]) * args.runs
+        print(f"| {label} | {first:.3f} | {refined:.3f} | {offline:.3f} | {pct(lat, 0.5):.2f} / {pct(lat, 0.95):.2f}, {len(lat)} of {n} |")
     w = totals["words"]
-    print(f"| **pooled** | **{totals['first'] / w:.3f}** | **{totals['refined'] / w:.3f}** | **{totals['offline'] / w:.3f}** |")
+    print(f"| **pooled** | **{totals['first'] / w:.3f}** | **{totals['refined'] / w:.3f}** | **{totals['offline'] / w:.3f}** | {pct(latencies, 0.5):.2f} / {pct(latencies, 0.95):.2f} |")
     print()
     print(f"final latency from the end of speech found in the audio (s): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} (n={len(latencies)})")
     print(f"time to first interim (s): median {statistics.median(first_interims):.2f}, max {max(first_interims):.2f} (n={len(first_interims)})")

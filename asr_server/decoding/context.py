@@ -46,7 +46,7 @@ class ContextOptions:
     # The newest final is decided only with a later one in the window (context on both sides,
     # as offline transcription has), unless the channel has been silent this long, or ended.
     settle_s: float = 3.0
-    # First-pass finals are quick (greedy, short window) while the pass is on.
+    # First-pass finals are quick (a shorter window) while the pass is on.
     quick_finals: bool = True
 
 

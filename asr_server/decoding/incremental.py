@@ -108,8 +108,8 @@ class ChannelDecoder:
         self.interim_ms = options.interim_ms
         self.interim_model = False  # interims on the server's smaller interim model
         self.interim_short_window = False  # interims on the model's short encoder window
-        # First-pass finals are quick (greedy, short window) when a context pass refines them:
-        # finals come sooner and cost a third, and the transcript that stays is the pass's.
+        # First-pass finals are quick (the audio plus 10 s, not 30 s) when a context pass refines
+        # them: finals come sooner and cost half, and the transcript that stays is the pass's.
         self.quick_finals = self.context.enabled and self.context.quick_finals
         self._withdrawn: DecodeJob | None = None  # the in-flight job already withdrawn
 

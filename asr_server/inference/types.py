@@ -43,8 +43,9 @@ class DecodeRequest:
     word_timestamps: bool = False
     model: str = ""  # "" for the main model, "interim" for the optional smaller interim model
     # An interim on the runner's short encoder window (under load); a final on its quick
-    # window, greedy (a first pass that the context pass will refine, or a burst of finals).
+    # window (a first pass that the context pass will refine).
     short_window: bool = False
+    burst: bool = False  # a final in a burst: greedy, on the audio plus the runner's burst pad
     pack: bool = True  # a final that may share a window with other finals (see plan_packs)
 
     @property
@@ -107,4 +108,5 @@ class BatchKey:
     language: str
     frames: int
     prompt_tokens: int
-    quick: bool = False  # quick finals: greedy, on the short window
+    quick: bool = False  # quick finals: on the quick window
+    burst: bool = False  # finals in a burst: greedy, on the burst window

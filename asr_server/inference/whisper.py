@@ -30,7 +30,7 @@ from .models import DEFAULT_MODEL, ModelNotFound, resolve_model
 from .packing import PACK_CONTENT_S, PACK_GAP_S, PACK_MAX_ITEM_S, packed_frames, plan_packs, split_pack, text_tokens, usable_pack
 from .types import SAMPLE_RATE, BatchKey, DecodeKind, DecodeRequest, Hypothesis, Runner, Word
 from .windows import (
-    FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, MAX_INITIAL_TIMESTAMP_INDEX, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S, Pads,
+    FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, MAX_INITIAL_TIMESTAMP_INDEX, BURST_FINAL_PAD_S, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S, Pads,
     max_new_tokens, prompt_bucket, window_frames,
 )
 
@@ -82,6 +82,8 @@ class WhisperRunner(Runner):
         max_windows: int = 0,
         final_beam_size: int = FINAL_BEAM_SIZE,
         quick_final_pad_s: float = QUICK_FINAL_PAD_S,
+        quick_final_beam_size: int = FINAL_BEAM_SIZE,
+        burst_final_pad_s: float = BURST_FINAL_PAD_S,
     ) -> None:
         """``*_encoder_pad_s``: seconds of silence after the audio in the encoder window (30: Whisper's full window).
 
@@ -95,12 +97,14 @@ class WhisperRunner(Runner):
         ``final_beam_size``: beam width of full first-pass finals (1: greedy); the
         context pass, which gives the transcript that stays, always uses
         ``FINAL_BEAM_SIZE``. ``quick_final_pad_s``: the padding of quick finals
-        (``short_window``), which decode greedily.
+        (``short_window``), ``quick_final_beam_size`` their beam; ``burst_final_pad_s``:
+        the padding of finals in a burst (``burst``), which decode greedily.
         """
-        if final_beam_size < 1:
-            raise ValueError("final_beam_size must be at least 1")
+        if final_beam_size < 1 or quick_final_beam_size < 1:
+            raise ValueError("beam sizes must be at least 1")
+        self.quick_final_beam_size = quick_final_beam_size
         self.final_beam_size = final_beam_size
-        self.pads = Pads.from_seconds(interim_encoder_pad_s, short_interim_pad_s, final_encoder_pad_s, pack_finals, quick_final_pad_s)
+        self.pads = Pads.from_seconds(interim_encoder_pad_s, short_interim_pad_s, final_encoder_pad_s, pack_finals, quick_final_pad_s, burst_final_pad_s)
         self.max_windows = max(0, max_windows)
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()
@@ -131,17 +135,17 @@ class WhisperRunner(Runner):
         for kind in DecodeKind:
             self.transcribe(DecodeRequest(noise, kind, language=language, word_timestamps=kind.final_quality))
 
-    def measure_quick_final(self, seconds: float = 4.0, tokens: int = 24, repeats: int = 3) -> float:
-        """Model seconds one quick final of ``seconds`` of speech takes, measured (median of ``repeats``).
+    def measure_burst_final(self, seconds: float = 4.0, tokens: int = 24, repeats: int = 3) -> float:
+        """Model seconds one final in a burst of ``seconds`` of speech takes, measured (median of ``repeats``).
 
-        Everything a quick final does: the features, the encoder on the audio plus the quick
+        Everything such a final does: the features, the encoder on the audio plus the burst
         pad, ``tokens`` greedy steps (end of text is suppressed, so noise costs what about
         ``seconds`` of speech does: 4-6 tokens a second) and the word-timing pass.
         """
         language = "en" if "en" in self.languages else self.languages[0]
         tokenizer = self._tokenizer(language)
         noise = (np.random.default_rng(1).standard_normal(int(seconds * SAMPLE_RATE)) * 0.01).astype(np.float32)
-        request = DecodeRequest(noise, DecodeKind.FINAL, language=language, word_timestamps=True, short_window=True)
+        request = DecodeRequest(noise, DecodeKind.FINAL, language=language, word_timestamps=True, burst=True)
         times = []
         for _ in range(repeats):
             t0 = time.monotonic()
@@ -163,12 +167,12 @@ class WhisperRunner(Runner):
         return window_frames(request, self.pads)
 
     def batch_key(self, request: DecodeRequest) -> BatchKey:
-        if request.kind is DecodeKind.FINAL and self.pack_finals and not request.short_window:
+        if request.kind is DecodeKind.FINAL and self.pack_finals and not (request.short_window or request.burst):
             # Packs carry no prompt, and the rest are regrouped by prompt length inside the batch.
             return BatchKey(request.kind, request.language, FULL_WINDOW_FRAMES, -1)
         tokens = self._prompt_tokens(self._tokenizer(request.language), request.prompt)
-        quick = request.kind is DecodeKind.FINAL and request.short_window
-        return BatchKey(request.kind, request.language, self.window_frames(request), len(tokens), quick)
+        final = request.kind is DecodeKind.FINAL
+        return BatchKey(request.kind, request.language, self.window_frames(request), len(tokens), final and request.short_window, final and request.burst)
 
     def transcribe(self, request: DecodeRequest) -> Hypothesis:
         [hyp] = self.transcribe_batch([request])
@@ -186,7 +190,7 @@ class WhisperRunner(Runner):
         tokenizer = self._tokenizer(key.language)
         out: list[Hypothesis | None] = [None] * len(requests)
         retry: set[int] = set()
-        if key.kind is DecodeKind.FINAL and self.pack_finals and not key.quick:
+        if key.kind is DecodeKind.FINAL and self.pack_finals and not (key.quick or key.burst):
             retry = self._decode_packed(tokenizer, requests, out, retry_later)
         self._decode_alone(tokenizer, requests, [i for i, h in enumerate(out) if h is None and i not in retry], key, out)
         share = (time.monotonic() - t0) / len(requests)
@@ -224,8 +228,7 @@ class WhisperRunner(Runner):
         features = np.stack([it.features for it in items])
         encoded = self.model.model.encode(_storage(features))
         final = kind.final_quality
-        quick = kind is DecodeKind.FINAL and requests[0].short_window
-        beam = 1 if quick else self.final_beam_size if kind is DecodeKind.FINAL else FINAL_BEAM_SIZE if final else 1
+        beam = self._beam(kind, requests[0])
         results = self._generate(tokenizer, items, features, encoded, temperatures=FINAL_TEMPERATURES if final else (0.0,), beam_size=beam)
         texts = [text_tokens(tokenizer, r.tokens) for r in results]
         words = self._words(tokenizer, items, texts, features, encoded)
@@ -235,6 +238,11 @@ class WhisperRunner(Runner):
             out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio))
             log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", kind.value, it.request.duration, it.request.prompt, it.request.prefix, text)
         return out
+
+    def _beam(self, kind: DecodeKind, request: DecodeRequest) -> int:
+        if kind is DecodeKind.FINAL:
+            return 1 if request.burst else self.quick_final_beam_size if request.short_window else self.final_beam_size
+        return FINAL_BEAM_SIZE if kind.final_quality else 1
 
     def _words(self, tokenizer: Any, items: list[_Item], texts: list[list[int]], features: np.ndarray, encoded: Any) -> list[tuple[Word, ...]]:
         """Word timing for the items that asked for it (and said something)."""

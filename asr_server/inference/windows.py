@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .types import DecodeKind, DecodeRequest
 
 __all__ = [
-    "INTERIM_ENCODER_PAD_S", "SHORT_INTERIM_PAD_S", "FINAL_ENCODER_PAD_S", "QUICK_FINAL_PAD_S", "FULL_WINDOW_FRAMES", "WINDOW_STEP_FRAMES",
+    "INTERIM_ENCODER_PAD_S", "SHORT_INTERIM_PAD_S", "FINAL_ENCODER_PAD_S", "QUICK_FINAL_PAD_S", "BURST_FINAL_PAD_S", "FULL_WINDOW_FRAMES", "WINDOW_STEP_FRAMES",
     "HOP_SAMPLES", "PROMPT_TOKEN_LIMIT", "MAX_INITIAL_TIMESTAMP_INDEX", "Pads", "window_frames", "max_new_tokens", "prompt_bucket",
 ]
 
@@ -35,11 +35,14 @@ INTERIM_ENCODER_PAD_S = 10.0
 # time per interim, for interims further from the final (README, "Degradation").
 SHORT_INTERIM_PAD_S = 2.0
 FINAL_ENCODER_PAD_S = 30.0
-# Quick finals (first-pass finals of streams with revisions, and every final in a burst) take
-# the audio plus 5 s and decode greedily: measured on the fixtures' utterances, a third of
-# the model time of a full-window beam-5 final (0.24-0.28 s against 0.80 s of a core) for
-# WER 0.107 against 0.084; 3 s of padding gave 0.194. The context pass restores the rest.
-QUICK_FINAL_PAD_S = 5.0
+# Quick finals (first-pass finals of streams with revisions) take the audio plus 10 s, beam 5:
+# measured on the fixtures' utterances, half the model time of a full-window final (0.39 s
+# against 0.72-0.80 s of a core) for WER 0.099 against 0.084; the context pass restores the
+# rest. Finals in a burst (more waiting than workers) take the audio plus 5 s, greedy:
+# 0.24-0.28 s, WER 0.107 (3 s of padding gave 0.194). At 8 streams, greedy 5 s finals for
+# every first pass gave first-pass WER 0.17-0.18 against 0.14 for these (README).
+QUICK_FINAL_PAD_S = 10.0
+BURST_FINAL_PAD_S = 5.0
 FULL_WINDOW_FRAMES = 3000
 WINDOW_STEP_FRAMES = 500
 HOP_SAMPLES = 160  # one feature frame
@@ -56,15 +59,20 @@ class Pads:
     final: int
     pack_finals: bool  # packable finals count their share of a shared window
     quick_final: int = int(QUICK_FINAL_PAD_S * 100)
+    burst_final: int = int(BURST_FINAL_PAD_S * 100)
 
     @staticmethod
-    def from_seconds(interim_s: float, short_interim_s: float, final_s: float, pack_finals: bool, quick_final_s: float = QUICK_FINAL_PAD_S) -> "Pads":
+    def from_seconds(
+        interim_s: float, short_interim_s: float, final_s: float, pack_finals: bool,
+        quick_final_s: float = QUICK_FINAL_PAD_S, burst_final_s: float = BURST_FINAL_PAD_S,
+    ) -> "Pads":
         def frames(seconds: float) -> int:
             return int(min(30.0, max(1.0, seconds)) * 100)
 
         final = frames(final_s)
         # Packing needs full windows: an item's words are told apart by where they sit in it.
-        return Pads(frames(interim_s), frames(short_interim_s), final, pack_finals and final >= FULL_WINDOW_FRAMES, frames(quick_final_s))
+        return Pads(frames(interim_s), frames(short_interim_s), final, pack_finals and final >= FULL_WINDOW_FRAMES,
+                    frames(quick_final_s), frames(burst_final_s))
 
 
 def window_frames(request: DecodeRequest, pads: Pads) -> int:
@@ -74,7 +82,9 @@ def window_frames(request: DecodeRequest, pads: Pads) -> int:
     if request.kind is DecodeKind.CONTEXT:
         return FULL_WINDOW_FRAMES  # as offline transcription: the whole 30 s window
     if request.kind is DecodeKind.FINAL:
-        if request.short_window:
+        if request.burst:
+            pad = pads.burst_final
+        elif request.short_window:
             pad = pads.quick_final
         elif pads.pack_finals and request.pack and request.duration <= PACK_MAX_ITEM_S:
             return packed_frames(request.duration)

@@ -2,15 +2,15 @@
 
 The case that decides it is a burst: every admitted channel reaches the end
 of a sentence at once (callers answering the same prompt, a room going
-quiet), and every one of them is owed a final. Finals in a burst run quick
-(greedy, short window; see :mod:`.core`), so with ``W`` workers the last of
-``N`` finals comes about ``N * c / W`` seconds after the endpoint, where
-``c`` is the model time of one quick final. Admitting no more than
+quiet), and every one of them is owed a final. Finals in a burst run as
+burst finals (greedy, short window; see :mod:`.core`), so with ``W`` workers
+the last of ``N`` finals comes about ``N * c / W`` seconds after the
+endpoint, where ``c`` is the model time of one burst final. Admitting no more than
 ``burst_s * W / c`` channels keeps that within ``burst_s``: the latency
 target minus the endpoint wait (2.5 s - 0.5 s by default).
 
-``c`` starts from a measurement at start-up (the runner decodes a quick
-final with a fixed number of tokens) and follows the quick finals the
+``c`` starts from a measurement at start-up (the runner decodes a burst
+final with a fixed number of tokens) and follows the burst finals the
 server actually decodes (an exponential average of each one's share of its
 model call), so a slower machine, a larger model or a busier host lowers
 the limit and a GPU raises it. A plain object: no clock, no I/O.
@@ -27,7 +27,7 @@ __all__ = ["CapacityOptions", "CapacityModel"]
 @dataclass(frozen=True)
 class CapacityOptions:
     burst_s: float = 2.0  # every admitted channel's final decoded within this, all at once
-    smoothing: float = 0.05  # weight of each new quick final in the average (about the last 20-40)
+    smoothing: float = 0.05  # weight of each new burst final in the average (about the last 20-40)
     ceiling: int = 1000  # never more than this, whatever the measurement says
 
     def __post_init__(self) -> None:
@@ -37,7 +37,7 @@ class CapacityOptions:
 
 class CapacityModel:
     def __init__(self, workers: int, final_s: float, options: CapacityOptions = CapacityOptions()) -> None:
-        """``final_s``: model seconds of one quick final, as measured at start-up."""
+        """``final_s``: model seconds of one burst final, as measured at start-up."""
         if final_s <= 0 or workers < 1:
             raise ValueError("need a positive final cost and at least one worker")
         self.workers = workers
@@ -46,7 +46,7 @@ class CapacityModel:
         self.observed = 0
 
     def observe_final(self, seconds: float) -> None:
-        """A quick final took ``seconds`` of model time (its share of its call)."""
+        """A burst final took ``seconds`` of model time (its share of its call)."""
         if seconds <= 0 or not math.isfinite(seconds):
             return
         self.observed += 1

@@ -26,8 +26,8 @@ Policy (unchanged from the single-file scheduler it replaces):
 * While another worker is busy, a lone young pause decode waits up to
   ``pack_hold_s`` for a window-mate (:meth:`SchedulerCore._hold`).
 * A burst: when more finals wait than there are workers to take them
-  (``quick_backlog``), the finals picked run quick (greedy, on the runner's
-  short window; a third of the model time), so that streams speaking in step
+  (``BatchLimits.burst_backlog``), the finals picked run as burst finals (greedy, on the
+  runner's burst window: a third of the model time), so that streams speaking in step
   get their finals in time; their context passes bring the accuracy back.
 
 Failures cost one job, never a worker or a session: a job whose refresh or
@@ -91,7 +91,7 @@ class Entry:
     queued_at: float
     refresh: Refresh | None = None
     alone: bool = False  # decode in a window of its own (a pack missed it, or a retry)
-    quick: bool = False  # a final made quick because finals were queueing (see SchedulerCore)
+    burst: bool = False  # a final made a burst final because finals were queueing (see SchedulerCore)
     failures: int = 0  # model calls it took part in that raised
     status: JobStatus = JobStatus.WAITING
     ticket: Ticket["Entry"] | None = field(default=None, repr=False)
@@ -99,8 +99,8 @@ class Entry:
     @property
     def request(self) -> DecodeRequest:
         request = self.job.request
-        if self.quick and not request.short_window:
-            request = replace(request, short_window=True)
+        if self.burst and not request.burst:
+            request = replace(request, burst=True)
         return replace(request, pack=False) if self.alone else request
 
     @property
@@ -168,12 +168,10 @@ class SchedulerCore:
         workers: int = 1,
         pack_hold_s: float = PACK_HOLD_S,
         context_max_wait_s: float | None = CONTEXT_MAX_WAIT_S,
-        quick_backlog: int | None = None,
     ) -> None:
-        """``quick_backlog``: waiting finals from which finals run quick (default: one more
-        than there are workers; 0: never)."""
         self.runner = runner
-        self.quick_backlog = max(1, workers) + 1 if quick_backlog is None else quick_backlog
+        backlog = (limits or BatchLimits()).burst_backlog
+        self.burst_backlog = max(1, workers) + 1 if backlog is None else backlog
         self.context_max_wait_s = context_max_wait_s
         self.interim_runner = interim_runner
         self.limits = limits or BatchLimits()
@@ -330,8 +328,8 @@ class SchedulerCore:
             if fresh is None:
                 return None
             entry.job = fresh
-        if entry.final and self.quick_backlog and len(self._finals) >= self.quick_backlog:
-            entry.quick = True  # once quick, it stays quick: its batch key is settled
+        if entry.final and self.burst_backlog and len(self._finals) >= self.burst_backlog:
+            entry.burst = True  # once a burst final, always: its batch key is settled
         request = entry.request
         runner = self._runner_for(request)
         key = runner.batch_key(request)

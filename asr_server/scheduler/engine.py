@@ -67,7 +67,7 @@ class Scheduler:
         """
         self.core = SchedulerCore(runner, limits, interim_runner, workers, pack_hold_s)
         self.metrics = metrics
-        self.capacity: CapacityModel | None = None  # told the cost of every quick final
+        self.capacity: CapacityModel | None = None  # told the cost of every final in a burst
         self._n_workers = self.core.workers
         self._executor = ThreadPoolExecutor(max_workers=self._n_workers, thread_name_prefix="asr-model")
         self._futures: dict[int, asyncio.Future[DecodeAnswer]] = {}
@@ -254,7 +254,7 @@ class Scheduler:
     def _observe_batch(self, batch: Batch, outcome: Outcome) -> None:
         if self.capacity is not None and batch.kind is DecodeKind.FINAL:
             for entry, hyp in outcome.done:
-                if entry.request.short_window:
+                if entry.request.burst:
                     self.capacity.observe_final(hyp.decode_s)
         if self.metrics is None:
             return

@@ -163,9 +163,12 @@ class BatchLimits:
     # The same for batches of finals (0: max_frames). Packed finals count their
     # share of a shared window, so 3000 is one window's worth.
     final_frames: int = 0
+    # Waiting finals from which the finals picked run as burst finals (greedy, short
+    # window; see SchedulerCore). None: one more than there are workers; 0: never.
+    burst_backlog: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_frames < 1 or self.final_frames < 0:
+        if self.max_batch < 1 or self.max_frames < 1 or self.final_frames < 0 or (self.burst_backlog or 0) < 0:
             raise ValueError("batch limits must be positive")
 
     def for_finals(self) -> "BatchLimits":

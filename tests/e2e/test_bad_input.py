@@ -292,14 +292,15 @@ def test_pipelined_http_requests_get_an_answer_and_no_internal_error(live_server
         assert again.status == 200
 
 
-def test_admission_follows_the_measured_cost_of_a_quick_final(whisper_runner):
+def test_admission_follows_the_measured_cost_of_a_final_in_a_burst(whisper_runner):
     from asr_server.scheduler.capacity import CapacityModel, CapacityOptions
+    from asr_server.scheduler.policy import BatchLimits
 
-    cost = whisper_runner.measure_quick_final(repeats=1)
+    cost = whisper_runner.measure_burst_final(repeats=1)
     assert 0 < cost < 30
-    # A burst budget of 2.5 quick finals on one worker: two channels' finals fit at once, three do not.
+    # A burst budget of 2.5 burst finals on one worker: two channels' finals fit at once, three do not.
     capacity = CapacityModel(1, cost, CapacityOptions(burst_s=2.5 * cost))
-    server = ServerThread(whisper_runner, capacity=capacity).start()
+    server = ServerThread(whisper_runner, capacity=capacity, batch=BatchLimits(burst_backlog=1)).start()  # every final in a burst
     try:
         pcm, _ = read_pcm(str(FIXTURES / "cards_16k.wav"))
 
@@ -315,7 +316,7 @@ def test_admission_follows_the_measured_cost_of_a_quick_final(whisper_runner):
         assert code == 1013 and error_of(refused)["code"] == "overloaded"
         assert first_msgs[-1]["type"] == "closed"
         health = json.loads(get(server.http + "/healthz")[1])
-        # The admitted stream's finals were quick, and each one taught the model what a final costs.
+        # Each final the admitted stream got taught the model what a final in a burst costs.
         assert health["capacity"]["observed_finals"] >= 1 and health["max_channels"] == capacity.channels()
     finally:
         server.stop()

@@ -206,15 +206,17 @@ def test_with_retry_later_a_member_the_pack_missed_comes_back_none_for_the_calle
     assert whisper_runner.window_frames(alone) == 3000 and whisper_runner.window_frames(requests[1]) < 3000
 
 
-def test_a_quick_final_takes_its_audio_plus_the_quick_pad_and_is_never_packed():
+def test_quick_and_burst_finals_take_their_audio_plus_their_pad_and_are_never_packed():
     from asr_server.inference.types import DecodeKind, DecodeRequest
     from asr_server.inference.windows import Pads, window_frames
 
-    pads = Pads.from_seconds(10.0, 2.0, 30.0, True, quick_final_s=5.0)
+    pads = Pads.from_seconds(10.0, 2.0, 30.0, True, quick_final_s=10.0, burst_final_s=5.0)
     three_s = np.zeros(3 * 16000, np.float32)
     full = DecodeRequest(three_s, DecodeKind.FINAL)
     quick = DecodeRequest(three_s, DecodeKind.FINAL, short_window=True)
     assert window_frames(full, pads) == packed_frames(3.0)  # a packable final: its share of a window
-    assert window_frames(quick, pads) == 1000  # 3 s + 5 s, up to the next 5 s step
+    assert window_frames(quick, pads) == 1500  # 3 s + 10 s, up to the next 5 s step
+    burst = DecodeRequest(three_s, DecodeKind.FINAL, short_window=True, burst=True)
+    assert window_frames(burst, pads) == 1000  # 3 s + 5 s
     long_quick = DecodeRequest(np.zeros(28 * 16000, np.float32), DecodeKind.FINAL, short_window=True)
     assert window_frames(long_quick, pads) == 3000

@@ -228,20 +228,20 @@ def test_a_context_pass_waits_behind_finals_and_interims_until_it_is_overdue():
     assert ran(core, 5.5) == ["interim 1"]
 
 
-def test_finals_run_quick_only_while_more_wait_than_workers_can_take():
+def test_finals_run_as_burst_finals_only_while_more_wait_than_workers_can_take():
     core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=2)
-    assert core.quick_backlog == 3
+    assert core.burst_backlog == 3
     for tag in ("a", "b"):
         core.add(tag, final(tag), 0.0)
     calm = core.schedule(0.0, 0).batch
-    assert not calm.entries[0].request.short_window  # two finals, two workers: full quality
+    assert not calm.entries[0].request.burst  # two finals, two workers: as the stream asked
     core.update_from_output(calm.id, [Hypothesis("a")], 0.1)
     for tag in ("c", "d", "e"):
         core.add(tag, final(tag), 0.2)
     burst = core.schedule(0.3, 0).batch
-    assert [e.request.short_window for e in burst.entries] == [True]  # four waiting: a burst
-    assert burst.entries[0].job.request.short_window is False  # the session's job is untouched
-    never = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=1, quick_backlog=0)
+    assert [e.request.burst for e in burst.entries] == [True]  # four waiting: a burst
+    assert burst.entries[0].job.request.burst is False  # the session's job is untouched
+    never = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1, burst_backlog=0), workers=1)
     for tag in ("x", "y", "z"):
         never.add(tag, final(tag), 0.0)
-    assert not never.schedule(0.0, 0).batch.entries[0].request.short_window
+    assert not never.schedule(0.0, 0).batch.entries[0].request.burst
