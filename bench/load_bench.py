@@ -242,12 +242,13 @@ def main() -> None:
     ap.add_argument("--revisions", default="true", help="the streams' revisions option (true/false)")
     ap.add_argument("--noise-db", type=float, default=None, help="mix continuous pink noise this many dB below the speech into every stream (sent as raw 16 kHz)")
     ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
-    ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control")
+    ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control; auto: the server's measured capacity")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
     args = ap.parse_args()
     REVISIONS[0] = args.revisions
     NOISE_DB[0] = args.noise_db
-    proc, port = start_server(args.compute_type, "--max-channels", args.max_channels, *args.server_arg)
+    admission = [] if args.max_channels in ("", "auto") else ["--max-channels", args.max_channels]
+    proc, port = start_server(args.compute_type, *admission, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
     rows, best = [], 0
     try:
