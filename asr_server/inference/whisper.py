@@ -135,7 +135,7 @@ class WhisperRunner(Runner):
         for kind in DecodeKind:
             self.transcribe(DecodeRequest(noise, kind, language=language, word_timestamps=kind.final_quality))
 
-    def measure_burst_final(self, seconds: float = 4.0, tokens: int = 24, repeats: int = 3) -> float:
+    def measure_burst_final(self, seconds: float = 6.0, tokens: int = 32, repeats: int = 3) -> float:
         """Model seconds one final in a burst of ``seconds`` of speech takes, measured (median of ``repeats``).
 
         Everything such a final does: the features, the encoder on the audio plus the burst
