@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
     p.add_argument("--max-channels", type=int, default=None,
                    help="channels transcribed at once; more streams are refused with 'overloaded' (default: measured: as many as "
-                        "can all get a final within 2 s of speaking in step, from the model time of a final in a burst; 0: no limit)")
+                        "can all get a final within 1.5 s of speaking in step, from the model time of a final in a burst; 0: no limit)")
     p.add_argument("--max-batch", type=int, default=None, help="decodes per model call (default 8 on CPU, 32 on CUDA)")
     p.add_argument("--max-batch-seconds", type=float, default=None,
                    help="padded encoder seconds per model call, which bounds how long one call takes (default 60 on CPU: two 30 s finals or four 15 s interims; 30 x max-batch on CUDA)")

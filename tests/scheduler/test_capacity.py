@@ -6,8 +6,8 @@ from asr_server.scheduler.capacity import CapacityModel, CapacityOptions
 
 
 def test_channels_are_those_whose_finals_fit_the_burst_budget_at_once():
-    assert CapacityModel(2, 0.25).channels() == 16  # 2 s x 2 workers / 0.25 s
-    assert CapacityModel(1, 0.25).channels() == 8
+    assert CapacityModel(2, 0.25).channels() == 12  # 1.5 s x 2 workers / 0.25 s
+    assert CapacityModel(1, 0.25).channels() == 6
     assert CapacityModel(2, 0.25, CapacityOptions(burst_s=1.0)).channels() == 8
     assert CapacityModel(1, 10.0).channels() == 1  # a slow model still serves one
     assert CapacityModel(1, 0.0001).channels() == CapacityOptions().ceiling
@@ -19,7 +19,7 @@ def test_observed_finals_move_the_cost_and_the_limit_follows():
     for _ in range(6):
         model.observe_final(0.40)  # the host got busier: finals cost twice as much
     assert model.final_s == pytest.approx(0.40, abs=0.01) and model.channels() < before
-    assert model.channels() == 10 and model.observed == 6
+    assert model.channels() == 7 and model.observed == 6
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         model.observe_final(bad)
     assert model.observed == 6
