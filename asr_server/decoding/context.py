@@ -24,8 +24,11 @@ from ..audio.decode import MODEL_RATE
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from .text import normalize_word
 
-# A context decode may revise an utterance only if it heard it about as confidently as the first pass.
-CONFIDENCE_MARGIN = 0.05
+# A context decode may revise an utterance only if it heard it at least as confidently as the
+# first pass. Measured with quick finals: a margin of 0.05 let the pass make the call's two
+# channels worse under noise (0.132 -> 0.158, 0.111 -> 0.185); with 0 they stay, and the pooled
+# WER after revisions went 0.061 -> 0.056 clean and 0.069 -> 0.061 under noise.
+CONFIDENCE_MARGIN = 0.0
 # ... and only if its words reach within this much of where the first pass's began and ended.
 COVER_MARGIN_S = 0.6
 
