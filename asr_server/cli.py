@@ -83,14 +83,14 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
                    help="the same while the server is loaded (load level 1 and up; default 2: cheaper, less accurate interims)")
     p.add_argument("--final-encoder-pad-s", type=float, default=FINAL_ENCODER_PAD_S,
                    help="seconds of silence after the audio in final decodes (default 30: Whisper's full window, most accurate)")
-    p.add_argument("--final-beam-size", type=int, default=FINAL_BEAM_SIZE,
-                   help=f"beam width of first-pass finals, 1 for greedy (default {FINAL_BEAM_SIZE}); context revisions always use {FINAL_BEAM_SIZE}")
+    p.add_argument("--final-beam-size", type=_beam_size, default=FINAL_BEAM_SIZE,
+                   help=f"beam width of full finals, 1 for greedy (default {FINAL_BEAM_SIZE}); context revisions always use {FINAL_BEAM_SIZE}")
     p.add_argument("--quick-finals", action=argparse.BooleanOptionalAction, default=True,
                    help="first-pass finals of streams with revisions decode on the audio plus --quick-final-encoder-pad-s (half the "
                         "model time; the context pass refines them); with --no-quick-finals they use the full window (default on)")
     p.add_argument("--quick-final-encoder-pad-s", type=float, default=QUICK_FINAL_PAD_S,
                    help=f"seconds of silence after the audio in a quick final's window (default {QUICK_FINAL_PAD_S:g})")
-    p.add_argument("--quick-final-beam-size", type=int, default=FINAL_BEAM_SIZE, help=f"beam width of quick finals (default {FINAL_BEAM_SIZE})")
+    p.add_argument("--quick-final-beam-size", type=_beam_size, default=FINAL_BEAM_SIZE, help=f"beam width of quick finals (default {FINAL_BEAM_SIZE})")
     p.add_argument("--burst-final-encoder-pad-s", type=float, default=BURST_FINAL_PAD_S,
                    help=f"the same for finals in a burst (more finals waiting than workers), decoded greedily (default {BURST_FINAL_PAD_S:g})")
     p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
@@ -99,6 +99,11 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
                    help="what decides where speech ends: silero (a learned model, default), webrtc (cheaper, fooled by noise and reverberation), or both")
 
 
+def _beam_size(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("a beam holds at least 1 hypothesis")
+    return value
 
 
 def _measure_budget(args: argparse.Namespace, runner: WhisperRunner, baseline: int, loaded: int, max_batch: int) -> MemoryBudget | None:

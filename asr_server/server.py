@@ -16,8 +16,8 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 

@@ -86,7 +86,8 @@ class Session:
         chunker_options = ChunkerOptions(endpoint_ms=options.endpoint_ms, max_utterance_s=options.max_utterance_s)
         self._vads = [VadGate(vad_options) for _ in range(options.channels)]
         self._chunkers = [Chunker(chunker_options) for _ in range(options.channels)]
-        context = replace(context or ContextOptions(), enabled=options.revisions and (context is None or context.enabled))
+        context = context or ContextOptions()
+        context = replace(context, enabled=context.enabled and options.revisions)
         self._decoders = [ChannelDecoder(c, options, context) for c in range(options.channels)]
         self._received = 0  # samples per channel at 16 kHz
         self._close_code = 1000

@@ -166,8 +166,12 @@ class WhisperRunner(Runner):
         """Encoder frames the request takes in a batch (a packed final: its share of a shared window)."""
         return window_frames(request, self.pads)
 
+    def _packs(self, request: DecodeRequest) -> bool:
+        """Whether finals like ``request`` are decoded in shared windows (full finals only)."""
+        return request.kind is DecodeKind.FINAL and self.pack_finals and not (request.short_window or request.burst)
+
     def batch_key(self, request: DecodeRequest) -> BatchKey:
-        if request.kind is DecodeKind.FINAL and self.pack_finals and not (request.short_window or request.burst):
+        if self._packs(request):
             # Packs carry no prompt, and the rest are regrouped by prompt length inside the batch.
             return BatchKey(request.kind, request.language, FULL_WINDOW_FRAMES, -1)
         tokens = self._prompt_tokens(self._tokenizer(request.language), request.prompt)
@@ -190,7 +194,7 @@ class WhisperRunner(Runner):
         tokenizer = self._tokenizer(key.language)
         out: list[Hypothesis | None] = [None] * len(requests)
         retry: set[int] = set()
-        if key.kind is DecodeKind.FINAL and self.pack_finals and not (key.quick or key.burst):
+        if self._packs(requests[0]):  # one batch key: alike in this
             retry = self._decode_packed(tokenizer, requests, out, retry_later)
         self._decode_alone(tokenizer, requests, [i for i, h in enumerate(out) if h is None and i not in retry], key, out)
         share = (time.monotonic() - t0) / len(requests)

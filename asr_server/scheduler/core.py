@@ -170,12 +170,12 @@ class SchedulerCore:
         context_max_wait_s: float | None = CONTEXT_MAX_WAIT_S,
     ) -> None:
         self.runner = runner
-        backlog = (limits or BatchLimits()).burst_backlog
-        self.burst_backlog = max(1, workers) + 1 if backlog is None else backlog
         self.context_max_wait_s = context_max_wait_s
         self.interim_runner = interim_runner
         self.limits = limits or BatchLimits()
         self.workers = max(1, workers)
+        backlog = self.limits.burst_backlog
+        self.burst_backlog = self.workers + 1 if backlog is None else backlog
         self.pack_hold_s = pack_hold_s
         self._final_limits = self.limits.for_finals()
         self._finals: FairQueue[Entry] = FairQueue()
