@@ -29,7 +29,7 @@ from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PA
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.capacity import CapacityModel
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
-from .scheduler.policy import BatchLimits
+from .scheduler.policy import CONTEXT_MAX_WAIT_S, BatchLimits
 from .server import AsrServer
 
 log = logging.getLogger("asr_server")
@@ -93,10 +93,27 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick-final-beam-size", type=_beam_size, default=FINAL_BEAM_SIZE, help=f"beam width of quick finals (default {FINAL_BEAM_SIZE})")
     p.add_argument("--burst-final-encoder-pad-s", type=float, default=BURST_FINAL_PAD_S,
                    help=f"the same for finals in a burst (more finals waiting than workers), decoded greedily (default {BURST_FINAL_PAD_S:g})")
+    defaults = ContextOptions()
+    p.add_argument("--context-window-s", type=_seconds, default=defaults.window_s,
+                   help=f"audio one context pass decodes at most, utterances and gaps (default {defaults.window_s:g}; at most 30)")
+    p.add_argument("--context-back-s", type=_seconds, default=defaults.back_s,
+                   help=f"of it, audio of utterances a pass already decided, as context before the new ones (default {defaults.back_s:g})")
+    p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,
+                   help=f"speech finalized since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
+    p.add_argument("--context-max-wait-s", type=_seconds, default=CONTEXT_MAX_WAIT_S,
+                   help="a context pass that has waited this long goes before interims (never before finals); "
+                        "default: passes run only when no final or interim waits")
     p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
                    help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
     p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
                    help="what decides where speech ends: silero (a learned model, default), webrtc (cheaper, fooled by noise and reverberation), or both")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("seconds must be 0 or more")
+    return value
 
 
 def _beam_size(text: str) -> int:
@@ -163,7 +180,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
                     webrtc_connect_timeout_s=args.webrtc_connect_timeout)
     return _Plan(
-        limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames),
+        limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames, context_max_wait_s=args.context_max_wait_s),
         max(1, min(max_batch, max(max_frames, final_frames) // FULL_WINDOW_FRAMES)), workers, args.cpu_threads or max(1, cores // workers),
     )
 
@@ -200,11 +217,16 @@ def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan) -> C
     return capacity
 
 
+def _context(args: argparse.Namespace) -> ContextOptions:
+    return ContextOptions(window_s=min(30.0, args.context_window_s), back_s=args.context_back_s,
+                          min_new_s=args.context_min_new_s, quick_finals=args.quick_finals)
+
+
 async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None) -> int:
     plan = _plan(args)
     server = AsrServer(args.host, args.port, plan.limits, model_name=args.model, batch=plan.batch,
                        workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=VadOptions(detector=args.vad),
-                       context=ContextOptions(quick_finals=args.quick_finals))
+                       context=_context(args))
     await server.start()
     scheme = "https" if server.ssl else "http"
     print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)

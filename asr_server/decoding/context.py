@@ -40,6 +40,9 @@ class ContextOptions:
     enabled: bool = True
     # Audio one context decode covers: utterances plus gaps, within Whisper's 30 s window.
     window_s: float = 24.0
+    # Of it, at most this much audio of utterances a pass already decided (acoustic context
+    # before the new ones; the text before the window is its prompt either way).
+    back_s: float = 0.0
     # Silence between joined utterances (the measurement above used 0.5 s).
     gap_s: float = 0.5
     # A pass runs once this much speech has been finalized since the last one ...
@@ -78,14 +81,22 @@ class Span:
     end: float
 
 
-def plan_window(done: Sequence[Finalized], options: ContextOptions) -> list[Finalized]:
-    """The latest finalized utterances that fit one window together (always at least the newest)."""
+def plan_window(done: Sequence[Finalized], options: ContextOptions, fresh: int | None = None) -> list[Finalized]:
+    """The latest finalized utterances that fit one window together (always at least the newest).
+
+    ``fresh``: how many of the latest are not yet decided; of the ones before
+    them, only ``back_s`` of audio is taken (None: no such limit).
+    """
     chosen: list[Finalized] = []
-    total = 0.0
-    for record in reversed(done):
+    total = back = 0.0
+    for n, record in enumerate(reversed(done)):
         need = record.seconds + (options.gap_s if chosen else 0.0)
         if chosen and total + need > options.window_s:
             break
+        if fresh is not None and n >= fresh:
+            back += record.seconds
+            if back > options.back_s:
+                break
         chosen.append(record)
         total += need
     return chosen[::-1]

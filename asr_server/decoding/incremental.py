@@ -439,7 +439,7 @@ class ChannelDecoder:
         return [SubmitJob(job)]
 
     def _context_window(self) -> DecodeJob:
-        records = plan_window(self._done, self.context)
+        records = plan_window(self._done, self.context, self._unrevised)
         before = self._done[: len(self._done) - len(records)]
         prompt = _tail_words(" ".join(r.text for r in before), PROMPT_CHARS)
         request, self._context_spans = window_request(records, self.context, self.options.language, prompt)

@@ -62,10 +62,6 @@ log = logging.getLogger("asr_server.scheduler")
 PACK_HOLD_S = 0.2
 # Model calls a final may take part in that raise before it is given up.
 FINAL_ATTEMPTS = 2
-# A context pass that has waited this long goes before interims (None: never, the default:
-# measured at 8 streams, 5 s brought the revision delay p95 from 26 s to 20 s but the
-# finals' p95 from 1.6 s to 2.0 s; finals matter more, and the issue asks passes to be shed first).
-CONTEXT_MAX_WAIT_S: float | None = None
 
 # Called when a waiting job is about to be batched: the job to run instead
 # (the same one, or one with newer audio), or None to skip it.
@@ -167,12 +163,11 @@ class SchedulerCore:
         interim_runner: Runner | None = None,
         workers: int = 1,
         pack_hold_s: float = PACK_HOLD_S,
-        context_max_wait_s: float | None = CONTEXT_MAX_WAIT_S,
     ) -> None:
         self.runner = runner
-        self.context_max_wait_s = context_max_wait_s
         self.interim_runner = interim_runner
         self.limits = limits or BatchLimits()
+        self.context_max_wait_s = self.limits.context_max_wait_s
         self.workers = max(1, workers)
         backlog = self.limits.burst_backlog
         self.burst_backlog = self.workers + 1 if backlog is None else backlog

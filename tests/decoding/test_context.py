@@ -264,3 +264,26 @@ def test_a_pass_that_cuts_an_utterance_short_leaves_it_as_it_was():
     d.apply(d.session.end_of_stream())
     d.run_context()
     assert d.client.final_text() == " ".join([ALONE[0], ALONE[1], together[2], ALONE[3], ALONE[4]])
+
+
+def _record(index: int, seconds: float):
+    from asr_server.decoding.context import Finalized
+
+    return Finalized(index, index * 160000, np.zeros(int(seconds * 16000), np.float32), 0, f"s{index}", ())
+
+
+@pytest.mark.parametrize(("back_s", "first"), [(24.0, 2), (5.0, 4), (0.0, 5)])
+def test_a_window_takes_the_new_utterances_and_only_back_s_of_decided_ones_before_them(back_s, first):
+    from asr_server.decoding.context import plan_window
+
+    done = [_record(i, 4.0) for i in range(7)]  # the last two not yet decided
+    window = plan_window(done, ContextOptions(window_s=24.0, gap_s=0.5, back_s=back_s), fresh=2)
+    # 4 s records with 0.5 s gaps: five fit in 24 s; back_s keeps whole decided records up to that much audio.
+    assert [r.index for r in window] == list(range(first, 7))
+
+
+def test_a_window_always_holds_the_newest_utterance_even_when_it_alone_is_longer():
+    from asr_server.decoding.context import plan_window
+
+    done = [_record(0, 3.0), _record(1, 28.0)]
+    assert [r.index for r in plan_window(done, ContextOptions(window_s=24.0, back_s=0.0), fresh=1)] == [1]

@@ -217,7 +217,7 @@ def context(tag: str) -> DecodeJob:
 
 
 def test_a_context_pass_waits_behind_finals_and_interims_until_it_is_overdue():
-    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), context_max_wait_s=5.0)
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1, context_max_wait_s=5.0))
     core.add("c", context("pass"), 0.0)
     for i in range(10):
         core.add(f"i{i}", interim(f"interim {i}"), 0.0)
