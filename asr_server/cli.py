@@ -29,7 +29,7 @@ from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PA
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.capacity import CapacityModel
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
-from .scheduler.policy import CONTEXT_MAX_WAIT_S, BatchLimits
+from .scheduler.policy import CONTEXT_MAX_WAIT_S, CONTEXT_SHARE, BatchLimits
 from .server import AsrServer
 
 log = logging.getLogger("asr_server")
@@ -101,8 +101,10 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,
                    help=f"speech finalized since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
     p.add_argument("--context-max-wait-s", type=_seconds, default=CONTEXT_MAX_WAIT_S,
-                   help="a context pass that has waited this long goes before interims (never before finals); "
-                        "default: passes run only when no final or interim waits")
+                   help=f"a context pass that has waited this long goes before interims, never before finals (default {CONTEXT_MAX_WAIT_S:g}), "
+                        "while passes took less than --context-share of the recent model time of interims and passes")
+    p.add_argument("--context-share", type=_fraction, default=CONTEXT_SHARE,
+                   help=f"that share, 0 to 1 (default {CONTEXT_SHARE:g}): past it, overloaded streams get interims before overdue passes")
     p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
                    help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
     p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
@@ -113,6 +115,13 @@ def _seconds(text: str) -> float:
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError("seconds must be 0 or more")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError("a share is from 0 to 1")
     return value
 
 
@@ -180,7 +189,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
                     webrtc_connect_timeout_s=args.webrtc_connect_timeout)
     return _Plan(
-        limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames, context_max_wait_s=args.context_max_wait_s),
+        limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames, context_max_wait_s=args.context_max_wait_s,
+                            context_share=args.context_share),
         max(1, min(max_batch, max(max_frames, final_frames) // FULL_WINDOW_FRAMES)), workers, args.cpu_threads or max(1, cores // workers),
     )
 

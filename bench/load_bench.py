@@ -7,7 +7,8 @@ seeded), each replaying a real fixture at real-time pace (fixtures are dealt
 round-robin; the copies of one fixture start at different sentences, the
 recording rotated at a pause, so that streams carry different speech at any
 moment, as independent callers do), and reports per N: final latency p50/p95 (from where each
-sentence's speech ends, found in the recording's energy, to its final), time to first interim, interims per stream-second, word error rate of
+sentence's speech ends, found in the recording's energy, to its final), time to first interim, interim lag (per
+utterance, from its speech start as the server found it to its first interim) p50/p95, interims per stream-second, word error rate of
 the finals, server CPU (cores busy) and peak memory, refused streams and how
 long the slowest refusal took from connecting. Between levels it waits for the
 server's load level to return to 0.
@@ -180,6 +181,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     model = {k: model1[k] - model0.get(k, 0.0) for k in model1}
     watcher.cancel()
     latencies, first, interims, errors, words, refused, stream_s = [], [], 0, 0, 0, 0, 0.0
+    lags: list[float] = []  # per utterance: from its speech start (as the server found it) to its first interim
     finals_sent = 0
     refined_errors = 0
     delays: list[float] = []
@@ -200,6 +202,10 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         starts = [s for spans in entry["spans"] for s, _ in spans]
         if r.of_type("interim"):
             first.append(r.of_type("interim")[0].at - min(starts))
+        seen: dict[tuple[int, int], float] = {}
+        for t in r.of_type("interim"):
+            seen.setdefault((t.message["channel"], t.message["utterance"]), t.at - t.message["start"])
+        lags += seen.values()
         for ch in range(entry["channels"]):
             finals = [t for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
             for end in entry["ends"][ch]:
@@ -220,7 +226,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         "revision_p95": pct(delays, 0.95) if delays else float("nan"), "revisions": len(delays),
         "model_context": model.get("context", 0.0) / stream_s if stream_s else 0.0,
         "n": n, "finals": len(latencies), "p50": pct(latencies, 0.5) if latencies else float("nan"), "p95": pct(latencies, 0.95) if latencies else float("nan"),
-        "first": pct(first, 0.5) if first else float("nan"), "interim_rate": interims / stream_s if stream_s else 0.0,
+        "first": pct(first, 0.5) if first else float("nan"),
+        "lag50": pct(lags, 0.5) if lags else float("nan"), "lag95": pct(lags, 0.95) if lags else float("nan"), "interim_rate": interims / stream_s if stream_s else 0.0,
         "wer": errors / words if words else float("nan"), "cpu": cpu / wall, "rss": max(peak), "refused": refused,
         "refusal": max(refusal_s) if refusal_s else float("nan"), "broken": broken,
         # Model seconds per second of audio streamed, by decode kind.
@@ -264,12 +271,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s) | server CPU (cores) | model s/audio s (interim + final + context) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s) | server CPU (cores) | model s/audio s (interim + final + context) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
         broken = f" ({r['broken']} broken)" if r["broken"] else ""
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}) | {r['cpu']:.2f} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}) | {r['cpu']:.2f} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 

@@ -227,6 +227,7 @@ def main() -> None:
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims, delays = [], [], [], []
     by_fixture: dict[str, list[float]] = {}
+    texts: dict[str, dict[str, str]] = {}  # per fixture channel: the reference and what the client held
     totals = {"first": 0, "refined": 0, "offline": 0, "words": 0, "finals": 0, "revisions": 0}
     audio_s = 0.0
     cpu0, model0 = cpu_seconds(proc.pid), model_seconds(port)
@@ -254,6 +255,7 @@ def main() -> None:
                     better = edit_distance(ref, normalize(refined.final_text(ch)))
                     offline, _ = offline_errors(name, ch, args.compute_type, heard[ch])
                     rows.append((f"{name} ch{ch}", first / len(ref), better / len(ref), offline / len(ref)))
+                    texts[f"{name} ch{ch}"] = {"reference": " ".join(ref), "first": r.final_text(ch), "revised": refined.final_text(ch)}
                     for key, value in (("first", first), ("refined", better), ("offline", offline), ("words", len(ref))):
                         totals[key] += value
                 totals["finals"] += sum(1 for t in r.of_type("final") if t.message["text"])
@@ -267,10 +269,10 @@ def main() -> None:
         proc.terminate()
         proc.wait(10)
     rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
-    report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1})
+    report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts)
 
 
-def report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, model) -> None:
+def report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, model, texts) -> None:
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
     print(f"# single stream, real-time pace{noise}, revisions={args.revisions}, {args.runs} run(s) per fixture, tiny.en {args.compute_type}, {os.cpu_count()} cores")
@@ -290,7 +292,7 @@ def report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, 
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "totals": totals, "latencies": latencies, "delays": delays,
                                                 "first_interims": first_interims, "cpu_per_audio_s": cpu / audio_s,
-                                                "model_per_audio_s": {k: v / audio_s for k, v in model.items()}}, indent=1))
+                                                "model_per_audio_s": {k: v / audio_s for k, v in model.items()}, "texts": texts}, indent=1))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ class ContextOptions:
     # Silence between joined utterances (the measurement above used 0.5 s).
     gap_s: float = 0.5
     # A pass runs once this much speech has been finalized since the last one ...
-    min_new_s: float = 8.0
+    min_new_s: float = 5.0
     # ... or once the channel has been silent this long after its last final (a pause in talk).
     idle_s: float = 2.0
     # The newest final is decided only with a later one in the window (context on both sides,

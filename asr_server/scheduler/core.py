@@ -14,10 +14,12 @@ Policy (unchanged from the single-file scheduler it replaces):
   workers, at most all but one run interims at once, so a final that comes
   finds a worker free.
 * Context passes (a channel's recent finals decoded together, the second
-  pass) have a third queue, served when no final or interim waits: under load
-  they wait, and catch up when it falls. With ``context_max_wait_s`` set, one
-  that has waited that long goes before interims (never before finals); off
-  by default. Like interims, they never take the last free worker.
+  pass) have a third queue, served when no final or interim waits, or once
+  one has waited ``BatchLimits.context_max_wait_s`` (2 s by default): then
+  before interims, never before finals. Interims are refreshed with the newest
+  audio when they run, so under load they come less often; a pass left
+  waiting would only fall further behind. Like interims, passes never take
+  the last free worker.
 * A waiting job is refreshed when it is picked (an interim takes the newest
   audio of its utterance) or skipped once it has gone stale; a session may
   also withdraw a stale job at once (:meth:`SchedulerCore.withdraw`).
@@ -48,7 +50,7 @@ from dataclasses import dataclass, field, replace
 
 from ..events import DecodeJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Runner
-from .policy import BatchLimits, FairQueue, Ticket, estimated_cost, form_batch
+from .policy import BatchLimits, FairQueue, Ticket, TimeShare, estimated_cost, form_batch
 
 __all__ = [
     "Refresh", "JobStatus", "Entry", "Batch", "Decision", "Outcome", "QueueState", "SchedulerCore",
@@ -168,6 +170,7 @@ class SchedulerCore:
         self.interim_runner = interim_runner
         self.limits = limits or BatchLimits()
         self.context_max_wait_s = self.limits.context_max_wait_s
+        self._background = TimeShare()  # model time of interims and context passes
         self.workers = max(1, workers)
         backlog = self.limits.burst_backlog
         self.burst_backlog = self.workers + 1 if backlog is None else backlog
@@ -251,8 +254,7 @@ class SchedulerCore:
         wake_at = self._hold(now)
         queues = [] if wake_at is not None else [(self._finals, self._final_limits)]
         if self._background_workers() < max(1, self.workers - 1):
-            limit = self.context_max_wait_s
-            overdue = limit is not None and any(now - t.item.queued_at >= limit for t in self._contexts.waiting())
+            overdue = self._context_overdue(now)
             if overdue:
                 queues.append((self._contexts, self._final_limits))
             queues.append((self._interims, self.limits))
@@ -275,6 +277,7 @@ class SchedulerCore:
     def update_from_output(self, batch_id: int, hypotheses: Sequence[Hypothesis | None], now: float) -> Outcome:
         """The model answered ``batch_id``: one hypothesis (or None: a pack missed it) per job, in order."""
         batch = self._running.pop(batch_id)
+        self._spent(batch, now)
         if len(hypotheses) != len(batch.entries):
             log.error("runner returned %d results for %d jobs", len(hypotheses), len(batch.entries))
             return self._failed(batch)
@@ -299,6 +302,7 @@ class SchedulerCore:
         batch = self._running.pop(batch_id, None)
         if batch is None:
             return Outcome()
+        self._spent(batch, now)
         outcome = self._failed(batch)
         self._check()
         return outcome
@@ -331,6 +335,14 @@ class SchedulerCore:
         # A retry after a failed call runs in a batch of its own: a batch-mate may have been the cause.
         return (id(runner), ("retry", entry.id) if entry.failures else key), runner.window_frames(request)
 
+    def _context_overdue(self, now: float) -> bool:
+        """Whether a context pass goes before interims: one has waited ``context_max_wait_s``, and
+        passes took less than ``context_share`` of the recent background model time."""
+        limit = self.context_max_wait_s
+        if limit is None or not any(now - t.item.queued_at >= limit for t in self._contexts.waiting()):
+            return False
+        return self._background.share(DecodeKind.CONTEXT, now) < self.limits.context_share
+
     def _background_workers(self) -> int:
         """Workers running interims or context passes (never all of them while finals may come)."""
         return sum(1 for b in self._running.values() if b.kind is not DecodeKind.FINAL)
@@ -357,6 +369,10 @@ class SchedulerCore:
         except Exception:
             return None  # schedule() will fail it when it inspects it
         return until
+
+    def _spent(self, batch: Batch, now: float) -> None:
+        if batch.kind is not DecodeKind.FINAL:
+            self._background.add(batch.kind, now - batch.started_at, now)
 
     def _start(self, worker: int, entries: list[Entry], now: float) -> Batch:
         for entry in entries:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["CONTEXT_MAX_WAIT_S", "Priority", "WEIGHTS", "FairQueue", "Ticket", "estimated_cost", "BatchLimits", "form_batch"]
+__all__ = ["CONTEXT_MAX_WAIT_S", "CONTEXT_SHARE", "SHARE_HALF_LIFE_S", "TimeShare", "Priority", "WEIGHTS", "FairQueue", "Ticket", "estimated_cost", "BatchLimits", "form_batch"]
 
 T = TypeVar("T")
 
@@ -45,10 +45,41 @@ class Priority(str, enum.Enum):
 WEIGHTS: dict[Priority, float] = {Priority.INTERACTIVE: 4.0, Priority.STANDARD: 2.0, Priority.BATCH: 1.0}
 
 
-# A context pass that has waited this long goes before interims (None: never, the default:
-# measured at 8 streams, 5 s brought the revision delay p95 from 26 s to 20 s but the
-# finals' p95 from 1.6 s to 2.0 s; finals matter more, and the issue asks passes to be shed first).
-CONTEXT_MAX_WAIT_S: float | None = None
+# A context pass that has waited this long goes before interims (never before finals; None:
+# only when no final or interim waits). Measured at 8 streams with passes every 5 s of
+# speech: revision delay p95 8.9 s, finals p95 0.85 s; with None, passes waited while
+# interims did and their revisions came 30 s late (p95). See docs/benchmarks.md.
+CONTEXT_MAX_WAIT_S: float | None = 2.0
+CONTEXT_SHARE = 0.5
+# Model time counts for the share with this half-life (s).
+SHARE_HALF_LIFE_S = 20.0
+
+
+class TimeShare:
+    """Model time recently spent on each kind of work, decayed with a half-life: which share each took."""
+
+    def __init__(self, half_life_s: float = SHARE_HALF_LIFE_S) -> None:
+        if half_life_s <= 0:
+            raise ValueError("half_life_s must be positive")
+        self.half_life_s = half_life_s
+        self._spent: dict[Hashable, float] = {}
+        self._at = 0.0
+
+    def add(self, kind: Hashable, seconds: float, now: float) -> None:
+        self._decay(now)
+        self._spent[kind] = self._spent.get(kind, 0.0) + max(0.0, seconds)
+
+    def share(self, kind: Hashable, now: float) -> float:
+        """``kind``'s part of the time spent (0 when nothing was)."""
+        self._decay(now)
+        total = sum(self._spent.values())
+        return self._spent.get(kind, 0.0) / total if total > 0 else 0.0
+
+    def _decay(self, now: float) -> None:
+        if now > self._at:
+            factor = 0.5 ** ((now - self._at) / self.half_life_s)
+            self._spent = {k: v * factor for k, v in self._spent.items()}
+            self._at = now
 
 
 def estimated_cost(final: bool, audio_s: float) -> float:
@@ -175,10 +206,15 @@ class BatchLimits:
     # A context pass that has waited this long goes before interims (None: only when no
     # final or interim waits; see SchedulerCore).
     context_max_wait_s: float | None = CONTEXT_MAX_WAIT_S
+    # ... as long as passes took less than this share of the recent model time of
+    # interims and passes together (so that overloaded streams still get interims).
+    context_share: float = CONTEXT_SHARE
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_frames < 1 or self.final_frames < 0 or (self.burst_backlog or 0) < 0 or (self.context_max_wait_s or 0) < 0:
             raise ValueError("batch limits must be positive")
+        if not 0.0 <= self.context_share <= 1.0:
+            raise ValueError("context_share is a fraction")
 
     def for_finals(self) -> "BatchLimits":
         return replace(self, max_frames=self.final_frames or self.max_frames, final_frames=0)

@@ -228,6 +228,38 @@ def test_a_context_pass_waits_behind_finals_and_interims_until_it_is_overdue():
     assert ran(core, 5.5) == ["interim 1"]
 
 
+def run_for(core: SchedulerCore, start: float, seconds: float) -> list[str]:
+    """Schedule at ``start`` and answer the batch ``seconds`` later; the prompts that ran."""
+    decision = core.schedule(start, 0)
+    assert decision.batch is not None
+    core.update_from_output(decision.batch.id, [Hypothesis(r.prompt) for r in decision.batch.requests], start + seconds)
+    return [r.prompt for r in decision.batch.requests]
+
+
+def test_overdue_passes_go_before_interims_only_while_they_took_less_than_their_share():
+    """Under overload interims still come: passes that took most of the background time wait their turn."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1, context_max_wait_s=1.0, context_share=0.5))
+    for i in range(10):
+        core.add(f"i{i}", interim(f"interim {i}"), 0.0)
+    core.add("a", context("pass a"), 0.0)
+    assert run_for(core, 2.0, 2.0) == ["pass a"]  # overdue, and no pass has run yet
+    core.add("b", context("pass b"), 4.0)
+    assert run_for(core, 6.0, 1.0) == ["interim 0"]  # overdue, but passes took all the recent time
+    assert run_for(core, 7.0, 2.0) == ["interim 1"]  # still more than half
+    assert run_for(core, 9.0, 1.0) == ["pass b"]  # now less than half
+
+
+def test_time_share_decays_with_its_half_life():
+    from asr_server.scheduler.policy import TimeShare
+
+    share = TimeShare(half_life_s=10.0)
+    assert share.share("context", 0.0) == 0.0
+    share.add("context", 3.0, 0.0)
+    share.add("interim", 1.0, 10.0)  # the 3 s are worth 1.5 by now
+    assert share.share("context", 10.0) == pytest.approx(1.5 / 2.5)
+    assert share.share("context", 1000.0) == pytest.approx(1.5 / 2.5)  # decay keeps the ratio
+
+
 def test_finals_run_as_burst_finals_only_while_more_wait_than_workers_can_take():
     core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=2)
     assert core.burst_backlog == 3
