@@ -46,9 +46,9 @@ WEIGHTS: dict[Priority, float] = {Priority.INTERACTIVE: 4.0, Priority.STANDARD: 
 
 
 # A context pass that has waited this long goes before interims (never before finals; None:
-# only when no final or interim waits). Measured at 8 streams with passes every 5 s of
-# speech: revision delay p95 8.9 s, finals p95 0.85 s; with None, passes waited while
-# interims did and their revisions came 30 s late (p95). See docs/benchmarks.md.
+# only when no final or interim waits). Measured at 8 streams (docs/benchmarks.md): with None,
+# passes waited while interims did and their revisions came 30 s after the final (p95); with
+# 2 s, 15 s (10 s with passes that decode no audio context, --context-back-s 0).
 CONTEXT_MAX_WAIT_S: float | None = 2.0
 CONTEXT_SHARE = 0.5
 # Model time counts for the share with this half-life (s).

@@ -287,3 +287,27 @@ def test_a_window_always_holds_the_newest_utterance_even_when_it_alone_is_longer
 
     done = [_record(0, 3.0), _record(1, 28.0)]
     assert [r.index for r in plan_window(done, ContextOptions(window_s=24.0, back_s=0.0), fresh=1)] == [1]
+
+
+def _words_of(text: str, probabilities: list[float]) -> tuple[Word, ...]:
+    return tuple(Word(" " + w, float(i), i + 0.5, p) for i, (w, p) in enumerate(zip(text.split(), probabilities, strict=True)))
+
+
+def test_each_stretch_of_differing_words_goes_to_the_pass_that_heard_it_better():
+    from asr_server.decoding.context import merge_words
+
+    first = _words_of("your journey is at night before you is babylon", [0.9, 0.9, 0.9, 0.8, 0.3, 0.9, 0.9, 0.9, 0.9])
+    second = _words_of("Your journey is at an end. Before you is battle on", [0.9, 0.9, 0.9, 0.8, 0.7, 0.8, 0.9, 0.9, 0.9, 0.4, 0.3])
+    merged = merge_words(first, second)
+    # "night" -> "an end." was heard better in context; "babylon" -> "battle on" was not.
+    assert "".join(w.word for w in merged) == " Your journey is at an end. Before you is babylon"
+
+
+def test_an_insertion_or_deletion_is_judged_against_the_other_pass_as_a_whole():
+    from asr_server.decoding.context import merge_words
+
+    first = _words_of("the end of it", [0.8, 0.8, 0.8, 0.8])
+    assert "".join(w.word for w in merge_words(first, _words_of("the end of it too", [0.8, 0.8, 0.8, 0.8, 0.9]))).endswith("too")
+    assert "".join(w.word for w in merge_words(first, _words_of("the end of it uh", [0.8, 0.8, 0.8, 0.8, 0.2]))).endswith("it")
+    doubtful = _words_of("the end um of it", [0.8, 0.8, 0.1, 0.8, 0.8])
+    assert "".join(w.word for w in merge_words(doubtful, _words_of("the end of it", [0.8] * 4))) == " the end of it"
