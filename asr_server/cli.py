@@ -9,7 +9,7 @@ import os
 import signal
 import ssl
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Before numpy loads: its OpenBLAS would start a thread per core that spins
 # between the small matrix products of feature extraction (measured at 16
@@ -30,7 +30,8 @@ from .options import IceServer, Limits, RtcOptions
 from .scheduler.capacity import CapacityModel
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
 from .scheduler.policy import CONTEXT_MAX_WAIT_S, CONTEXT_SHARE, BatchLimits
-from .server import AsrServer
+from .access import AccessOptions, ApiKey, parse_keys
+from .server import AsrServer, _loopback
 
 log = logging.getLogger("asr_server")
 
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="offer only these local addresses as WebRTC host candidates (repeatable; 127.0.0.1 allowed). Default: every interface except loopback")
     p.add_argument("--webrtc-connect-timeout", type=float, default=Limits.webrtc_connect_timeout_s,
                    help="seconds for a WebRTC connection to come up after the answer (default %(default)s)")
+    _access_options(p)
     p.add_argument("--certfile", default=None, help="TLS certificate (PEM): serve https and wss, which browsers on other machines need for the microphone")
     p.add_argument("--keyfile", default=None, help="TLS private key (PEM) for --certfile")
     p.add_argument("--log-level", default="INFO")
@@ -109,6 +111,61 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
                    help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
     p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
                    help="what decides where speech ends: silero (a learned model, default), webrtc (cheaper, fooled by noise and reverberation), or both")
+
+
+def _access_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", action="append", default=[], metavar="[NAME:]KEY",
+                   help="an API key streams and API routes (all but /healthz and the page) must present as 'Authorization: Bearer KEY' "
+                        "(or 'Token KEY'); repeatable; NAME is what logs and metrics show (default key1, key2, ...)")
+    p.add_argument("--api-keys-file", default=None, metavar="FILE",
+                   help="API keys, one 'name:key' per line, optionally followed by channels=N and per_minute=N; re-read on SIGHUP")
+    p.add_argument("--key-max-channels", type=int, default=0, help="channels one key may stream at once, for keys without their own (default 0: no limit)")
+    p.add_argument("--key-streams-per-minute", type=int, default=0, help="new streams one key may start per minute, for keys without their own (default 0: no limit)")
+    p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin (https://app.example.com) whose pages may use the server besides its own page; repeatable; * for any")
+    p.add_argument("--token-ttl", type=_seconds, default=AccessOptions.token_ttl_s,
+                   help="lifetime of a browser token from POST /v1/tokens, in seconds (default %(default)s); each is good for one stream")
+    p.add_argument("--turn-secret", default=None,
+                   help="shared secret of the TURN servers (coturn use-auth-secret): each WebRTC session gets its own credentials "
+                        "valid for an hour, instead of --ice-username/--ice-credential")
+    p.add_argument("--insecure-public", action="store_true",
+                   help="listen on a non-loopback --host without API keys: anyone who can reach the port may use the server")
+
+
+def _api_keys(args: argparse.Namespace) -> tuple[ApiKey, ...]:
+    """Keys from --api-key and --api-keys-file, with the default limits where a key has none (ValueError if invalid)."""
+    keys = []
+    for n, value in enumerate(args.api_key, 1):
+        name, sep, secret = value.partition(":")
+        keys.append(ApiKey(name, secret) if sep and name and secret else ApiKey(f"key{n}", value))
+    if args.api_keys_file:
+        with open(args.api_keys_file, encoding="utf-8") as f:
+            keys.extend(parse_keys(f.read(), args.api_keys_file))
+    if any(not k.secret for k in keys):
+        raise ValueError("an API key may not be empty")
+    if len({k.name for k in keys}) != len(keys):
+        raise ValueError("two API keys have the same name")
+    return tuple(
+        replace(k, max_channels=k.max_channels or args.key_max_channels, streams_per_minute=k.streams_per_minute or args.key_streams_per_minute)
+        for k in keys
+    )
+
+
+def _access(args: argparse.Namespace) -> AccessOptions:
+    return AccessOptions(keys=_api_keys(args), allowed_origins=tuple(args.allowed_origin), token_ttl_s=args.token_ttl)
+
+
+def _exposed(args: argparse.Namespace, access: AccessOptions) -> str | None:
+    """Why the server must not start as asked, or None: no keys on a public address needs --insecure-public."""
+    if access.keys or args.insecure_public or _loopback(args.host):
+        return None
+    return (f"refusing to listen on {args.host} without API keys: anyone who can reach it could use the server. "
+            "Give --api-key or --api-keys-file, or --insecure-public to accept that")
+
+
+def _public_model_name(model: str) -> str:
+    """What clients are told the model is: a path's last part only (paths are not echoed)."""
+    return os.path.basename(model.rstrip("/\\")) or model
 
 
 def _seconds(text: str) -> float:
@@ -232,12 +289,16 @@ def _context(args: argparse.Namespace) -> ContextOptions:
                           min_new_s=args.context_min_new_s, quick_finals=args.quick_finals)
 
 
-async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None) -> int:
+async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None, access: AccessOptions) -> int:
     plan = _plan(args)
-    server = AsrServer(args.host, args.port, plan.limits, model_name=args.model, batch=plan.batch,
+    server = AsrServer(args.host, args.port, plan.limits, model_name=_public_model_name(args.model), batch=plan.batch,
                        workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=VadOptions(detector=args.vad),
-                       context=_context(args))
+                       context=_context(args), access=access, turn_secret=args.turn_secret)
     await server.start()
+    if access.keys:
+        print(f"access: {len(access.keys)} API key(s): {', '.join(k.name for k in access.keys)}", flush=True)
+    else:
+        print("access: no API keys: anyone who can reach this address may stream to it", flush=True)
     scheme = "https" if server.ssl else "http"
     print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
     print(f"captions page: {scheme}://{'localhost' if server.host in ('127.0.0.1', '::1') else server.host}:{server.port}/", flush=True)
@@ -245,6 +306,8 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if args.api_keys_file:
+        loop.add_signal_handler(signal.SIGHUP, _reload_keys, args, server)
     loading = asyncio.ensure_future(asyncio.to_thread(_load, args, plan, model_path, interim_path))
     waiting = asyncio.ensure_future(stop.wait())
     await asyncio.wait([loading, waiting], return_when=asyncio.FIRST_COMPLETED)
@@ -263,6 +326,17 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     return 0
 
 
+def _reload_keys(args: argparse.Namespace, server: AsrServer) -> None:
+    """SIGHUP: read the keys again; a file that does not parse leaves the keys as they were."""
+    try:
+        keys = _api_keys(args)
+    except (OSError, ValueError) as exc:
+        log.error("keys not reloaded, the old ones stay: %s", exc)
+        return
+    server.access.set_keys(keys)
+    log.info("keys reloaded: %s", ", ".join(k.name for k in keys) or "none")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
@@ -274,8 +348,17 @@ def main(argv: list[str] | None = None) -> int:
     except ModelNotFound as exc:
         print(f"asr-server: {exc}", file=sys.stderr)
         return 2
+    try:
+        access = _access(args)
+    except (OSError, ValueError) as exc:
+        print(f"asr-server: {exc}", file=sys.stderr)
+        return 2
+    refusal = _exposed(args, access)
+    if refusal is not None:
+        print(f"asr-server: {refusal}", file=sys.stderr)
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing past this point may fetch anything
-    return asyncio.run(_serve(args, model_path, interim_path))
+    return asyncio.run(_serve(args, model_path, interim_path, access))
 
 
 if __name__ == "__main__":

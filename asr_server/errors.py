@@ -14,7 +14,10 @@ string ``code``. The tree separates who is at fault::
     │   ├── AudioFormatMismatch  container whose channels disagree with the options
     │   ├── IdleTimeout          no message for ``idle_timeout_s``
     │   ├── ResultsNotRead       results not read for ``send_timeout_s``
-    │   └── InvalidOffer         a WebRTC offer we cannot answer
+    │   ├── InvalidOffer         a WebRTC offer we cannot answer
+    │   ├── Unauthorized         no API key or token, or not a valid one (HTTP 401 at the handshake)
+    │   ├── OriginNotAllowed     a browser page from an origin not allowed (HTTP 403)
+    │   └── QuotaExceeded        the key's channels or streams per minute are used up
     ├── OverloadError        we cannot take more work now (retry later)
     │   ├── NotReady             the model is still loading / warming up
     │   ├── ShuttingDown         the server is stopping
@@ -29,7 +32,8 @@ string ``code``. The tree separates who is at fault::
 
 :data:`WIRE_TABLE` maps each code to ``retryable`` and the WebSocket close code
 (RFC 6455 section 7.4.1), or ``None`` where the session goes on after the
-error. docs/protocol.md reproduces this table; keep them in step. Internal
+error, and the HTTP status of the errors that refuse a request before any
+WebSocket (access control). docs/protocol.md reproduces this table; keep them in step. Internal
 exception text never goes on the wire: only the message given here.
 """
 
@@ -50,6 +54,9 @@ __all__ = [
     "IdleTimeout",
     "ResultsNotRead",
     "InvalidOffer",
+    "Unauthorized",
+    "OriginNotAllowed",
+    "QuotaExceeded",
     "MemoryPressure",
     "AudioOverrun",
     "WebRtcFailed",
@@ -121,6 +128,18 @@ class InvalidOffer(ClientError):
     code = "invalid_offer"
 
 
+class Unauthorized(ClientError):
+    code = "unauthorized"
+
+
+class OriginNotAllowed(ClientError):
+    code = "origin_not_allowed"
+
+
+class QuotaExceeded(ClientError):
+    code = "quota_exceeded"
+
+
 class OverloadError(AsrError):
     code = "overloaded"
 
@@ -167,6 +186,7 @@ class DecodeFailed(ServerError):
 class WireInfo:
     retryable: bool
     close_code: int | None  # None: the session continues after the error
+    http_status: int = 400  # when refused at the handshake, before any WebSocket (access control)
 
 
 # code -> (retryable, WebSocket close code or None to keep the session open)
@@ -182,6 +202,9 @@ WIRE_TABLE: dict[str, WireInfo] = {
     "idle_timeout": WireInfo(False, 1008),
     "results_not_read": WireInfo(False, 1008),
     "invalid_offer": WireInfo(False, 1008),
+    "unauthorized": WireInfo(False, 1008, 401),
+    "origin_not_allowed": WireInfo(False, 1008, 403),
+    "quota_exceeded": WireInfo(True, 1013, 429),
     "overloaded": WireInfo(True, 1013),
     "not_ready": WireInfo(True, 1013),
     "shutting_down": WireInfo(True, 1001),

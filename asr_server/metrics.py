@@ -75,6 +75,12 @@ class Metrics:
         self.webrtc_peers = Gauge("asr_webrtc_peers", "Open WebRTC peer connections", registry=r)
         self.model_ready = Gauge("asr_model_ready", "1 once the model is loaded and warmed up", registry=r)
         self.capacity_channels = Gauge("asr_capacity_channels", "Channels admitted at most now (from the measured cost of a final in a burst; 0: no limit)", registry=r)
+        self.access_refusals = Counter(
+            "asr_access_refusals_total", "Requests refused by access control before any WebSocket, by code", ["code"], registry=r
+        )
+        self.key_sessions = Counter("asr_key_sessions_total", "Streams started, by API key name", ["key"], registry=r)
+        self.key_refusals = Counter("asr_key_refusals_total", "Streams of a key refused at connect, by key name and code", ["key", "code"], registry=r)
+        self.tokens_minted = Counter("asr_tokens_minted_total", "Browser tokens minted, by API key name", ["key"], registry=r)
         self.burst_final_seconds = Gauge("asr_burst_final_seconds", "Model seconds one final in a burst takes (measured, averaged)", registry=r)
 
     def render(self) -> bytes:

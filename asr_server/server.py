@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from .access import ANONYMOUS, Access, AccessOptions, Principal, turn_credentials
 from .audio.vad import VadOptions
 from .errors import AsrError, NotReady, ShuttingDown, wire_info
 from .inference.types import Runner
@@ -74,13 +75,17 @@ class AsrServer:
         ssl: Any = None,
         vad: VadOptions = VadOptions(),
         context: ContextOptions = ContextOptions(),
+        access: AccessOptions = AccessOptions(),
+        turn_secret: str | None = None,
     ) -> None:
         """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
         the governor's memory-critical step (compared with ``budget.total``); ``rtc``:
         ICE servers and host addresses for ``encoding=webrtc`` sessions; ``ssl``: an
         :class:`ssl.SSLContext` to serve https/wss (browsers give the microphone only to
         secure pages, or to localhost); ``vad``: how every stream finds speech; ``context``: the
-        context pass of streams with ``revisions`` on."""
+        context pass of streams with ``revisions`` on; ``access``: API keys, browser origins and
+        tokens (:mod:`asr_server.access`); ``turn_secret``: TURN servers in ``rtc`` get short-lived
+        credentials made with it per session instead of their static ones."""
         self.host = host
         self.port = port
         self.limits = limits
@@ -95,6 +100,9 @@ class AsrServer:
         self.ssl = ssl
         self.vad = vad
         self.context = context
+        self.access = Access(access)
+        self.turn_secret = turn_secret
+        self.clock = time.monotonic  # tokens' lifetimes and quotas' minutes
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
         self.capacity: CapacityModel | None = None
@@ -142,7 +150,7 @@ class AsrServer:
             self._handle,
             self.host,
             self.port,
-            process_request=lambda connection, request: route(self, request),
+            process_request=lambda connection, request: route(self, connection, request),
             create_connection=OneRequestConnection,
             # Frames up to twice the limit are read so that we can answer with our own
             # frame_too_large error; anything larger is cut off by websockets (close 1009).
@@ -260,16 +268,27 @@ class AsrServer:
     async def _handle(self, ws: ServerConnection) -> None:
         session_id = uuid.uuid4().hex[:16]
         started = time.monotonic()
+        principal: Principal = getattr(ws, "principal", ANONYMOUS)
         try:
             options = self._options_for(ws)
             self._admit(options)
+            self.access.start(principal, options.channels, self.clock())
         except AsrError as error:
+            if principal.name is not None:
+                self.metrics.key_refusals.labels(principal.name, error.code).inc()
             await self._refuse(ws, MessageWriter(session_id), error, session_id)
             return
         # No await between the capacity check and this add: admission is atomic.
-        webrtc = self.rtc.to_wire() if options.is_webrtc else None
-        limits = replace(self.limits, max_channels=self.max_channels)  # as admission counts it now
-        conn = Connection(self, ws, Session(session_id, options, limits, self.model_name, self.vad, webrtc=webrtc, context=self.context))
+        try:
+            webrtc = self._rtc_wire(principal) if options.is_webrtc else None
+            limits = replace(self.limits, max_channels=self.max_channels)  # as admission counts it now
+            session = Session(session_id, options, limits, self.model_name, self.vad, webrtc=webrtc, context=self.context, key=principal.name)
+            conn = Connection(self, ws, session)
+        except BaseException:
+            self.access.end(principal, options.channels)  # the key's quota is not held by a stream that never ran
+            raise
+        if principal.name is not None:
+            self.metrics.key_sessions.labels(principal.name).inc()
         self._connections.add(conn)
         self.metrics.sessions_started.inc()
         self.metrics.active_sessions.inc()
@@ -277,6 +296,7 @@ class AsrServer:
             await conn.run()
         finally:
             self._connections.discard(conn)
+            self.access.end(principal, options.channels)
             self.metrics.active_sessions.dec()
             self.metrics.sessions_ended.labels(conn.outcome).inc()
             self.metrics.session_duration.observe(time.monotonic() - started)
@@ -285,12 +305,41 @@ class AsrServer:
                 session_id, conn.outcome, conn.session.audio_received_s, conn.session.audio_transcribed_s, time.monotonic() - started,
             )
 
+    # -- access ----------------------------------------------------------------------
+
+    def own_origins(self, host_header: str | None) -> tuple[str, ...]:
+        """Origins of the server's own page. On loopback only loopback names count, whatever
+        the Host header says: a page whose name merely resolves to 127.0.0.1 (DNS rebinding)
+        is not ours."""
+        names = [f"localhost:{self.port}", f"127.0.0.1:{self.port}", f"[::1]:{self.port}"]
+        if not _loopback(self.host) and host_header:
+            names.append(host_header.strip())
+        return tuple(f"{scheme}://{name}" for name in names for scheme in ("http", "https"))
+
+    def refused_access(self, error: AsrError, path: str) -> None:
+        """A request turned away by access control, before any WebSocket (counted and logged)."""
+        self.metrics.errors.labels(error.code).inc()
+        self.metrics.access_refusals.labels(error.code).inc()
+        log.info("event=refused path=%s code=%s message=%s", path, error.code, error.message)
+
+    def _rtc_wire(self, principal: Principal) -> dict[str, Any]:
+        """ICE servers for a WebRTC session; TURN servers with credentials of its own when there is a secret."""
+        if self.turn_secret is None:
+            return self.rtc.to_wire()
+        username, credential = turn_credentials(self.turn_secret, principal.name or "anonymous", time.time())
+        servers = [
+            replace(s, username=username, credential=credential) if any(u.startswith("turn") for u in s.urls) else s
+            for s in self.rtc.ice_servers
+        ]
+        return {"ice_servers": [s.to_wire() for s in servers]}
+
     def _options_for(self, ws: ServerConnection) -> StreamOptions:
         if self.stopping:
             raise ShuttingDown("the server is shutting down; connect to another instance", retry_after=5.0)
         if self.runner is None:
             raise NotReady("the model is still loading; retry shortly", retry_after=2.0)
         query = parse_qs(urlsplit(ws.request.path if ws.request else "").query, keep_blank_values=True)
+        query.pop("token", None)  # access control's, checked at the handshake (transport.http)
         return parse_stream_options(query, self.runner.languages)
 
     def _admit(self, options: StreamOptions) -> None:
@@ -309,3 +358,7 @@ class AsrServer:
             await ws.close(wire_info(error).close_code or 1008, error.code)
         except ConnectionClosed:
             pass
+
+
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")

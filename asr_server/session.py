@@ -73,10 +73,13 @@ class Session:
         vad_options: VadOptions = VadOptions(),
         webrtc: dict[str, Any] | None = None,
         context: ContextOptions | None = None,
+        key: str | None = None,
     ) -> None:
         """``webrtc``: what the ``session`` message tells a WebRTC client (its ICE servers);
-        ``context``: the context pass's settings (default: on when ``options.revisions``)."""
+        ``context``: the context pass's settings (default: on when ``options.revisions``);
+        ``key``: the name of the API key the stream came in with."""
         self.session_id = session_id
+        self.key = key
         self._webrtc = webrtc
         self.options = options
         self.limits = limits
@@ -116,7 +119,7 @@ class Session:
 
     def start(self) -> list[SessionOutput]:
         self._transition(SessionState.NEW, SessionState.STREAMING)
-        return [Send(self._writer.session(self.options, self.limits, self.model_name, self._webrtc))]
+        return [Send(self._writer.session(self.options, self.limits, self.model_name, self._webrtc, self.key))]
 
     def webrtc_answer(self, sdp: str) -> list[SessionOutput]:
         """The transport answered the client's WebRTC offer: send the answer."""

@@ -29,3 +29,44 @@ def test_the_context_pass_settings_reach_the_server_and_negative_seconds_are_ref
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["--context-max-wait-s", "-1"])
     assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err
+
+
+def test_a_public_address_without_keys_is_refused_unless_the_operator_says_so(capsys):
+    from asr_server.cli import main
+
+    assert main(["--host", "0.0.0.0", "--port", "0"]) == 2  # before any model is loaded
+    assert "--insecure-public" in capsys.readouterr().err
+    from asr_server.cli import _access, _exposed
+
+    for argv, refused in ((["--host", "0.0.0.0", "--insecure-public"], False), (["--host", "0.0.0.0", "--api-key", "k"], False),
+                          (["--host", "127.0.0.1"], False), (["--host", "::"], True)):
+        args = build_parser().parse_args(argv)
+        assert (_exposed(args, _access(args)) is not None) == refused, argv
+
+
+def test_keys_from_the_command_line_and_a_file_get_names_and_default_quotas_and_reload(tmp_path):
+    from asr_server.access import Access
+    from asr_server.cli import _access, _reload_keys
+
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("ops:o-key channels=2\n")
+    args = build_parser().parse_args(["--api-key", "plain", "--api-key", "web:w-key", "--api-keys-file", str(keys_file), "--key-max-channels", "4"])
+    keys = _access(args).keys
+    assert [(k.name, k.secret, k.max_channels) for k in keys] == [("key1", "plain", 4), ("web", "w-key", 4), ("ops", "o-key", 2)]
+
+    class Server:
+        access = Access(_access(args))
+
+    keys_file.write_text("ops:new-key\n")
+    _reload_keys(args, Server)
+    assert "ops" in Server.access.key_names and Server.access.authenticate("Bearer new-key", None, 0.0).name == "ops"
+    keys_file.write_text("broken line\n")
+    _reload_keys(args, Server)  # refused: the keys stay as they were
+    assert Server.access.authenticate("Bearer new-key", None, 0.0).name == "ops"
+
+
+def test_model_paths_are_not_echoed_to_clients():
+    from asr_server.cli import _public_model_name
+
+    assert _public_model_name("/srv/models/whisper-large-v3-ct2/") == "whisper-large-v3-ct2"
+    assert _public_model_name("tiny.en") == "tiny.en"

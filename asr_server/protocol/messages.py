@@ -31,8 +31,10 @@ class MessageWriter:
         self.seq += 1
         return {"type": type_, "session_id": self.session_id, "seq": self.seq, **body}
 
-    def session(self, options: StreamOptions, limits: Limits, model: str, webrtc: dict[str, Any] | None = None) -> dict[str, Any]:
+    def session(self, options: StreamOptions, limits: Limits, model: str, webrtc: dict[str, Any] | None = None, key: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"config": options.to_wire(), "limits": limits.to_wire(), "model": model}
+        if key is not None:
+            body["key"] = key  # the name of the API key it came in with, never the key
         if webrtc is not None:
             body["webrtc"] = webrtc
         return self._message("session", body)

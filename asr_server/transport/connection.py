@@ -102,7 +102,8 @@ class Connection:
         return self.session.session_id
 
     async def run(self) -> None:
-        log.info("session=%s event=start options=%s", self.sid, json.dumps(self.options.to_wire(), separators=(",", ":")))
+        key = f" key={self.session.key}" if self.session.key is not None else ""
+        log.info("session=%s event=start%s options=%s", self.sid, key, json.dumps(self.options.to_wire(), separators=(",", ":")))
         try:
             await self._apply(self.session.start())
             if self.server.governor.level:

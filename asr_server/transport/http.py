@@ -1,7 +1,10 @@
-"""The plain HTTP routes served beside the WebSocket: health, metrics, the captioning page.
+"""The plain HTTP routes served beside the WebSocket: health, metrics, tokens, the captioning page.
 
 :func:`route` answers any request that is not the WebSocket handshake on
-``/v1/listen`` (it returns None for that one, to let the handshake go on).
+``/v1/listen`` (it returns None for that one, to let the handshake go on),
+and refuses a handshake that access control turns away (HTTP 401, 403) before
+any WebSocket exists. When API keys are configured, every route but
+``/healthz`` and the page's files needs one.
 """
 
 from __future__ import annotations
@@ -9,35 +12,90 @@ from __future__ import annotations
 import http
 import json
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from ..access import ANONYMOUS, Principal
+from ..errors import AsrError, wire_info
 from ..scheduler.policy import Priority
 
 if TYPE_CHECKING:
     from ..server import AsrServer
 
-__all__ = ["LISTEN_PATH", "route", "health", "response", "OneRequestConnection"]
+__all__ = ["LISTEN_PATH", "TOKENS_PATH", "route", "health", "response", "error_response", "OneRequestConnection"]
 
 LISTEN_PATH = "/v1/listen"
+TOKENS_PATH = "/v1/tokens"
 
 
-def route(server: "AsrServer", request: Request) -> Response | None:
-    path = urlsplit(request.path).path
-    if path == LISTEN_PATH:
-        return None  # go on with the WebSocket handshake
+def route(server: "AsrServer", connection: "OneRequestConnection", request: Request) -> Response | None:
+    parts = urlsplit(request.path)
+    path = parts.path
+    post = path == TOKENS_PATH
+    if request.method != ("POST" if post else "GET"):
+        return response(http.HTTPStatus.METHOD_NOT_ALLOWED, b'{"error": "method not allowed"}', "application/json",
+                        extra=[("Allow", "POST" if post else "GET")])
     if path == "/healthz":
         status = http.HTTPStatus.OK if server.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
         return response(status, json.dumps(health(server)).encode(), "application/json")
-    if path == "/metrics":
+    if path in (LISTEN_PATH, TOKENS_PATH, "/metrics"):
+        query = parse_qs(parts.query)
+        try:
+            # Only a handshake may use a token (a token cannot mint another, nor read metrics).
+            principal = _authorize(server, request, query.get("token", [None])[0] if path == LISTEN_PATH else None)
+        except AsrError as error:
+            server.refused_access(error, path)
+            return error_response(error)
+        if path == LISTEN_PATH:
+            connection.principal = principal
+            return None  # go on with the WebSocket handshake
+        if path == TOKENS_PATH:
+            return _mint(server, principal, query)
         return response(http.HTTPStatus.OK, server.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
     page = server.static.get(path)
     if page is not None:
         return response(http.HTTPStatus.OK, page.body, page.content_type, cache="no-cache")
     return response(http.HTTPStatus.NOT_FOUND, b'{"error": "not found"}', "application/json")
+
+
+def _authorize(server: "AsrServer", request: Request, token: str | None) -> Principal:
+    headers = request.headers
+    server.access.check_origin(headers.get("Origin"), server.own_origins(headers.get("Host")))
+    return server.access.authenticate(headers.get("Authorization"), token, server.clock())
+
+
+def _mint(server: "AsrServer", principal: Principal, query: dict[str, list[str]]) -> Response:
+    if principal is ANONYMOUS:
+        body = {"type": "error", "code": "tokens_disabled", "message": "this server has no API keys: streams need no token", "retryable": False}
+        return response(http.HTTPStatus.NOT_FOUND, json.dumps(body).encode(), "application/json")
+    try:
+        ttl = float(query["ttl_s"][0]) if "ttl_s" in query else None
+    except ValueError:
+        ttl = None
+    try:
+        token, lifetime = server.access.mint_token(principal, server.clock(), ttl)
+    except AsrError as error:
+        return error_response(error)
+    server.metrics.tokens_minted.labels(principal.name).inc()
+    body = {"token": token, "expires_in": lifetime, "key": principal.name}
+    return response(http.HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+
+
+def error_response(error: AsrError) -> Response:
+    """A request refused before any WebSocket: the error message's JSON, with the table's HTTP status."""
+    info = wire_info(error)
+    body: dict = {"type": "error", "code": error.code, "message": error.message, "retryable": info.retryable}
+    extra: list[tuple[str, str]] = []
+    if error.retry_after is not None:
+        body["retry_after"] = error.retry_after
+        extra.append(("Retry-After", str(max(1, round(error.retry_after)))))
+    if info.http_status == http.HTTPStatus.UNAUTHORIZED:
+        extra.append(("WWW-Authenticate", 'Bearer realm="asr-server"'))
+    status = http.HTTPStatus(info.http_status)
+    return response(status, json.dumps(body).encode(), "application/json", extra=extra)
 
 
 def health(server: "AsrServer") -> dict:
@@ -55,10 +113,11 @@ def health(server: "AsrServer") -> dict:
     }
 
 
-def response(status: http.HTTPStatus, body: bytes, content_type: str, cache: str = "no-store") -> Response:
+def response(status: http.HTTPStatus, body: bytes, content_type: str, cache: str = "no-store", extra: list[tuple[str, str]] | None = None) -> Response:
     headers = Headers([
         ("Content-Type", content_type), ("Content-Length", str(len(body))), ("Cache-Control", cache),
         ("X-Content-Type-Options", "nosniff"), ("Connection", "close"),  # one request per connection
+        *(extra or []),
     ])
     return Response(status.value, status.phrase, headers, body)
 
@@ -78,6 +137,7 @@ class OneRequestConnection(ServerConnection):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.principal: Principal = ANONYMOUS  # who the handshake was let in as (see route)
         self._reading_head = True  # until the first request head has been fed
         self._tail = b""  # the last bytes of the request head seen so far (to find its end across reads)
         self._held: bytes | None = None  # bytes after the request head, until the handshake is over

@@ -30,6 +30,21 @@ const ui = {
 };
 
 const params = new URLSearchParams(location.search);
+// Servers with API keys: ?token=T (one stream), or ?token_url=/path on this site, which the page
+// POSTs to for a fresh token before each stream (answering {"token": ...}, as POST /v1/tokens does).
+const tokenUrl = params.get("token_url");
+let firstToken = params.get("token");
+async function nextToken() {
+  if (firstToken) {
+    const token = firstToken;
+    firstToken = null; // good once
+    return token;
+  }
+  if (!tokenUrl || !tokenUrl.startsWith("/") || tokenUrl.startsWith("//")) return null; // this site's paths only
+  const answer = await fetch(tokenUrl, { method: "POST", credentials: "same-origin" });
+  if (!answer.ok) throw new Error(`${tokenUrl} answered ${answer.status}`);
+  return (await answer.json()).token;
+}
 const options = {};
 for (const name of STREAM_OPTIONS) if (params.has(name)) options[name] = params.get(name);
 if (["auto", "webrtc", "websocket"].includes(params.get("transport"))) ui.transport.value = params.get("transport");
@@ -144,7 +159,7 @@ async function startSession() {
   clearTimers();
   hideNotice();
   keepEarlierText();
-  const client = new AsrClient({ transport: ui.transport.value, options });
+  const client = new AsrClient({ transport: ui.transport.value, options, token: nextToken });
   app.client = client;
   client.addEventListener("transcript", render);
   client.addEventListener("revision", () => {

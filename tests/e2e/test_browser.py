@@ -124,6 +124,35 @@ def test_page_captions_the_microphone(playwright, page_server, whisper_runner, t
     assert got["shot"] and shot.stat().st_size > 10_000
 
 
+def test_page_streams_on_a_server_with_keys_with_the_token_in_its_url(playwright, whisper_runner):
+    """A backend mints the token with its key; the page passes it on and is let in under the key's name."""
+    import json
+    import urllib.request
+
+    from asr_server.access import AccessOptions, ApiKey
+
+    server = ServerThread(whisper_runner, access=AccessOptions(keys=(ApiKey("site", "site-key-89"),))).start()
+    try:
+        request = urllib.request.Request(f"{server.http}/v1/tokens", method="POST", headers={"Authorization": "Bearer site-key-89"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            token = json.loads(answer.read())["token"]
+        browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+        try:
+            page = browser.new_page()
+            page.goto(f"{server.http}/?transport=websocket&token={token}")
+            page.click("#start")
+            page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
+            page.click("#start")
+            page.wait_for_function("window.asrApp.state === 'closed'", timeout=30_000)
+            messages = page.evaluate("window.asrApp.messages")
+            assert messages[0]["type"] == "session" and messages[0]["key"] == "site"
+            assert messages[-1]["type"] == "closed" and page.evaluate("window.asrApp.errors") == []
+        finally:
+            browser.close()
+    finally:
+        server.stop()
+
+
 def test_page_reports_a_refused_microphone(playwright, page_server):
     # Without the fake-UI flag, headless Chromium refuses the permission prompt.
     browser = launch(playwright, ["--use-fake-device-for-media-stream"])

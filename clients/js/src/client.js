@@ -75,6 +75,9 @@ export class AsrClient extends EventTarget {
    * @param {MediaTrackConstraints} [config.audio] extra microphone constraints (deviceId, ...)
    * @param {number} [config.connectTimeoutMs] session, answer and ICE, each
    * @param {number} [config.stopTimeoutMs] how long stop() waits for the last finals
+   * @param {string|(() => Promise<string>)} [config.token] for servers with API keys: a token from the
+   *   server's POST /v1/tokens (minted by a backend that holds a key), or a function that fetches a
+   *   fresh one (a token is good for one stream, so a function is what a client that restarts needs)
    */
   constructor(config = {}) {
     super();
@@ -84,6 +87,8 @@ export class AsrClient extends EventTarget {
     this.audioConstraints = config.audio ?? {};
     this.connectTimeoutMs = config.connectTimeoutMs ?? 15000;
     this.stopTimeoutMs = config.stopTimeoutMs ?? 30000;
+    this.token = config.token ?? null;
+    this._token = null;
     this.transcript = new Transcript();
     this.transport = null;
     this.session = null;
@@ -111,6 +116,7 @@ export class AsrClient extends EventTarget {
       this._stream = stream ?? (await this._openMicrophone());
       this._ownStream = !stream;
       if (this.transport === "websocket") await this._startAudioContext();
+      this._token = typeof this.token === "function" ? await this._fetchToken() : this.token;
       await this._openSocket();
       this.session = await this._next((m) => m.type === "session", "the server did not start a session");
       if (this.transport === "webrtc") await this._negotiate();
@@ -212,8 +218,17 @@ export class AsrClient extends EventTarget {
     }
   }
 
+  async _fetchToken() {
+    try {
+      return await this.token();
+    } catch (err) {
+      throw new AsrError("unauthorized", `no token for the server (${err?.message ?? err})`, { retryable: true });
+    }
+  }
+
   _query() {
     const q = new URLSearchParams();
+    if (this._token) q.set("token", this._token);
     if (this.transport === "webrtc") q.set("encoding", "webrtc");
     else {
       q.set("encoding", "pcm_s16le");

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import signal
 import sys
 from typing import Any, TextIO
 
-from .client import MODEL_RATE, AudioFileError, connect, read_pcm, stream_bytes
+from .client import MODEL_RATE, AudioFileError, ServerError, connect, read_pcm, stream_bytes
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -104,6 +105,8 @@ def fit_tail(line: str, width: int) -> str:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {"language": args.language, "endpoint_ms": args.endpoint_ms}
+    if args.api_key:
+        opts["api_key"] = args.api_key
     if args.no_interim:
         opts["interim_results"] = False
     return opts
@@ -220,6 +223,7 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--endpoint-ms", type=int, default=d(500))
     p.add_argument("--no-interim", action="store_true", default=d(False), help="finals only")
     p.add_argument("--json", action="store_true", default=d(False), help="print every server message as JSON")
+    p.add_argument("--api-key", default=d(os.environ.get("ASR_API_KEY")), help="the server's API key (default: $ASR_API_KEY)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -244,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(runner(args))
     except KeyboardInterrupt:
         return 130
+    except ServerError as exc:
+        print(f"asr-client: the server refused the stream: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"asr-client: cannot reach {args.url}: {exc}", file=sys.stderr)
         return 2

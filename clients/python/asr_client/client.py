@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 __all__ = ["AsrStream", "connect", "Transcript", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
 
@@ -27,6 +27,17 @@ class ServerError(Exception):
         self.retryable: bool = bool(message.get("retryable"))
         self.retry_after: float | None = message.get("retry_after")
         self.message = message
+
+
+def refused(status: int, body: bytes | None) -> ServerError:
+    """The error of a handshake the server answered with plain HTTP (its JSON body, when it has one)."""
+    try:
+        message = json.loads(body or b"")
+    except ValueError:
+        message = None
+    if not isinstance(message, dict) or "code" not in message:
+        message = {"code": f"http_{status}", "message": f"the server answered HTTP {status}", "retryable": status >= 500}
+    return ServerError(message)
 
 
 class AudioFileError(Exception):
@@ -105,15 +116,22 @@ class connect:
     Options are the server's query options (``encoding``, ``sample_rate``,
     ``channels``, ``language``, ``interim_results``, ``interim_ms``,
     ``endpoint_ms``, ``max_utterance_s``, ``word_timestamps``).
+    ``api_key`` is sent as ``Authorization: Bearer``; ``token`` (from the
+    server's ``POST /v1/tokens``) goes in the URL. A handshake the server
+    refuses (401, 403) raises :class:`ServerError` with its code.
     """
 
-    def __init__(self, url: str, *, open_timeout: float = 10.0, **options: Any) -> None:
-        self.url = listen_url(url, **options)
+    def __init__(self, url: str, *, open_timeout: float = 10.0, api_key: str | None = None, token: str | None = None, **options: Any) -> None:
+        self.url = listen_url(url, token=token, **options)
         self.open_timeout = open_timeout
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._stream: AsrStream | None = None
 
     async def __aenter__(self) -> AsrStream:
-        ws = await ws_connect(self.url, open_timeout=self.open_timeout, max_size=None)
+        try:
+            ws = await ws_connect(self.url, open_timeout=self.open_timeout, max_size=None, additional_headers=self.headers)
+        except InvalidStatus as exc:
+            raise refused(exc.response.status_code, exc.response.body) from None
         self._stream = AsrStream(ws)
         return self._stream
 

@@ -1,0 +1,123 @@
+"""Access control on a real server with the real model: keys, tokens, origins and quotas at the handshake."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from asr_client import ServerError, connect
+
+from asr_server.access import AccessOptions, ApiKey
+
+from ..harness import ServerThread, replay
+from .test_bad_input import until
+
+pytestmark = pytest.mark.e2e
+
+ALICE, BOB = "alice-key-0123", "bob-key-4567"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(whisper_runner):
+    keys = (ApiKey("alice", ALICE), ApiKey("bob", BOB, max_channels=1))
+    server = ServerThread(whisper_runner, access=AccessOptions(keys=keys, allowed_origins=("https://app.example.com",))).start()
+    yield server
+    server.stop()
+
+
+def http(server: ServerThread, path: str, *, method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(server.http + path, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, dict(refused.headers), refused.read()
+
+
+def refused_with(server: ServerThread, **options) -> ServerError:
+    async def attempt():
+        async with connect(server.url, **options):
+            raise AssertionError("the handshake was accepted")
+
+    with pytest.raises(ServerError) as caught:
+        asyncio.run(attempt())
+    return caught.value
+
+
+def test_a_handshake_without_a_valid_key_gets_401_with_a_stable_code_before_any_websocket(keyed_server):
+    status, headers, body = http(keyed_server, "/v1/listen")
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
+    assert json.loads(body)["code"] == "unauthorized"
+    assert refused_with(keyed_server).code == "unauthorized"
+    assert refused_with(keyed_server, api_key="not-a-key").code == "unauthorized"
+    assert refused_with(keyed_server, token="made-up").code == "unauthorized"
+    assert keyed_server.server.active_channels == 0
+
+
+def test_health_is_open_metrics_and_tokens_need_a_key(keyed_server):
+    assert http(keyed_server, "/healthz")[0] == 200
+    assert http(keyed_server, "/")[0] == 200  # the page itself; its streams need a token
+    assert http(keyed_server, "/metrics")[0] == 401
+    assert http(keyed_server, "/metrics", headers={"Authorization": f"Bearer {ALICE}"})[0] == 200
+    assert http(keyed_server, "/v1/tokens", method="POST")[0] == 401
+    assert http(keyed_server, "/v1/tokens", headers={"Authorization": f"Bearer {ALICE}"})[0] == 405  # GET
+
+
+def test_pages_from_other_origins_are_refused_even_with_a_good_key(keyed_server):
+    good = {"Authorization": f"Token {ALICE}"}
+    status, _, body = http(keyed_server, "/v1/listen", headers={**good, "Origin": "https://evil.example"})
+    assert status == 403 and json.loads(body)["code"] == "origin_not_allowed"
+    # A name that resolves to this machine is not the server's own page (DNS rebinding).
+    port = keyed_server.server.port
+    assert http(keyed_server, "/v1/listen", headers={**good, "Origin": f"http://rebind.example:{port}", "Host": f"rebind.example:{port}"})[0] == 403
+    # Its own page and the allowed origin go on to the handshake (426: this was no WebSocket request).
+    assert http(keyed_server, "/v1/listen", headers={**good, "Origin": f"http://127.0.0.1:{port}"})[0] == 426
+    assert http(keyed_server, "/v1/listen", headers={**good, "Origin": "https://app.example.com"})[0] == 426
+
+
+def test_a_minted_token_streams_once_under_its_keys_name(keyed_server):
+    status, _, body = http(keyed_server, "/v1/tokens?ttl_s=30", method="POST", headers={"Authorization": f"Bearer {ALICE}"})
+    minted = json.loads(body)
+    assert status == 200 and minted["key"] == "alice" and minted["expires_in"] == 30
+    result = asyncio.run(replay(keyed_server.url, "cards_16k.wav", token=minted["token"]))
+    messages = [m.message for m in result.messages]
+    assert messages[0]["type"] == "session" and messages[0]["key"] == "alice"
+    assert ALICE not in json.dumps(messages)
+    assert "clubs" in " ".join(m["text"] for m in messages if m["type"] == "final").lower()
+    assert messages[-1]["type"] == "closed"
+    assert refused_with(keyed_server, token=minted["token"]).code == "unauthorized"  # used up
+
+
+def test_a_key_past_its_channels_is_refused_while_its_open_stream_goes_on(keyed_server):
+    async def main():
+        first = asyncio.create_task(replay(keyed_server.url, "librivox_16k.s16le", realtime=True, api_key=BOB))
+        await until(lambda: keyed_server.server.access.channels("bob") == 1)
+        async with connect(keyed_server.url, api_key=BOB) as second:
+            refused = [m async for m in second]
+            code = second.close_code
+        other = await replay(keyed_server.url, "cards_16k.wav", api_key=ALICE)  # another key is not affected
+        return await first, refused, code, other
+
+    first, refused, code, other = asyncio.run(main())
+    assert [m["type"] for m in refused] == ["error"] and code == 1013
+    assert refused[0]["code"] == "quota_exceeded" and refused[0]["retryable"] and refused[0]["retry_after"]
+    messages = [m.message for m in first.messages]
+    assert messages[-1]["type"] == "closed" and not [m for m in messages if m["type"] == "error"]
+    assert "dashwood" in " ".join(m["text"] for m in messages if m["type"] == "final").lower()
+    assert [m.message["type"] for m in other.messages][-1] == "closed"
+    # The slot is given back when the server's handler ends, just after the client saw "closed".
+    asyncio.run(until(lambda: keyed_server.server.access.channels("bob") == 0))
+    metrics = http(keyed_server, "/metrics", headers={"Authorization": f"Bearer {ALICE}"})[2].decode()
+    assert 'asr_key_refusals_total{code="quota_exceeded",key="bob"} 1.0' in metrics
+    assert 'asr_access_refusals_total{code="unauthorized"}' in metrics
+
+
+def test_without_keys_programs_need_nothing_but_other_origins_are_still_refused(live_server):
+    assert http(live_server, "/v1/listen", headers={"Origin": "https://evil.example"})[0] == 403
+    status, _, body = http(live_server, "/v1/tokens", method="POST")
+    assert status == 404 and json.loads(body)["code"] == "tokens_disabled"
+    result = asyncio.run(replay(live_server.url, "cards_16k.wav"))
+    assert "key" not in result.messages[0].message

@@ -1,0 +1,124 @@
+"""Access control as plain objects: keys, tokens, origins and quotas with hand-written times."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+
+import pytest
+
+from asr_server.access import ANONYMOUS, Access, AccessOptions, ApiKey, parse_keys, turn_credentials
+from asr_server.errors import OriginNotAllowed, QuotaExceeded, Unauthorized, wire_info
+
+KEYS = (ApiKey("alice", "s3cret-a"), ApiKey("bob", "s3cret-b", max_channels=2, streams_per_minute=3))
+
+
+def test_without_keys_everyone_is_let_in_anonymously():
+    access = Access()
+    assert not access.enabled
+    assert access.authenticate(None, None, 0.0) is ANONYMOUS
+    access.start(ANONYMOUS, 8, 0.0)  # no quotas without keys
+
+
+@pytest.mark.parametrize("header", ["Bearer s3cret-b", "Token s3cret-b", "bearer  s3cret-b "])
+def test_a_good_key_in_either_scheme_names_its_principal(header):
+    principal = Access(AccessOptions(keys=KEYS)).authenticate(header, None, 0.0)
+    assert (principal.name, principal.max_channels, principal.streams_per_minute) == ("bob", 2, 3)
+
+
+@pytest.mark.parametrize("header", [None, "", "Bearer wrong", "Basic s3cret-a", "s3cret-a", "Bearer s3cret-a-more"])
+def test_a_missing_or_wrong_key_is_unauthorized(header):
+    with pytest.raises(Unauthorized):
+        Access(AccessOptions(keys=KEYS)).authenticate(header, None, 0.0)
+    assert wire_info(Unauthorized("x")).http_status == 401
+
+
+def test_a_removed_key_is_refused_from_the_next_request_and_its_tokens_stop_working():
+    access = Access(AccessOptions(keys=KEYS))
+    token, _ = access.mint_token(access.authenticate("Bearer s3cret-a", None, 0.0), 0.0)
+    access.set_keys(KEYS[1:])
+    with pytest.raises(Unauthorized):
+        access.authenticate("Bearer s3cret-a", None, 1.0)
+    with pytest.raises(Unauthorized):
+        access.authenticate(None, token, 1.0)
+
+
+def test_a_token_is_good_once_and_only_within_its_lifetime():
+    access = Access(AccessOptions(keys=KEYS, token_ttl_s=60.0))
+    bob = access.authenticate("Bearer s3cret-b", None, 0.0)
+    token, ttl = access.mint_token(bob, 100.0)
+    assert ttl == 60.0
+    assert access.authenticate(None, token, 159.0) == bob  # carries the key's quotas
+    with pytest.raises(Unauthorized, match="already used"):
+        access.authenticate(None, token, 159.5)
+    late, _ = access.mint_token(bob, 200.0, ttl_s=10.0)  # a shorter life may be asked for
+    with pytest.raises(Unauthorized):
+        access.authenticate(None, late, 210.0)
+    longer, ttl = access.mint_token(bob, 300.0, ttl_s=600.0)
+    assert ttl == 60.0  # never longer than the server's
+    with pytest.raises(Unauthorized):
+        access.authenticate(None, "made-up", 300.0)
+
+
+def test_a_header_with_a_wrong_key_is_refused_even_with_a_good_token():
+    access = Access(AccessOptions(keys=KEYS))
+    token, _ = access.mint_token(access.authenticate("Bearer s3cret-a", None, 0.0), 0.0)
+    with pytest.raises(Unauthorized):
+        access.authenticate("Bearer wrong", token, 0.0)
+
+
+def test_browser_origins_other_than_ours_or_allowed_are_refused():
+    access = Access(AccessOptions(allowed_origins=("https://app.example.com",)))
+    own = ("http://localhost:8765",)
+    access.check_origin(None, own)  # not a browser
+    access.check_origin("http://localhost:8765", own)
+    access.check_origin("https://APP.example.com/", own)
+    with pytest.raises(OriginNotAllowed):
+        access.check_origin("https://evil.example", own)
+    with pytest.raises(OriginNotAllowed):
+        access.check_origin("null", own)  # sandboxed frames and file:// pages
+    Access(AccessOptions(allowed_origins=("*",))).check_origin("https://evil.example", own)
+    assert wire_info(OriginNotAllowed("x")).http_status == 403
+
+
+def test_a_keys_channels_at_once_are_limited_and_freed_when_its_streams_end():
+    access = Access(AccessOptions(keys=KEYS))
+    bob = access.authenticate("Bearer s3cret-b", None, 0.0)
+    access.start(bob, 2, 0.0)
+    with pytest.raises(QuotaExceeded) as refused:
+        access.start(bob, 1, 1.0)
+    assert refused.value.retry_after and wire_info(refused.value).retryable
+    access.end(bob, 2)
+    assert access.channels("bob") == 0
+    access.start(bob, 1, 2.0)
+
+
+def test_a_keys_new_streams_per_minute_are_limited_with_the_wait_until_one_leaves_the_minute():
+    access = Access(AccessOptions(keys=KEYS))
+    bob = access.authenticate("Bearer s3cret-b", None, 0.0)
+    for t in (0.0, 10.0, 20.0):
+        access.start(bob, 1, t)
+        access.end(bob, 1)
+    with pytest.raises(QuotaExceeded) as refused:
+        access.start(bob, 1, 30.0)
+    assert refused.value.retry_after == pytest.approx(30.0)
+    access.start(bob, 1, 60.5)  # the first start has left the minute
+    alice = access.authenticate("Bearer s3cret-a", None, 0.0)
+    for t in range(20):
+        access.start(alice, 1, float(t))  # no limits of her own
+
+
+def test_keys_file_lines_with_limits_comments_and_mistakes():
+    keys = parse_keys("# team keys\nalice:abc\n\nbob:def channels=4 per_minute=10  # the call centre\n")
+    assert keys == (ApiKey("alice", "abc"), ApiKey("bob", "def", 4, 10))
+    assert "abc" not in repr(keys[0])  # secrets stay out of logs
+    for bad in ("alice", ":abc", "alice:", "alice:abc channels=x", "alice:abc seats=3", "a:x\na:y"):
+        with pytest.raises(ValueError):
+            parse_keys(bad)
+
+
+def test_turn_credentials_follow_the_turn_rest_scheme():
+    username, credential = turn_credentials("shared", "alice", 1000.0, ttl_s=3600.0)
+    assert username == "4600:alice"
+    assert credential == base64.b64encode(hmac.new(b"shared", b"4600:alice", hashlib.sha1).digest()).decode()
