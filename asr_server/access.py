@@ -66,6 +66,8 @@ class AccessOptions:
     # Browser origins let in besides the server's own (``scheme://host[:port]``; ``*``: any).
     allowed_origins: tuple[str, ...] = ()
     token_ttl_s: float = 60.0
+    # TURN servers' shared secret: each WebRTC session gets credentials of its own (turn_credentials).
+    turn_secret: str | None = field(default=None, repr=False)
 
 
 def parse_keys(text: str, source: str = "keys file") -> tuple[ApiKey, ...]:

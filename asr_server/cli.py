@@ -152,7 +152,7 @@ def _api_keys(args: argparse.Namespace) -> tuple[ApiKey, ...]:
 
 
 def _access(args: argparse.Namespace) -> AccessOptions:
-    return AccessOptions(keys=_api_keys(args), allowed_origins=tuple(args.allowed_origin), token_ttl_s=args.token_ttl)
+    return AccessOptions(keys=_api_keys(args), allowed_origins=tuple(args.allowed_origin), token_ttl_s=args.token_ttl, turn_secret=args.turn_secret)
 
 
 def _exposed(args: argparse.Namespace, access: AccessOptions) -> str | None:
@@ -293,15 +293,15 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     plan = _plan(args)
     server = AsrServer(args.host, args.port, plan.limits, model_name=_public_model_name(args.model), batch=plan.batch,
                        workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=VadOptions(detector=args.vad),
-                       context=_context(args), access=access, turn_secret=args.turn_secret)
+                       context=_context(args), access=access)
     await server.start()
+    scheme = "https" if server.ssl else "http"
+    print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
+    print(f"captions page: {scheme}://{'localhost' if server.host in ('127.0.0.1', '::1') else server.host}:{server.port}/", flush=True)
     if access.keys:
         print(f"access: {len(access.keys)} API key(s): {', '.join(k.name for k in access.keys)}", flush=True)
     else:
         print("access: no API keys: anyone who can reach this address may stream to it", flush=True)
-    scheme = "https" if server.ssl else "http"
-    print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
-    print(f"captions page: {scheme}://{'localhost' if server.host in ('127.0.0.1', '::1') else server.host}:{server.port}/", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

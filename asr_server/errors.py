@@ -17,7 +17,8 @@ string ``code``. The tree separates who is at fault::
     │   ├── InvalidOffer         a WebRTC offer we cannot answer
     │   ├── Unauthorized         no API key or token, or not a valid one (HTTP 401 at the handshake)
     │   ├── OriginNotAllowed     a browser page from an origin not allowed (HTTP 403)
-    │   └── QuotaExceeded        the key's channels or streams per minute are used up
+    │   ├── QuotaExceeded        the key's channels or streams per minute are used up
+    │   └── TokensDisabled       a token asked of a server that has no keys (HTTP 404)
     ├── OverloadError        we cannot take more work now (retry later)
     │   ├── NotReady             the model is still loading / warming up
     │   ├── ShuttingDown         the server is stopping
@@ -57,6 +58,7 @@ __all__ = [
     "Unauthorized",
     "OriginNotAllowed",
     "QuotaExceeded",
+    "TokensDisabled",
     "MemoryPressure",
     "AudioOverrun",
     "WebRtcFailed",
@@ -140,6 +142,10 @@ class QuotaExceeded(ClientError):
     code = "quota_exceeded"
 
 
+class TokensDisabled(ClientError):
+    code = "tokens_disabled"
+
+
 class OverloadError(AsrError):
     code = "overloaded"
 
@@ -205,6 +211,7 @@ WIRE_TABLE: dict[str, WireInfo] = {
     "unauthorized": WireInfo(False, 1008, 401),
     "origin_not_allowed": WireInfo(False, 1008, 403),
     "quota_exceeded": WireInfo(True, 1013, 429),
+    "tokens_disabled": WireInfo(False, 1008, 404),
     "overloaded": WireInfo(True, 1013),
     "not_ready": WireInfo(True, 1013),
     "shutting_down": WireInfo(True, 1001),

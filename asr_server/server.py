@@ -76,32 +76,23 @@ class AsrServer:
         vad: VadOptions = VadOptions(),
         context: ContextOptions = ContextOptions(),
         access: AccessOptions = AccessOptions(),
-        turn_secret: str | None = None,
     ) -> None:
         """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
         the governor's memory-critical step (compared with ``budget.total``); ``rtc``:
         ICE servers and host addresses for ``encoding=webrtc`` sessions; ``ssl``: an
         :class:`ssl.SSLContext` to serve https/wss (browsers give the microphone only to
         secure pages, or to localhost); ``vad``: how every stream finds speech; ``context``: the
-        context pass of streams with ``revisions`` on; ``access``: API keys, browser origins and
-        tokens (:mod:`asr_server.access`); ``turn_secret``: TURN servers in ``rtc`` get short-lived
-        credentials made with it per session instead of their static ones."""
-        self.host = host
-        self.port = port
-        self.limits = limits
-        self.model_name = model_name
+        context pass of streams with ``revisions`` on; ``access``: API keys, browser origins,
+        tokens and TURN credentials (:mod:`asr_server.access`)."""
+        self.host, self.port, self.limits, self.model_name = host, port, limits, model_name
         self.budget = budget
         self.batch_limits = batch
         self.governor = LoadGovernor(governor)
         self.memory_probe = memory_probe
         self.tick_s = tick_s
         self.workers = workers
-        self.rtc = rtc
-        self.ssl = ssl
-        self.vad = vad
-        self.context = context
+        self.rtc, self.ssl, self.vad, self.context = rtc, ssl, vad, context
         self.access = Access(access)
-        self.turn_secret = turn_secret
         self.clock = time.monotonic  # tokens' lifetimes and quotas' minutes
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
@@ -324,9 +315,10 @@ class AsrServer:
 
     def _rtc_wire(self, principal: Principal) -> dict[str, Any]:
         """ICE servers for a WebRTC session; TURN servers with credentials of its own when there is a secret."""
-        if self.turn_secret is None:
+        secret = self.access.options.turn_secret
+        if secret is None:
             return self.rtc.to_wire()
-        username, credential = turn_credentials(self.turn_secret, principal.name or "anonymous", time.time())
+        username, credential = turn_credentials(secret, principal.name or "anonymous", time.time())
         servers = [
             replace(s, username=username, credential=credential) if any(u.startswith("turn") for u in s.urls) else s
             for s in self.rtc.ice_servers

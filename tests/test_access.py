@@ -122,3 +122,18 @@ def test_turn_credentials_follow_the_turn_rest_scheme():
     username, credential = turn_credentials("shared", "alice", 1000.0, ttl_s=3600.0)
     assert username == "4600:alice"
     assert credential == base64.b64encode(hmac.new(b"shared", b"4600:alice", hashlib.sha1).digest()).decode()
+
+
+def test_a_webrtc_session_gets_turn_credentials_of_its_own_and_stun_servers_stay_as_they_are():
+    from asr_server.access import Principal
+    from asr_server.options import IceServer, RtcOptions
+    from asr_server.server import AsrServer
+
+    rtc = RtcOptions(ice_servers=(IceServer(("turn:turn.example:3478",), "static", "pass"), IceServer(("stun:stun.example:3478",))))
+    shared = AsrServer(rtc=rtc)._rtc_wire(Principal("alice"))
+    assert shared["ice_servers"][0]["username"] == "static"  # no secret: the configured pair
+    wire = AsrServer(rtc=rtc, access=AccessOptions(turn_secret="s3"))._rtc_wire(Principal("alice"))
+    turn, stun = wire["ice_servers"]
+    assert turn["username"].endswith(":alice") and turn["credential"] != "pass"
+    assert turn["credential"] == turn_credentials("s3", "alice", int(turn["username"].split(":")[0]) - 3600.0)[1]
+    assert stun == {"urls": ["stun:stun.example:3478"]}

@@ -19,7 +19,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from ..access import ANONYMOUS, Principal
-from ..errors import AsrError, wire_info
+from ..errors import AsrError, TokensDisabled, wire_info
 from ..scheduler.policy import Priority
 
 if TYPE_CHECKING:
@@ -69,8 +69,7 @@ def _authorize(server: "AsrServer", request: Request, token: str | None) -> Prin
 
 def _mint(server: "AsrServer", principal: Principal, query: dict[str, list[str]]) -> Response:
     if principal is ANONYMOUS:
-        body = {"type": "error", "code": "tokens_disabled", "message": "this server has no API keys: streams need no token", "retryable": False}
-        return response(http.HTTPStatus.NOT_FOUND, json.dumps(body).encode(), "application/json")
+        return error_response(TokensDisabled("this server has no API keys: streams need no token"))
     try:
         ttl = float(query["ttl_s"][0]) if "ttl_s" in query else None
     except ValueError:

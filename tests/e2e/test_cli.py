@@ -27,6 +27,7 @@ def test_server_starts_reports_healthy_and_stops_on_sigterm():
         first = proc.stdout.readline()
         port = int(re.search(r"127\.0\.0\.1:(\d+)", first).group(1))
         assert proc.stdout.readline().strip() == f"captions page: http://localhost:{port}/"
+        assert proc.stdout.readline().startswith("access: no API keys: anyone who can reach")  # said, not hidden
         assert "ready" in proc.stdout.readline()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
             assert r.status == 200 and r.headers["Content-Type"].startswith("text/html") and b"/app.js" in r.read()
