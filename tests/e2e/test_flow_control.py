@@ -48,7 +48,10 @@ def test_a_client_that_stops_reading_is_cut_off_with_results_not_read(whisper_ru
             async with websockets.connect(f"{server.url}/v1/listen?encoding=wav", max_queue=1, ping_interval=None) as ws:
                 await ws.send(audio)
                 for _ in range(2400):  # polls a condition, bounded (120 s)
-                    if b'asr_errors_total{code="results_not_read"} 1.0' in server.server.metrics.render():
+                    # The session's end is counted when its handler returns, a moment after the error:
+                    # wait for both (on a busy machine that moment was long enough to miss).
+                    rendered = server.server.metrics.render()
+                    if b'asr_errors_total{code="results_not_read"} 1.0' in rendered and b'outcome="client_error"} 1.0' in rendered:
                         break
                     await asyncio.sleep(0.05)
                 ws.transport.abort()
