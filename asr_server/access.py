@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from .errors import OriginNotAllowed, QuotaExceeded, Unauthorized
 
-__all__ = ["ApiKey", "AccessOptions", "Principal", "ANONYMOUS", "Access", "parse_keys", "turn_credentials", "own_origins", "MAX_TOKENS"]
+__all__ = ["ApiKey", "AccessOptions", "Principal", "ANONYMOUS", "Access", "parse_keys", "turn_credentials", "is_loopback", "MAX_TOKENS"]
 
 # Tokens outstanding at most (minted, neither used nor expired): minting past it is refused.
 MAX_TOKENS = 10_000
@@ -223,8 +223,6 @@ class Access:
             del self._tokens[token]
 
 
-def own_origins(host_header: str | None, secure: bool) -> tuple[str, ...]:
-    """The origins of the server's own page as a browser reached it (from the ``Host`` header)."""
-    if not host_header:
-        return ()
-    return (f"{'https' if secure else 'http'}://{host_header.strip()}",)
+def is_loopback(host: str) -> bool:
+    """Whether a listening address reaches this machine only."""
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")

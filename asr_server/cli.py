@@ -30,8 +30,8 @@ from .options import IceServer, Limits, RtcOptions
 from .scheduler.capacity import CapacityModel
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
 from .scheduler.policy import CONTEXT_MAX_WAIT_S, CONTEXT_SHARE, BatchLimits
-from .access import AccessOptions, ApiKey, parse_keys
-from .server import AsrServer, _loopback
+from .access import AccessOptions, ApiKey, is_loopback, parse_keys
+from .server import AsrServer
 
 log = logging.getLogger("asr_server")
 
@@ -157,7 +157,7 @@ def _access(args: argparse.Namespace) -> AccessOptions:
 
 def _exposed(args: argparse.Namespace, access: AccessOptions) -> str | None:
     """Why the server must not start as asked, or None: no keys on a public address needs --insecure-public."""
-    if access.keys or args.insecure_public or _loopback(args.host):
+    if access.keys or args.insecure_public or is_loopback(args.host):
         return None
     return (f"refusing to listen on {args.host} without API keys: anyone who can reach it could use the server. "
             "Give --api-key or --api-keys-file, or --insecure-public to accept that")

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from .access import ANONYMOUS, Access, AccessOptions, Principal, turn_credentials
+from .access import ANONYMOUS, Access, AccessOptions, Principal, is_loopback, turn_credentials
 from .audio.vad import VadOptions
 from .errors import AsrError, NotReady, ShuttingDown, wire_info
 from .inference.types import Runner
@@ -303,7 +303,7 @@ class AsrServer:
         the Host header says: a page whose name merely resolves to 127.0.0.1 (DNS rebinding)
         is not ours."""
         names = [f"localhost:{self.port}", f"127.0.0.1:{self.port}", f"[::1]:{self.port}"]
-        if not _loopback(self.host) and host_header:
+        if not is_loopback(self.host) and host_header:
             names.append(host_header.strip())
         return tuple(f"{scheme}://{name}" for name in names for scheme in ("http", "https"))
 
@@ -350,7 +350,3 @@ class AsrServer:
             await ws.close(wire_info(error).close_code or 1008, error.code)
         except ConnectionClosed:
             pass
-
-
-def _loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")

@@ -169,7 +169,6 @@ class SchedulerCore:
         self.runner = runner
         self.interim_runner = interim_runner
         self.limits = limits or BatchLimits()
-        self.context_max_wait_s = self.limits.context_max_wait_s
         self._background = TimeShare()  # model time of interims and context passes
         self.workers = max(1, workers)
         backlog = self.limits.burst_backlog
@@ -338,7 +337,7 @@ class SchedulerCore:
     def _context_overdue(self, now: float) -> bool:
         """Whether a context pass goes before interims: one has waited ``context_max_wait_s``, and
         passes took less than ``context_share`` of the recent background model time."""
-        limit = self.context_max_wait_s
+        limit = self.limits.context_max_wait_s
         if limit is None or not any(now - t.item.queued_at >= limit for t in self._contexts.waiting()):
             return False
         return self._background.share(DecodeKind.CONTEXT, now) < self.limits.context_share
