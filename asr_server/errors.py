@@ -18,7 +18,8 @@ string ``code``. The tree separates who is at fault::
     │   ├── Unauthorized         no API key or token, or not a valid one (HTTP 401 at the handshake)
     │   ├── OriginNotAllowed     a browser page from an origin not allowed (HTTP 403)
     │   ├── QuotaExceeded        the key's channels or streams per minute are used up
-    │   └── TokensDisabled       a token asked of a server that has no keys (HTTP 404)
+    │   ├── TokensDisabled       a token asked of a server that has no keys (HTTP 404)
+    │   └── ResumeFailed         a resume token unknown, expired, in use or another key's
     ├── OverloadError        we cannot take more work now (retry later)
     │   ├── NotReady             the model is still loading / warming up
     │   ├── ShuttingDown         the server is stopping
@@ -59,6 +60,7 @@ __all__ = [
     "OriginNotAllowed",
     "QuotaExceeded",
     "TokensDisabled",
+    "ResumeFailed",
     "MemoryPressure",
     "AudioOverrun",
     "WebRtcFailed",
@@ -146,6 +148,12 @@ class TokensDisabled(ClientError):
     code = "tokens_disabled"
 
 
+class ResumeFailed(ClientError):
+    """The session cannot be resumed; the client starts a new one."""
+
+    code = "resume_failed"
+
+
 class OverloadError(AsrError):
     code = "overloaded"
 
@@ -212,6 +220,7 @@ WIRE_TABLE: dict[str, WireInfo] = {
     "origin_not_allowed": WireInfo(False, 1008, 403),
     "quota_exceeded": WireInfo(True, 1013, 429),
     "tokens_disabled": WireInfo(False, 1008, 404),
+    "resume_failed": WireInfo(False, 1008),
     "overloaded": WireInfo(True, 1013),
     "not_ready": WireInfo(True, 1013),
     "shutting_down": WireInfo(True, 1001),

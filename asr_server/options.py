@@ -98,6 +98,15 @@ class Limits:
     # After the client's close, the context pass may take this long to refine the
     # last finals; then `closed` is sent with what it has.
     context_close_s: float = 10.0
+    # A connection that drops without `close` leaves its session held this long for
+    # the client to resume (`?resume=TOKEN&last_seq=N`). 0: sessions end with their connection.
+    resume_ttl_s: float = 30.0
+    # Messages kept per session for a resume to replay (oldest dropped past this many bytes).
+    max_replay_bytes: int = 2 << 20
+
+    @property
+    def resumable(self) -> bool:
+        return self.resume_ttl_s > 0
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

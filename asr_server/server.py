@@ -39,6 +39,7 @@ from .scheduler.governor import GovernorOptions, InterimLoad, LoadGovernor
 from .scheduler.policy import BatchLimits, Priority
 from .decoding.context import ContextOptions
 from .decoding.incremental import CONTEXT_KEPT_S
+from .resume import ResumeTable, new_token, parse_resume_request
 from .session import Session
 from .transport.connection import Connection
 from .transport.http import LISTEN_PATH, OneRequestConnection, route
@@ -101,6 +102,7 @@ class AsrServer:
         self.interim_runner: Runner | None = None
         self._server: Server | None = None
         self._connections: set[Connection] = set()
+        self.resumes: ResumeTable[Connection] = ResumeTable()  # resume tokens of live sessions
         self.peers: set[RtcIngest] = set()  # open WebRTC peer connections
         self.static = load_static()
         self.stopping = False
@@ -132,6 +134,8 @@ class AsrServer:
             buffered = audio_bytes(self.limits.max_live_backlog_s, options.channels)
         # The context pass keeps a window of finalized audio (and its prompt's) per channel.
         context_s = CONTEXT_KEPT_S if options.revisions else 0.0
+        if self.limits.resumable:
+            buffered += self.limits.max_replay_bytes  # messages kept for a resume to replay
         return stream_bytes(options.channels, options.max_utterance_s, self.limits.max_pending_finals, buffered, context_s)
 
     async def start(self) -> None:
@@ -257,11 +261,19 @@ class AsrServer:
     # -- streams ---------------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
+        principal: Principal = getattr(ws, "principal", ANONYMOUS)
+        query = parse_qs(urlsplit(ws.request.path if ws.request else "").query, keep_blank_values=True)
+        query.pop("token", None)  # access control's, checked at the handshake (transport.http)
+        if "resume" in query:
+            await self._resume(ws, principal, query)
+        else:
+            await self._stream(ws, principal, query)
+
+    async def _stream(self, ws: ServerConnection, principal: Principal, query: dict[str, list[str]]) -> None:
         session_id = uuid.uuid4().hex[:16]
         started = time.monotonic()
-        principal: Principal = getattr(ws, "principal", ANONYMOUS)
         try:
-            options = self._options_for(ws)
+            options = self._options_for(query)
             self._admit(options)
             self.access.start(principal, options.channels, self.clock())
         except AsrError as error:
@@ -273,11 +285,15 @@ class AsrServer:
         try:
             webrtc = self._rtc_wire(principal) if options.is_webrtc else None
             limits = replace(self.limits, max_channels=self.max_channels)  # as admission counts it now
-            session = Session(session_id, options, limits, self.model_name, self.vad, webrtc=webrtc, context=self.context, key=principal.name)
+            token = new_token() if self.limits.resumable else None
+            session = Session(session_id, options, limits, self.model_name, self.vad, webrtc=webrtc, context=self.context,
+                              key=principal.name, resume_token=token)
             conn = Connection(self, ws, session)
         except BaseException:
             self.access.end(principal, options.channels)  # the key's quota is not held by a stream that never ran
             raise
+        if token is not None:
+            self.resumes.add(token, conn, principal.name)
         if principal.name is not None:
             self.metrics.key_sessions.labels(principal.name).inc()
         self._connections.add(conn)
@@ -286,6 +302,8 @@ class AsrServer:
         try:
             await conn.run()
         finally:
+            if token is not None:
+                self.resumes.forget(token)
             self._connections.discard(conn)
             self.access.end(principal, options.channels)
             self.metrics.active_sessions.dec()
@@ -295,6 +313,29 @@ class AsrServer:
                 "session=%s event=end outcome=%s received_s=%.2f transcribed_s=%.2f wall_s=%.2f",
                 session_id, conn.outcome, conn.session.audio_received_s, conn.session.audio_transcribed_s, time.monotonic() - started,
             )
+
+    async def _resume(self, ws: ServerConnection, principal: Principal, query: dict[str, list[str]]) -> None:
+        """``?resume=TOKEN&last_seq=N``: attach ``ws`` to the held session, then serve until it closes
+        (the session's own handler, still running, reads from it)."""
+        try:
+            if self.stopping:
+                raise ShuttingDown("the server is shutting down; connect to another instance", retry_after=5.0)
+            request = parse_resume_request(query)
+            conn = self.resumes.claim(request.token, principal.name, self.clock())
+        except AsrError as error:
+            self.metrics.resumes.labels(error.code).inc()
+            await self._refuse(ws, MessageWriter(uuid.uuid4().hex[:16]), error, "-", session=False)
+            return
+        try:
+            await conn.attach(ws, request.last_seq)
+        except AsrError as error:
+            self.resumes.release(request.token)
+            self.metrics.resumes.labels(error.code).inc()
+            await self._refuse(ws, MessageWriter(conn.sid), error, conn.sid, session=False)
+            return
+        self.resumes.attached(request.token)
+        self.metrics.resumes.labels("resumed").inc()
+        await ws.wait_closed()
 
     # -- access ----------------------------------------------------------------------
 
@@ -325,13 +366,11 @@ class AsrServer:
         ]
         return {"ice_servers": [s.to_wire() for s in servers]}
 
-    def _options_for(self, ws: ServerConnection) -> StreamOptions:
+    def _options_for(self, query: dict[str, list[str]]) -> StreamOptions:
         if self.stopping:
             raise ShuttingDown("the server is shutting down; connect to another instance", retry_after=5.0)
         if self.runner is None:
             raise NotReady("the model is still loading; retry shortly", retry_after=2.0)
-        query = parse_qs(urlsplit(ws.request.path if ws.request else "").query, keep_blank_values=True)
-        query.pop("token", None)  # access control's, checked at the handshake (transport.http)
         return parse_stream_options(query, self.runner.languages)
 
     def _admit(self, options: StreamOptions) -> None:
@@ -341,10 +380,12 @@ class AsrServer:
         if error is not None:
             raise error
 
-    async def _refuse(self, ws: ServerConnection, writer: MessageWriter, error: AsrError, session_id: str) -> None:
+    async def _refuse(self, ws: ServerConnection, writer: MessageWriter, error: AsrError, session_id: str, *, session: bool = True) -> None:
+        """``session``: a stream refused (counted as a session that ended so); else a resume."""
         self.metrics.errors.labels(error.code).inc()
-        self.metrics.sessions_ended.labels("refused").inc()
-        log.info("session=%s event=refused code=%s message=%s", session_id, error.code, error.message)
+        if session:
+            self.metrics.sessions_ended.labels("refused").inc()
+        log.info("session=%s event=%s code=%s message=%s", session_id, "refused" if session else "resume_refused", error.code, error.message)
         try:
             await ws.send(json.dumps(writer.error(error)))
             await ws.close(wire_info(error).close_code or 1008, error.code)

@@ -74,12 +74,15 @@ class Session:
         webrtc: dict[str, Any] | None = None,
         context: ContextOptions | None = None,
         key: str | None = None,
+        resume_token: str | None = None,
     ) -> None:
         """``webrtc``: what the ``session`` message tells a WebRTC client (its ICE servers);
         ``context``: the context pass's settings (default: on when ``options.revisions``);
-        ``key``: the name of the API key the stream came in with."""
+        ``key``: the name of the API key the stream came in with; ``resume_token``: what the
+        client presents to take the session up again after its connection dropped."""
         self.session_id = session_id
         self.key = key
+        self.resume_token = resume_token
         self._webrtc = webrtc
         self.options = options
         self.limits = limits
@@ -119,7 +122,13 @@ class Session:
 
     def start(self) -> list[SessionOutput]:
         self._transition(SessionState.NEW, SessionState.STREAMING)
-        return [Send(self._writer.session(self.options, self.limits, self.model_name, self._webrtc, self.key))]
+        return [Send(self._writer.session(self.options, self.limits, self.model_name, self._webrtc, self.key, self.resume_token))]
+
+    def resumed(self, audio_received_s: float, audio_received_bytes: int, commands_received: int, replayed: int) -> list[SessionOutput]:
+        """The client is back (its missed messages were replayed): tell it where to resume its input from."""
+        if self.state is SessionState.CLOSED:
+            return []
+        return [Send(self._writer.resumed(audio_received_s, audio_received_bytes, commands_received, replayed))]
 
     def webrtc_answer(self, sdp: str) -> list[SessionOutput]:
         """The transport answered the client's WebRTC offer: send the answer."""

@@ -166,14 +166,14 @@ class PcmDecoder:
     :meth:`feed`. Call :meth:`flush` once at the end of the stream.
     """
 
-    _WIDTH = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}
+    WIDTH = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}  # bytes per sample
 
     def __init__(self, encoding: str, sample_rate: int, channels: int) -> None:
-        if encoding not in self._WIDTH:
+        if encoding not in self.WIDTH:
             raise ValueError(f"not a raw encoding: {encoding}")
         self.encoding = encoding
         self.channels = channels
-        self._block = self._WIDTH[encoding] * channels
+        self._block = self.WIDTH[encoding] * channels
         self._carry = b""
         self._resampler = Resampler(sample_rate, channels)
 

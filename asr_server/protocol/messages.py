@@ -31,8 +31,13 @@ class MessageWriter:
         self.seq += 1
         return {"type": type_, "session_id": self.session_id, "seq": self.seq, **body}
 
-    def session(self, options: StreamOptions, limits: Limits, model: str, webrtc: dict[str, Any] | None = None, key: str | None = None) -> dict[str, Any]:
+    def session(
+        self, options: StreamOptions, limits: Limits, model: str, webrtc: dict[str, Any] | None = None, key: str | None = None,
+        resume_token: str | None = None,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"config": options.to_wire(), "limits": limits.to_wire(), "model": model}
+        if resume_token is not None:
+            body["resume_token"] = resume_token  # ?resume=TOKEN&last_seq=N takes the session up again after a drop
         if key is not None:
             body["key"] = key  # the name of the API key it came in with, never the key
         if webrtc is not None:
@@ -107,6 +112,16 @@ class MessageWriter:
                     + (" from a smaller model" if interim_model else "") + (", on a shorter window (less accurate)" if interim_short_window else ""))
         body = {"level": level, "interim_ms": interim_ms, "interim_model": interim_model, "interim_short_window": interim_short_window, "message": text}
         return self._message("load", body)
+
+    def resumed(self, audio_received_s: float, audio_received_bytes: int, commands_received: int, replayed: int) -> dict[str, Any]:
+        """After the replay: where the client's audio and commands resume from."""
+        body = {
+            "audio_received_s": round(audio_received_s, 6),
+            "audio_received_bytes": audio_received_bytes,
+            "commands_received": commands_received,
+            "replayed": replayed,
+        }
+        return self._message("resumed", body)
 
     def closed(self, audio_received_s: float, audio_transcribed_s: float) -> dict[str, Any]:
         return self._message(

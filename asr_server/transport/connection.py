@@ -31,6 +31,7 @@ from ..audio.decode import MODEL_RATE, ContainerDecoder, PcmDecoder
 from ..errors import (
     AsrError,
     AudioOverrun,
+    ResumeFailed,
     DecodeFailed,
     FrameTooLarge,
     IdleTimeout,
@@ -43,6 +44,7 @@ from ..errors import (
 )
 from ..events import Final, Interim, Revision, SubmitJob, WithdrawJob
 from ..options import Limits
+from ..resume import ReplayLog
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, WebRtcOffer, parse_client_message
 from ..scheduler.engine import JobFailed
 from ..scheduler.governor import InterimLoad
@@ -59,6 +61,7 @@ __all__ = ["Connection"]
 log = logging.getLogger("asr_server.session")
 
 _ARRIVALS_KEPT = 8192  # (samples, time) pairs kept for latency metrics
+IDLE_PING_S = 5.0  # an idle resumable client that does not answer a ping this soon is taken as gone
 
 
 class Connection:
@@ -96,6 +99,14 @@ class Connection:
         self.reserved_bytes = server.stream_bytes(self.options)
         self.shedding = False
         self._weight = WEIGHTS[Priority(self.options.priority)]
+        # Resume: every message sent is kept (bounded) for a client that comes back after a drop.
+        self._replay = ReplayLog(self.limits.max_replay_bytes) if session.resume_token is not None else None
+        self.bytes_received = 0  # of binary frames read: where a resumed client's audio goes on from
+        self.commands_received = 0  # text frames read
+        self.resumes = 0
+        self._held = False  # the connection dropped; the session waits for its client
+        self._dropped = False  # the last connection ended without a close frame (a lost network)
+        self._reattached = asyncio.Event()
 
     @property
     def sid(self) -> str:
@@ -112,8 +123,8 @@ class Connection:
                 self._container = ContainerDecoder(self.options.encoding, self.options.channels, self.limits.max_container_buffer_bytes)
                 self._container_task = self._spawn(self._pump_container())
             if self.limits.keepalive_interval_s > 0:
-                self._spawn(self._keepalive())
-            await self._read_until_done()
+                self._spawn(self._keepalive(self.ws))
+            await self._serve()
         except ConnectionClosed:
             pass
         except Exception:
@@ -138,10 +149,93 @@ class Connection:
         """Server stopping: tell the client, finalize what is held, close 1001."""
         await self._fail_safely(ShuttingDown("the server is shutting down; reconnect to another instance", retry_after=5.0))
 
+    # -- resuming --------------------------------------------------------------------
+
+    def _may_hold(self) -> bool:
+        """Whether a dropped connection leaves the session waiting for its client."""
+        return self._replay is not None and not self._ending and not self.done.is_set() and not self.server.stopping
+
+    async def _serve(self) -> None:
+        """Read the client's frames; when its connection drops, hold the session for a resume."""
+        while True:
+            ws = self.ws
+            await self._read_until_done(ws)
+            if self.done.is_set():
+                return
+            if self.ws is not ws:
+                continue  # a resume took the session over while we were reading
+            if not (self._dropped and self._may_hold()):
+                self.done.set()
+                return
+            if not await self._hold(ws):
+                return
+
+    async def _hold(self, ws: ServerConnection) -> bool:
+        """Wait up to ``resume_ttl_s`` for :meth:`attach`; False (the session is over) if none came."""
+        if self.ws is not ws:
+            return True
+        assert self.session.resume_token is not None
+        deadline = self.server.clock() + self.limits.resume_ttl_s
+        self._held = True
+        self.server.resumes.hold(self.session.resume_token, deadline)
+        self.metrics.sessions_held.inc()
+        log.info("session=%s event=held ttl_s=%g received_bytes=%d last_seq=%d", self.sid, self.limits.resume_ttl_s,
+                 self.bytes_received, self._replay.last_seq if self._replay else 0)
+        try:
+            while self.ws is ws and not self.done.is_set():
+                self._reattached.clear()
+                remaining = deadline - self.server.clock()
+                if remaining <= 0:
+                    break
+                await _first_of(self._reattached, self.done, timeout=remaining)
+        finally:
+            self.metrics.sessions_held.dec()
+        if self.done.is_set():
+            return False
+        if self.ws is ws:
+            log.info("session=%s event=expired", self.sid)
+            self.outcome = "expired"
+            self.done.set()
+            return False
+        return True
+
+    async def attach(self, ws: ServerConnection, last_seq: int) -> None:
+        """A client resumed with this session's token: replay what it missed after ``last_seq``,
+        send ``resumed``, and go on reading from ``ws``. ResumeFailed if that cannot be done."""
+        assert self._replay is not None
+        if self.done.is_set() or self._ending:
+            raise ResumeFailed("the session has ended; start a new session")
+        self._replay.after(last_seq)  # refuse before touching the old connection
+        old = self.ws
+        if not self._held:
+            # Its client is back before we saw the drop: the old connection is dead to it.
+            log.info("session=%s event=taken_over", self.sid)
+            old.transport.abort()
+        async with self._lock:  # no message goes out between the replay and `resumed`
+            messages = self._replay.after(last_seq)
+            self.ws, self._held = ws, False
+            self.resumes += 1
+            for text in messages:
+                await self._send(text)
+            received_s = self._received_seconds()
+            await self._carry_out(self.session.resumed(received_s, self.bytes_received, self.commands_received, len(messages)))
+        log.info("session=%s event=resumed last_seq=%d replayed=%d received_bytes=%d", self.sid, last_seq, len(messages), self.bytes_received)
+        self._reattached.set()
+        self._progress.set()
+        if self.limits.keepalive_interval_s > 0:
+            self._spawn(self._keepalive(ws))
+
+    def _received_seconds(self) -> float:
+        """Seconds of the client's audio the server holds (exact, to the sample, for raw encodings)."""
+        if self._pcm is not None and self.options.sample_rate:
+            frame = PcmDecoder.WIDTH[self.options.encoding] * self.options.channels
+            return (self.bytes_received // frame) / self.options.sample_rate
+        return self.session.audio_received_s
+
     # -- reading ---------------------------------------------------------------------
 
-    async def _read_until_done(self) -> None:
-        reader = asyncio.ensure_future(self._read())
+    async def _read_until_done(self, ws: ServerConnection) -> None:
+        reader = asyncio.ensure_future(self._read(ws))
         finished = asyncio.ensure_future(self.done.wait())
         await asyncio.wait([reader, finished], return_when=asyncio.FIRST_COMPLETED)
         finished.cancel()
@@ -149,12 +243,13 @@ class Connection:
             raise reader.exception()  # type: ignore[misc]
         reader.cancel()
 
-    async def _read(self) -> None:
+    async def _read(self, ws: ServerConnection) -> None:
+        """Until ``ws`` closes (the caller decides whether that ends the session)."""
         try:
             while True:
                 await self._wait_while(lambda: self.session.backpressured)
                 try:
-                    frame = await asyncio.wait_for(self.ws.recv(), timeout=self.limits.idle_timeout_s)
+                    frame = await asyncio.wait_for(ws.recv(), timeout=self.limits.idle_timeout_s)
                 except TimeoutError:
                     await self._idle()
                     continue
@@ -163,11 +258,14 @@ class Connection:
                 if isinstance(frame, bytes):
                     await self._on_audio(frame)
                 else:
+                    self.commands_received += 1
                     await self._on_text(frame)
-        except ConnectionClosed:
-            if not self.done.is_set():
-                log.info("session=%s event=disconnect", self.sid)
-            self.done.set()
+        except ConnectionClosed as closed:
+            # A close frame either way is a deliberate end (the client's, or ours or the library's
+            # for a protocol error), not a lost network: only a connection gone without one is held.
+            self._dropped = closed.rcvd is None and closed.sent is None
+            if not self.done.is_set() and self.ws is ws:
+                log.info("session=%s event=disconnect code=%s", self.sid, closed.rcvd.code if closed.rcvd else (closed.sent.code if closed.sent else 1006))
 
     async def _wait_while(self, stalled: Any) -> None:
         """Wait (not reading) while ``stalled()``; each such wait is a stall for the keepalive."""
@@ -187,21 +285,37 @@ class Connection:
             return  # waiting for our own decodes, not for the client
         if self._rtc_audio_recent():
             return  # the audio flows over WebRTC, not over this socket
+        if self._may_hold() and not await self._answers_ping(self.ws):
+            # Silence from a connection that no longer answers: its network went away (no FIN
+            # reached us). Hold the session for the client to resume instead of ending it.
+            log.info("session=%s event=no_pong", self.sid)
+            self.ws.transport.abort()
+            return
         await self._fail(IdleTimeout(f"no audio or message for {self.limits.idle_timeout_s:g} s"))
 
-    async def _keepalive(self) -> None:
+    async def _answers_ping(self, ws: ServerConnection) -> bool:
+        try:
+            pong = await ws.ping()
+            await asyncio.wait_for(asyncio.shield(pong), min(IDLE_PING_S, self.limits.keepalive_timeout_s or IDLE_PING_S))
+            return True
+        except (TimeoutError, ConnectionClosed):
+            return False
+
+    async def _keepalive(self, ws: ServerConnection) -> None:
         """Ping every ``keepalive_interval_s``; a pong missing for ``keepalive_timeout_s`` over a
         window in which we read all the while means the client stopped reading: ``results_not_read``."""
         interval, timeout = self.limits.keepalive_interval_s, self.limits.keepalive_timeout_s
-        while not self.done.is_set():
+        while not self.done.is_set() and self.ws is ws:
             await asyncio.sleep(interval)  # a timer, not synchronisation
             stalls = self._stalls
             try:
-                pong = await self.ws.ping()
+                pong = await ws.ping()
                 await asyncio.wait_for(asyncio.shield(pong), timeout)
             except TimeoutError:
                 if self._stalled or self._stalls != stalls or self._ending:
                     continue  # we were not reading: the pong may be queued behind audio
+                if self.ws is not ws:
+                    return  # resumed meanwhile on another connection
                 await self._not_reading(f"no pong for {timeout:g} s while the server was reading")
                 return
             except ConnectionClosed:
@@ -214,6 +328,7 @@ class Connection:
         if len(data) > self.limits.max_frame_bytes:
             await self._fail(FrameTooLarge(f"binary frame of {len(data)} bytes exceeds the limit of {self.limits.max_frame_bytes}"))
             return
+        self.bytes_received += len(data)
         if self._first_audio_at is None:
             self._first_audio_at = time.monotonic()
         if self._container is not None:
@@ -267,9 +382,10 @@ class Connection:
         if not self.options.is_webrtc:
             await self._fail(InvalidMessage("webrtc_offer is only accepted on a session opened with encoding=webrtc"))
             return
-        if self._rtc is not None:
+        if self._rtc is not None and not self.resumes:
             await self._fail(InvalidMessage("this session already has its WebRTC connection; open a new session for another"))
             return
+        await self._close_rtc()  # a resumed session negotiates a new peer connection in place of the old
         log.info("session=%s event=webrtc_offer", self.sid)
         self._rtc = RtcIngest(
             self.server.rtc, self.options.channels, self._on_rtc_audio, self._on_rtc_end,
@@ -324,6 +440,11 @@ class Connection:
     async def _on_rtc_end(self, reason: str, error: AsrError | None) -> None:
         """The track ended or the peer connection closed or failed: finish the session."""
         if self._ending or self.done.is_set():
+            return
+        if self._held:
+            # Its network went away with the WebSocket: the client negotiates anew when it resumes.
+            log.info("session=%s event=webrtc_ended_while_held reason=%s", self.sid, reason)
+            await self._close_rtc()
             return
         if error is not None:
             await self._fail_safely(error)
@@ -399,7 +520,10 @@ class Connection:
             match output:
                 case Send():
                     self._observe(output)
-                    await self._send(json.dumps(output.message, separators=(",", ":")))
+                    text = json.dumps(output.message, separators=(",", ":"))
+                    if self._replay is not None:
+                        self._replay.add(output.message["seq"], text)
+                    await self._send(text)
                 case SubmitJob():
                     self._spawn(self._decode(output))
                 case WithdrawJob():
@@ -413,20 +537,31 @@ class Connection:
                     self.done.set()
 
     async def _send(self, text: str) -> None:
-        """Write one message; a client that leaves results unread past ``send_timeout_s`` is cut off."""
+        """Write one message; a client that leaves results unread past ``send_timeout_s`` is cut off.
+
+        On a resumable session a message that cannot go out stays in the replay log: the reader
+        sees the drop too and holds the session."""
+        if self._held:
+            return
         try:
             await asyncio.wait_for(self.ws.send(text), timeout=self.limits.send_timeout_s)
         except TimeoutError:
             await self._not_reading(f"no result read for {self.limits.send_timeout_s:g} s")
-            raise ConnectionClosed(None, None) from None
+            if not self._may_hold():
+                raise ConnectionClosed(None, None) from None
+        except ConnectionClosed:
+            if not self._may_hold():
+                raise
 
     async def _not_reading(self, why: str) -> None:
-        """The client does not read what we send: nothing more can reach it, so cut it off."""
-        self._ending = True
-        self.outcome = "client_error"
+        """The client does not read what we send: nothing more can reach it, so cut it off
+        (a resumable session is held: the client may be on a dead network path, and come back)."""
         self.metrics.errors.labels(ResultsNotRead.code).inc()
         log.info("session=%s event=error code=results_not_read message=%s", self.sid, why)
-        self.done.set()
+        if not self._may_hold():
+            self._ending = True
+            self.outcome = "client_error"
+            self.done.set()
         self.ws.transport.abort()
 
     async def _decode(self, submit: SubmitJob) -> None:
@@ -510,3 +645,13 @@ class Connection:
                 await asyncio.wait_for(self.ws.close(1000 if self.outcome == "completed" else 1011), timeout=2)
             except (ConnectionClosed, TimeoutError):
                 pass
+
+
+async def _first_of(*events: asyncio.Event, timeout: float) -> None:
+    """Until one of ``events`` is set, or ``timeout`` seconds."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -176,6 +176,16 @@ async function startSession() {
     ui.latency.textContent = seconds(app.lastFinalLatency);
     ui.interimLag.textContent = seconds(app.lastInterimLag);
   });
+  client.addEventListener("reconnecting", () => {
+    if (client !== app.client) return;
+    setStatus("connecting", "Reconnecting…");
+    showNotice("The connection dropped; taking the session up again. Nothing is lost.", "warn");
+  });
+  client.addEventListener("resumed", () => {
+    if (client !== app.client) return;
+    setStatus("streaming", "Listening");
+    hideNotice();
+  });
   client.addEventListener("load", (e) => {
     const m = e.detail;
     ui.load.hidden = m.level === 0;

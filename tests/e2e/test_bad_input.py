@@ -166,7 +166,9 @@ def test_not_ready_until_the_model_is_loaded(whisper_runner):
 
 
 def test_disconnect_leaves_nothing_running_and_metrics_tell(whisper_runner):
-    server = ServerThread(whisper_runner).start()
+    # Sessions not held for a resume (resume_ttl_s=0): the drop ends them at once.
+    # With resume on, expiry frees the same (tests/e2e/test_resume.py).
+    server = ServerThread(whisper_runner, Limits(resume_ttl_s=0)).start()
     try:
         pcm, _ = read_pcm(str(FIXTURES / "librivox_16k.wav"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import pytest
 import websockets
@@ -38,7 +39,8 @@ def test_a_fast_upload_held_back_for_many_keepalive_periods_gets_every_final(whi
 
 
 def test_a_client_that_stops_reading_is_cut_off_with_results_not_read(whisper_runner):
-    server = ServerThread(whisper_runner, FAST_KEEPALIVE).start()
+    # Not held for a resume (resume_ttl_s=0), so the session ends with the cut.
+    server = ServerThread(whisper_runner, replace(FAST_KEEPALIVE, resume_ttl_s=0)).start()
     audio = (FIXTURES / "cards_16k.wav").read_bytes()
     try:
         async def never_reads():

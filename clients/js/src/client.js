@@ -17,6 +17,9 @@ import { Transcript } from "./transcript.js";
 
 export const TRANSPORTS = ["webrtc", "websocket"];
 
+/** Resumes in a row that got no audio further before the client gives up. */
+const MAX_FRUITLESS_RESUMES = 5;
+
 /** Server errors after which the session goes on (docs/protocol.md, "Errors": no close code). */
 export const NON_FATAL_CODES = new Set(["invalid_message", "unknown_message_type", "decode_failed"]);
 
@@ -64,7 +67,10 @@ const MIC_CONSTRAINTS = { echoCancellation: false, noiseSuppression: false, auto
  * `state` {state}, `message` (each server message), `transcript` {channel},
  * `error` (an AsrError), `load` (the server's load message), `revision` (the
  * server's second pass changed finals; already applied to `transcript`),
- * `latency` {kind, seconds}: how far behind live an interim or final arrived.
+ * `latency` {kind, seconds}: how far behind live an interim or final arrived,
+ * `reconnecting` {attempt}: the connection dropped and the client is taking the
+ * session up again, `resumed` (the server's resumed message): it did, with
+ * every message it had missed and nothing twice (docs/protocol.md, "Resuming").
  */
 export class AsrClient extends EventTarget {
   /**
@@ -77,7 +83,10 @@ export class AsrClient extends EventTarget {
    * @param {number} [config.stopTimeoutMs] how long stop() waits for the last finals
    * @param {string|(() => Promise<string>)} [config.token] for servers with API keys: a token from the
    *   server's POST /v1/tokens (minted by a backend that holds a key), or a function that fetches a
-   *   fresh one (a token is good for one stream, so a function is what a client that restarts needs)
+   *   fresh one (a token is good for one stream, so a function is what a client that restarts or
+   *   resumes needs)
+   * @param {boolean} [config.resume] reconnect and resume the session when the connection drops (default true)
+   * @param {number} [config.resumeBufferBytes] audio kept to send again after a resume (websocket transport)
    */
   constructor(config = {}) {
     super();
@@ -89,6 +98,16 @@ export class AsrClient extends EventTarget {
     this.stopTimeoutMs = config.stopTimeoutMs ?? 30000;
     this.token = config.token ?? null;
     this._token = null;
+    this.resume = config.resume ?? true;
+    this.resumeBufferBytes = config.resumeBufferBytes ?? 8 << 20;
+    this.reconnects = 0;
+    this._lastSeq = 0;
+    this._connected = false; // false while a dropped connection is being resumed: sends only go to the buffer
+    this._resuming = false;
+    this._sent = []; // for a resume: {kind: "audio", pos, buf} and {kind: "text", index, text, resend}
+    this._sentBytes = 0;
+    this._audioBytes = 0;
+    this._texts = 0;
     this.transcript = new Transcript();
     this.transport = null;
     this.session = null;
@@ -117,7 +136,8 @@ export class AsrClient extends EventTarget {
       this._ownStream = !stream;
       if (this.transport === "websocket") await this._startAudioContext();
       this._token = typeof this.token === "function" ? await this._fetchToken() : this.token;
-      await this._openSocket();
+      await this._openSocket(this._query());
+      this._connected = true;
       this.session = await this._next((m) => m.type === "session", "the server did not start a session");
       if (this.transport === "webrtc") await this._negotiate();
       else this._pipePcm();
@@ -238,11 +258,19 @@ export class AsrClient extends EventTarget {
     return q.toString();
   }
 
-  _openSocket() {
+  _resumeQuery() {
+    const q = new URLSearchParams();
+    if (this._token) q.set("token", this._token);
+    q.set("resume", this.session.resume_token);
+    q.set("last_seq", String(this._lastSeq));
+    return q.toString();
+  }
+
+  _openSocket(query) {
     return new Promise((resolve, reject) => {
       let ws;
       try {
-        ws = new WebSocket(`${this.url}/v1/listen?${this._query()}`);
+        ws = new WebSocket(`${this.url}/v1/listen?${query}`);
       } catch (err) {
         reject(new AsrError("connect_failed", `bad server address ${this.url}: ${err.message}`));
         return;
@@ -254,7 +282,7 @@ export class AsrClient extends EventTarget {
         ws.onclose = (e) => {
           clearTimeout(timer);
           reject(new AsrError("connect_failed", `could not connect to ${this.url}`, { retryable: true }));
-          this._onSocketClosed(e);
+          this._onSocketClosed(e, ws);
           closed(true);
         };
       });
@@ -264,6 +292,77 @@ export class AsrClient extends EventTarget {
       };
       ws.onmessage = (e) => this._onMessage(e.data);
     });
+  }
+
+  // -- resuming ---------------------------------------------------------------------
+
+  _mayResume() {
+    return this.resume && (this._stuck ?? 0) < MAX_FRUITLESS_RESUMES && this.state === "streaming" && Boolean(this.session?.resume_token) && !this._closedMessage && !this.lastError?.fromServer;
+  }
+
+  /** The connection dropped: reconnect with backoff and take the session up again, until the server's resume_ttl_s. */
+  async _resume() {
+    this._resuming = true;
+    this._connected = false;
+    const deadline = performance.now() + (this.session.limits?.resume_ttl_s ?? 30) * 1000;
+    let wait = 50;
+    try {
+      for (let attempt = 1; this.state === "streaming" && performance.now() < deadline; attempt++) {
+        this._emit("reconnecting", { attempt });
+        try {
+          if (typeof this.token === "function") this._token = await this._fetchToken();
+          await this._openSocket(this._resumeQuery());
+          const resumed = await this._next((m) => m.type === "resumed", "the server did not resume the session");
+          this._resend(resumed);
+          if (this.transport === "webrtc" && this._pc?.connectionState !== "connected") await this._renegotiate();
+          this.reconnects += 1;
+          this._emit("resumed", resumed);
+          return;
+        } catch (err) {
+          if (err instanceof AsrError && err.fromServer && !err.retryable) {
+            this._fail(err); // resume_failed: the session is gone
+            return;
+          }
+        }
+        await delay(Math.min(wait, Math.max(0, deadline - performance.now())));
+        wait = Math.min(2000, wait * 2);
+      }
+      if (this.state === "streaming") this._fail(new AsrError("connection_lost", `${CLIENT_ERRORS.connection_lost}; it could not be resumed`, { retryable: true }));
+    } finally {
+      this._resuming = false;
+    }
+  }
+
+  /** Send again what the server had not read: audio after audio_received_bytes, commands after commands_received. */
+  _resend(resumed) {
+    const received = resumed.audio_received_bytes;
+    // Resumes in a row that bring no audio further: something cuts the connection each time.
+    this._stuck = received === this._resumedAt ? (this._stuck ?? 0) + 1 : 0;
+    this._resumedAt = received;
+    const oldest = this._sent.find((item) => item.kind === "audio")?.pos ?? this._audioBytes;
+    if (received < oldest) resumed.client_gap_bytes = oldest - received; // older than the buffer holds
+    this._connected = true;
+    for (const item of this._sent) {
+      if (item.kind === "audio" && item.pos + item.buf.byteLength > received) this._ws.send(item.buf.slice(Math.max(0, received - item.pos)));
+      else if (item.kind === "text" && item.resend && item.index >= resumed.commands_received) this._ws.send(item.text);
+    }
+  }
+
+  /** A resumed WebRTC session whose peer connection went down with the network: negotiate a new one. */
+  async _renegotiate() {
+    this._pc?.close();
+    this._pc = null;
+    await this._negotiate();
+  }
+
+  _remember(item, size) {
+    if (!this.resume) return;
+    this._sent.push(item);
+    this._sentBytes += size;
+    while (this._sentBytes > this.resumeBufferBytes && this._sent.length > 1) {
+      const old = this._sent.shift();
+      this._sentBytes -= old.kind === "audio" ? old.buf.byteLength : old.text.length;
+    }
   }
 
   async _negotiate() {
@@ -351,6 +450,10 @@ export class AsrClient extends EventTarget {
     } catch {
       return;
     }
+    if (typeof m.seq === "number") {
+      if (m.seq <= this._lastSeq) return; // already had it
+      this._lastSeq = m.seq;
+    }
     this._emit("message", m);
     for (const waiter of [...this._waiters]) waiter(null, m);
     switch (m.type) {
@@ -400,9 +503,16 @@ export class AsrClient extends EventTarget {
     });
   }
 
-  _onSocketClosed(event) {
+  _onSocketClosed(event, ws) {
+    if (ws !== this._ws) return; // an older connection's late close
     const lost = new AsrError("connection_lost", `${CLIENT_ERRORS.connection_lost} (close code ${event.code})`, { retryable: true });
     for (const waiter of [...this._waiters]) waiter(this.lastError?.fromServer ? this.lastError : lost);
+    if (this._resuming) return; // the resume loop tries again
+    // Only a connection lost without a close frame (1006) is resumed: a close frame is an end.
+    if (this._connected && event.code === 1006 && this._mayResume()) {
+      this._resume();
+      return;
+    }
     if (this.state === "stopping" || this.state === "closed" || this.state === "failed") return;
     // The server ended the session: cleanly after our close or a track end, or with an error it sent.
     if (this._closedMessage && event.code === 1000) {
@@ -416,11 +526,17 @@ export class AsrClient extends EventTarget {
   // -- plumbing ---------------------------------------------------------------------
 
   _send(message) {
-    if (this._ws?.readyState === WebSocket.OPEN) this._ws.send(JSON.stringify(message));
+    const text = JSON.stringify(message);
+    // A WebRTC offer is never sent again: a resumed session negotiates a new peer connection.
+    this._remember({ kind: "text", index: this._texts++, text, resend: message.type !== "webrtc_offer" }, text.length);
+    if (this._connected && this._ws?.readyState === WebSocket.OPEN) this._ws.send(text);
   }
 
   _sendBinary(buffer) {
-    if (this._ws?.readyState === WebSocket.OPEN && this.state !== "closed") this._ws.send(buffer);
+    if (this.state === "closed") return;
+    this._remember({ kind: "audio", pos: this._audioBytes, buf: buffer }, buffer.byteLength);
+    this._audioBytes += buffer.byteLength;
+    if (this._connected && this._ws?.readyState === WebSocket.OPEN) this._ws.send(buffer);
   }
 
   _fail(error) {

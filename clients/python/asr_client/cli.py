@@ -21,7 +21,7 @@ import signal
 import sys
 from typing import Any, TextIO
 
-from .client import MODEL_RATE, AudioFileError, ServerError, connect, read_pcm, stream_bytes
+from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, connect, read_pcm, stream_bytes
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -66,6 +66,11 @@ class Display:
         elif kind == "error":
             self.clear()
             print(f"error {message['code']}: {message['message']}", file=sys.stderr)
+        elif kind == "reconnecting":
+            self.clear()
+            print("connection lost; reconnecting...", file=sys.stderr)
+        elif kind == "resumed":
+            print(f"reconnected: {message['replayed']} missed messages received", file=sys.stderr)
         self.out.flush()
 
     def _revise(self, message: dict[str, Any]) -> None:
@@ -144,7 +149,7 @@ class Outcome:
     def see(self, message: dict[str, Any]) -> None:
         if message["type"] == "closed":
             self.closed = True
-        elif message["type"] == "error" and message["code"] not in _NON_FATAL:
+        elif message["type"] == "error" and message["code"] not in CONTINUING_ERRORS:
             self.fatal = message
 
     def status(self) -> int:
@@ -153,10 +158,6 @@ class Outcome:
         why = f" ({self.fatal['code']})" if self.fatal else ""
         print(f"asr-client: the server ended the stream before the transcript was finished{why}", file=sys.stderr)
         return 1
-
-
-# Errors after which the session goes on (docs/protocol.md, "Errors").
-_NON_FATAL = frozenset({"invalid_message", "unknown_message_type", "decode_failed"})
 
 
 async def run_mic(args: argparse.Namespace) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
@@ -40,6 +42,14 @@ def refused(status: int, body: bytes | None) -> ServerError:
     return ServerError(message)
 
 
+def _with_query(url: str, **params: Any) -> str:
+    """``url`` with ``params`` added to its query string."""
+    parts = urlsplit(url)
+    extra = urlencode({k: v for k, v in params.items() if v is not None})
+    query = f"{parts.query}&{extra}" if parts.query else extra
+    return urlunsplit(parts._replace(query=query))
+
+
 class AudioFileError(Exception):
     """A file that cannot be read as audio (missing, unreadable, or not audio)."""
 
@@ -53,49 +63,175 @@ def listen_url(url: str, **options: Any) -> str:
     return f"{base}?{urlencode(query)}" if query else base
 
 
+# Errors after which the session goes on (docs/protocol.md, "Errors"); any other ends it.
+CONTINUING_ERRORS = frozenset({"invalid_message", "unknown_message_type", "decode_failed"})
+
+Opener = Callable[[str], Awaitable[ClientConnection]]
+MAX_FRUITLESS_RESUMES = 5  # resumes in a row that got no audio further: give up (something cuts the connection each time)
+
+
 class AsrStream:
     """One streaming session. Use :func:`connect` to open it.
 
     Send with :meth:`send_audio`, :meth:`finalize` and :meth:`close_stream`;
     iterate to receive every server message as a dict (the iteration ends
     when the server closes the connection). ``close_code`` is set then.
+
+    When the connection drops (no ``closed``, no error that ends the session)
+    and the server gave a ``resume_token``, the stream reconnects with backoff
+    and resumes: iteration yields ``{"type": "reconnecting", ...}`` (made by
+    the client), then the messages the server had sent after the last one
+    received, then the server's ``resumed``; the audio and commands the server
+    had not read are sent again from a buffer of ``resume_buffer_bytes``.
+    Nothing is transcribed twice and ``seq`` has no gap.
     """
 
-    def __init__(self, ws: ClientConnection) -> None:
+    def __init__(self, ws: ClientConnection, opener: Opener | None = None, url: str = "", *, resume_buffer_bytes: int = 8 << 20) -> None:
         self._ws = ws
+        self._open = opener  # None: no resume
+        self._url = url
         self.session: dict[str, Any] | None = None
         self.close_code: int | None = None
+        self.last_seq = 0
+        self.reconnects = 0
+        self._ended = False  # the server closed the session (closed, or an error that ends it), or we did
+        self._connected = True  # False from a drop until `resumed`: sends only go to the buffer
+        self._dropped: int | None = None  # close code of a drop not yet resumed
+        self._stuck = 0  # resumes in a row at the same audio position
+        self._resumed_at = -1
+        self._lock = asyncio.Lock()  # sends in order, also against a resume's resending
+        # What was sent, for a resume: ("audio", byte offset, data) and ("text", index, text).
+        self._sent: deque[tuple[str, int, Any]] = deque()
+        self._buffered = 0
+        self._buffer_limit = resume_buffer_bytes
+        self._audio_bytes = 0
+        self._texts = 0
 
     @property
     def session_id(self) -> str | None:
         return self.session["session_id"] if self.session else None
 
     async def send_audio(self, data: bytes) -> None:
-        await self._ws.send(data)
+        async with self._lock:
+            self._remember("audio", self._audio_bytes, data, len(data))
+            self._audio_bytes += len(data)
+            await self._send(data)
 
     async def finalize(self) -> None:
         """Make whatever is being said now final."""
-        await self._ws.send(json.dumps({"type": "finalize"}))
+        await self.send_text(json.dumps({"type": "finalize"}))
 
     async def close_stream(self) -> None:
         """No more audio: the server sends the remaining finals, ``closed``, and closes."""
-        await self._ws.send(json.dumps({"type": "close"}))
+        await self.send_text(json.dumps({"type": "close"}))
 
     async def send_text(self, text: str) -> None:
-        """Send a raw text frame (for protocol tests)."""
-        await self._ws.send(text)
+        """Send a text frame (a command; raw ones for protocol tests)."""
+        async with self._lock:
+            self._remember("text", self._texts, text, len(text))
+            self._texts += 1
+            await self._send(text)
+
+    def _remember(self, kind: str, position: int, payload: Any, size: int) -> None:
+        if self._open is None:
+            return
+        self._sent.append((kind, position, payload))
+        self._buffered += size
+        while self._buffered > self._buffer_limit and len(self._sent) > 1:
+            _, _, old = self._sent.popleft()
+            self._buffered -= len(old)
+
+    async def _send(self, frame: bytes | str) -> None:
+        """Caller holds the lock. While the connection is down the frame waits in the buffer."""
+        if not self._connected:
+            return
+        try:
+            await self._ws.send(frame)
+        except ConnectionClosed:
+            if self._resume_token() is None or self._ended:
+                raise
+            self._connected = False  # recv() sees the drop too, and resumes
+
+    def _resume_token(self) -> str | None:
+        return self.session.get("resume_token") if self._open is not None and self.session else None
 
     async def recv(self) -> dict[str, Any] | None:
-        """The next message, or None once the server has closed the connection."""
-        try:
-            raw = await self._ws.recv()
-        except ConnectionClosed as exc:
-            self.close_code = exc.rcvd.code if exc.rcvd else 1006
-            return None
-        message = json.loads(raw)
-        if message.get("type") == "session":
+        """The next message, or None once the server has closed the connection (or a resume failed)."""
+        while True:
+            if self._dropped is not None and not await self._reconnect():
+                return None
+            try:
+                raw = await self._ws.recv()
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd else 1006
+                # Only a connection lost without a close frame is resumed: a close frame is an end.
+                if self._ended or self._resume_token() is None or exc.rcvd is not None or self._stuck >= MAX_FRUITLESS_RESUMES:
+                    self.close_code = code
+                    return None
+                self._dropped, self._connected = code, False
+                return {"type": "reconnecting", "close_code": code, "last_seq": self.last_seq}
+            message = json.loads(raw)
+            seq = message.get("seq")
+            if isinstance(seq, int):
+                if seq <= self.last_seq:
+                    continue  # already had it
+                self.last_seq = seq
+            await self._see(message)
+            return message
+
+    async def _see(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "session":
             self.session = message
-        return message
+        elif kind == "closed" or (kind == "error" and message.get("code") not in CONTINUING_ERRORS):
+            self._ended = True
+        elif kind == "resumed":
+            # Resumes that bring no audio further (the same frames cut the connection again) are counted.
+            progress = int(message["audio_received_bytes"]) != self._resumed_at
+            self._stuck = 0 if progress else self._stuck + 1
+            self._resumed_at = int(message["audio_received_bytes"])
+            await self._resend(message)
+
+    async def _reconnect(self) -> bool:
+        """Reconnect with backoff until the server's resume_ttl_s has passed; False if it could not."""
+        assert self._open is not None and self.session is not None
+        token = self._resume_token()
+        ttl = float(self.session.get("limits", {}).get("resume_ttl_s", 30))
+        deadline, delay = time.monotonic() + ttl, 0.05
+        while time.monotonic() < deadline:
+            try:
+                self._ws = await self._open(_with_query(self._url, resume=token, last_seq=self.last_seq))
+            except InvalidStatus as exc:
+                error = refused(exc.response.status_code, exc.response.body)
+                if not error.retryable:
+                    self.close_code, self._ended = 1008, True
+                    raise error from None
+            except (OSError, TimeoutError, ConnectionClosed):
+                pass
+            else:
+                self.reconnects += 1
+                self._dropped = None
+                return True
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # backoff between attempts
+            delay = min(2.0, delay * 2)
+        self.close_code = self._dropped
+        self._ended = True
+        return False
+
+    async def _resend(self, resumed: dict[str, Any]) -> None:
+        """Send again what the server had not read: audio after ``audio_received_bytes``, commands
+        after ``commands_received``, in the order they were first sent."""
+        received, commands = int(resumed["audio_received_bytes"]), int(resumed["commands_received"])
+        async with self._lock:
+            self._connected = True
+            oldest = next((pos for kind, pos, _ in self._sent if kind == "audio"), self._audio_bytes)
+            if received < oldest:
+                resumed["client_gap_bytes"] = oldest - received  # the buffer no longer held them
+            for kind, position, payload in list(self._sent):
+                if kind == "audio" and position + len(payload) > received:
+                    await self._send(payload[max(0, received - position):])
+                elif kind == "text" and position >= commands:
+                    await self._send(payload)
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         while True:
@@ -105,6 +241,7 @@ class AsrStream:
             yield message
 
     async def aclose(self) -> None:
+        self._ended = True
         await self._ws.close()
         if self.close_code is None and self._ws.close_code is not None:
             self.close_code = self._ws.close_code
@@ -117,22 +254,39 @@ class connect:
     ``channels``, ``language``, ``interim_results``, ``interim_ms``,
     ``endpoint_ms``, ``max_utterance_s``, ``word_timestamps``).
     ``api_key`` is sent as ``Authorization: Bearer``; ``token`` (from the
-    server's ``POST /v1/tokens``) goes in the URL. A handshake the server
-    refuses (401, 403) raises :class:`ServerError` with its code.
+    server's ``POST /v1/tokens``) goes in the URL: a string, or a function
+    that fetches a fresh one (a token is good once, so only a function lets
+    the stream resume). A handshake the server refuses (401, 403) raises
+    :class:`ServerError` with its code. ``resume``: reconnect and resume
+    after a dropped connection (see :class:`AsrStream`).
     """
 
-    def __init__(self, url: str, *, open_timeout: float = 10.0, api_key: str | None = None, token: str | None = None, **options: Any) -> None:
-        self.url = listen_url(url, token=token, **options)
+    def __init__(
+        self, url: str, *, open_timeout: float = 10.0, api_key: str | None = None,
+        token: str | Callable[[], Awaitable[str]] | None = None, resume: bool = True, resume_buffer_bytes: int = 8 << 20, **options: Any,
+    ) -> None:
+        self.url = listen_url(url, **options)
+        self.base_url = listen_url(url)
         self.open_timeout = open_timeout
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.token = token
+        self.resume = resume
+        self.resume_buffer_bytes = resume_buffer_bytes
         self._stream: AsrStream | None = None
+
+    async def _open(self, url: str) -> ClientConnection:
+        token = self.token if isinstance(self.token, str) or self.token is None else await self.token()
+        if token is not None:
+            url = _with_query(url, token=token)
+        return await ws_connect(url, open_timeout=self.open_timeout, max_size=None, additional_headers=self.headers)
 
     async def __aenter__(self) -> AsrStream:
         try:
-            ws = await ws_connect(self.url, open_timeout=self.open_timeout, max_size=None, additional_headers=self.headers)
+            ws = await self._open(self.url)
         except InvalidStatus as exc:
             raise refused(exc.response.status_code, exc.response.body) from None
-        self._stream = AsrStream(ws)
+        resumable = self.resume and (self.token is None or callable(self.token))
+        self._stream = AsrStream(ws, self._open if resumable else None, self.base_url, resume_buffer_bytes=self.resume_buffer_bytes)
         return self._stream
 
     async def __aexit__(self, *exc: object) -> None:
