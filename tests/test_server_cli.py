@@ -70,3 +70,14 @@ def test_model_paths_are_not_echoed_to_clients():
 
     assert _public_model_name("/srv/models/whisper-large-v3-ct2/") == "whisper-large-v3-ct2"
     assert _public_model_name("tiny.en") == "tiny.en"
+
+
+def test_the_resume_time_reaches_the_sessions_limits_and_zero_turns_resume_off(capsys):
+    from asr_server.cli import _plan
+
+    assert _plan(build_parser().parse_args([])).limits.resume_ttl_s == 30.0
+    limits = _plan(build_parser().parse_args(["--resume-ttl", "0"])).limits
+    assert limits.resume_ttl_s == 0 and not limits.resumable
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--resume-ttl", "-5"])
+    assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err

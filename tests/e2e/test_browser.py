@@ -233,3 +233,59 @@ def test_page_works_on_a_phone_screen(playwright, page_server):
         page.screenshot(path=str(ARTIFACTS / "captions-phone.png"))
     finally:
         browser.close()
+
+
+@pytest.mark.parametrize("transport", ["websocket", "webrtc"])
+def test_page_resumes_after_its_connection_is_cut_and_loses_nothing(playwright, whisper_runner, transport):
+    """A proxy between the page and the server loses what the server sends, then cuts the
+    connection mid-sentence. The page reconnects and resumes: every message once, in order,
+    and a transcript as good as an uninterrupted one (WebSocket audio is sent again from the
+    client's buffer; WebRTC audio kept flowing on its own path)."""
+    from .proxy import ProxyThread
+
+    proxy = ProxyThread().start()
+    page_origin = f"http://127.0.0.1:{proxy.proxy.port}"
+    from asr_server.access import AccessOptions
+
+    server = ServerThread(whisper_runner, Limits(idle_timeout_s=10.0), rtc=RtcOptions(host_addresses=("127.0.0.1",)),
+                          access=AccessOptions(allowed_origins=(page_origin,))).start()
+    proxy.proxy.target_port = server.server.port
+    browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+    try:
+        page = browser.new_page()
+        page.goto(f"{page_origin}/?transport={transport}")
+        page.click("#start")
+        page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
+        seq = page.evaluate("window.asrApp.messages.at(-1).seq")
+        proxy.call(proxy.proxy.blackhole)
+        for _ in range(600):  # polls a condition, bounded (60 s): the server sent a message the page will not get
+            (conn,) = server.server._connections
+            if server.call(lambda: len(conn._replay.after(seq))):
+                break
+            time.sleep(0.1)
+        proxy.call(proxy.proxy.cut)
+        page.wait_for_function("window.asrApp.messages.some(m => m.type === 'resumed')", timeout=30_000)
+        assert page.evaluate("document.getElementById('status').textContent") == "Listening"
+        expected = len(MANIFEST[FIXTURE]["spans"][0])
+        deadline = time.monotonic() + max(e for _, e in MANIFEST[FIXTURE]["spans"][0]) + 10
+        while time.monotonic() < deadline:  # polls, bounded: until the fixture has played out
+            if len([m for m in page.evaluate("window.asrApp.messages") if m["type"] == "final" and m["text"]]) >= expected:
+                break
+            time.sleep(0.1)
+        page.click("#start")
+        page.wait_for_function("window.asrApp.state === 'closed'", timeout=30_000)
+        messages = page.evaluate("window.asrApp.messages")
+        errors = page.evaluate("window.asrApp.errors")
+        final = page.evaluate("window.asrApp.finalText()")
+    finally:
+        browser.close()
+        server.stop()
+        proxy.stop()
+    assert errors == []
+    assert [m["seq"] for m in messages] == list(range(1, len(messages) + 1))  # nothing lost, nothing twice
+    resumed = next(m for m in messages if m["type"] == "resumed")
+    assert resumed["replayed"] >= 1
+    assert messages[-1]["type"] == "closed" and messages[-1]["audio_received_s"] >= max(e for _, e in MANIFEST[FIXTURE]["spans"][0])
+    reference = " ".join(MANIFEST[FIXTURE]["references"][0])
+    offline = wer(reference, _offline_text(whisper_runner, FIXTURE))
+    assert wer(reference, final) <= offline + WER_FILE_MARGIN, final

@@ -17,73 +17,12 @@ from asr_server.options import Limits
 
 from ..harness import FIXTURES, MANIFEST, ServerThread
 from ..wer import wer
+from .proxy import CutProxy
 
 pytestmark = pytest.mark.e2e
 
 FIXTURE = "librivox_16k.s16le"
 OPTIONS = {"encoding": "pcm_s16le", "sample_rate": 16000, "channels": 1}
-
-
-class CutProxy:
-    """A loopback TCP proxy in front of the server that can lose what the server sends
-    (``blackhole``) and then cut every connection through it (``cut``), as a network does.
-    (Frames are compressed: what was lost is read from the server's replay log.)"""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = 0
-        self._links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._blackhole = False
-        self.connections = 0
-
-    async def __aenter__(self) -> "CutProxy":
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.cut()
-        self._server.close()
-        await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def blackhole(self) -> None:
-        self._blackhole = True
-
-    def cut(self) -> None:
-        for client, upstream in self._links:
-            client.transport.abort()
-            upstream.transport.abort()
-        self._links.clear()
-        self._blackhole = False
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        self._links.append((writer, up_writer))
-        for task in (self._copy(reader, up_writer, lose=False), self._copy(up_reader, writer, lose=True)):
-            t = asyncio.ensure_future(task)
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
-
-    async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, lose: bool) -> None:
-        try:
-            while data := await reader.read(65536):
-                if lose and self._blackhole:
-                    continue
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.transport.abort()
 
 
 async def wait_for(condition: Any, what: str, timeout: float = 60.0) -> None:

@@ -102,7 +102,7 @@ export class AsrClient extends EventTarget {
     this.resumeBufferBytes = config.resumeBufferBytes ?? 8 << 20;
     this.reconnects = 0;
     this._lastSeq = 0;
-    this._connected = false; // false while a dropped connection is being resumed: sends only go to the buffer
+    this._online = false; // false while a dropped connection is being resumed: sends only go to the buffer
     this._resuming = false;
     this._sent = []; // for a resume: {kind: "audio", pos, buf} and {kind: "text", index, text, resend}
     this._sentBytes = 0;
@@ -137,7 +137,7 @@ export class AsrClient extends EventTarget {
       if (this.transport === "websocket") await this._startAudioContext();
       this._token = typeof this.token === "function" ? await this._fetchToken() : this.token;
       await this._openSocket(this._query());
-      this._connected = true;
+      this._online = true;
       this.session = await this._next((m) => m.type === "session", "the server did not start a session");
       if (this.transport === "webrtc") await this._negotiate();
       else this._pipePcm();
@@ -303,7 +303,7 @@ export class AsrClient extends EventTarget {
   /** The connection dropped: reconnect with backoff and take the session up again, until the server's resume_ttl_s. */
   async _resume() {
     this._resuming = true;
-    this._connected = false;
+    this._online = false;
     const deadline = performance.now() + (this.session.limits?.resume_ttl_s ?? 30) * 1000;
     let wait = 50;
     try {
@@ -341,7 +341,7 @@ export class AsrClient extends EventTarget {
     this._resumedAt = received;
     const oldest = this._sent.find((item) => item.kind === "audio")?.pos ?? this._audioBytes;
     if (received < oldest) resumed.client_gap_bytes = oldest - received; // older than the buffer holds
-    this._connected = true;
+    this._online = true;
     for (const item of this._sent) {
       if (item.kind === "audio" && item.pos + item.buf.byteLength > received) this._ws.send(item.buf.slice(Math.max(0, received - item.pos)));
       else if (item.kind === "text" && item.resend && item.index >= resumed.commands_received) this._ws.send(item.text);
@@ -509,7 +509,7 @@ export class AsrClient extends EventTarget {
     for (const waiter of [...this._waiters]) waiter(this.lastError?.fromServer ? this.lastError : lost);
     if (this._resuming) return; // the resume loop tries again
     // Only a connection lost without a close frame (1006) is resumed: a close frame is an end.
-    if (this._connected && event.code === 1006 && this._mayResume()) {
+    if (this._online && event.code === 1006 && this._mayResume()) {
       this._resume();
       return;
     }
@@ -529,14 +529,14 @@ export class AsrClient extends EventTarget {
     const text = JSON.stringify(message);
     // A WebRTC offer is never sent again: a resumed session negotiates a new peer connection.
     this._remember({ kind: "text", index: this._texts++, text, resend: message.type !== "webrtc_offer" }, text.length);
-    if (this._connected && this._ws?.readyState === WebSocket.OPEN) this._ws.send(text);
+    if (this._online && this._ws?.readyState === WebSocket.OPEN) this._ws.send(text);
   }
 
   _sendBinary(buffer) {
     if (this.state === "closed") return;
     this._remember({ kind: "audio", pos: this._audioBytes, buf: buffer }, buffer.byteLength);
     this._audioBytes += buffer.byteLength;
-    if (this._connected && this._ws?.readyState === WebSocket.OPEN) this._ws.send(buffer);
+    if (this._online && this._ws?.readyState === WebSocket.OPEN) this._ws.send(buffer);
   }
 
   _fail(error) {
