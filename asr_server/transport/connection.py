@@ -387,9 +387,20 @@ class Connection:
             return
         await self._close_rtc()  # a resumed session negotiates a new peer connection in place of the old
         log.info("session=%s event=webrtc_offer", self.sid)
-        self._rtc = RtcIngest(
-            self.server.rtc, self.options.channels, self._on_rtc_audio, self._on_rtc_end,
-            connect_timeout_s=self.limits.webrtc_connect_timeout_s, label=self.sid,
+        ingest: RtcIngest | None = None
+
+        # Only the current peer connection speaks for the session: a replaced one's late audio
+        # or end (its close, its ICE failing on the old network) is ignored.
+        async def on_audio(planar: np.ndarray) -> None:
+            if self._rtc is ingest:
+                await self._on_rtc_audio(planar)
+
+        async def on_end(reason: str, error: AsrError | None) -> None:
+            if self._rtc is ingest:
+                await self._on_rtc_end(reason, error)
+
+        ingest = self._rtc = RtcIngest(
+            self.server.rtc, self.options.channels, on_audio, on_end, connect_timeout_s=self.limits.webrtc_connect_timeout_s, label=self.sid,
         )
         self.server.peers.add(self._rtc)
         self.metrics.webrtc_peers.set(len(self.server.peers))
@@ -445,6 +456,7 @@ class Connection:
             # Its network went away with the WebSocket: the client negotiates anew when it resumes.
             log.info("session=%s event=webrtc_ended_while_held reason=%s", self.sid, reason)
             await self._close_rtc()
+            self._rtc = None
             return
         if error is not None:
             await self._fail_safely(error)
@@ -621,9 +633,10 @@ class Connection:
         return task
 
     async def _close_rtc(self) -> None:
-        if self._rtc is not None:
-            await self._rtc.close()
-            self.server.peers.discard(self._rtc)
+        rtc = self._rtc
+        if rtc is not None:
+            await rtc.close()
+            self.server.peers.discard(rtc)
             self.metrics.webrtc_peers.set(len(self.server.peers))
 
     async def _cleanup(self) -> None:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import websockets
-from aiortc import RTCPeerConnection
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.rtcrtpreceiver import RemoteStreamTrack
 
 from asr_server.inference.whisper import DecodeKind
@@ -21,7 +21,7 @@ from asr_server.options import Limits, RtcOptions
 
 from ..fakes import FakeRunner
 from ..harness import MANIFEST, ServerThread, load_channels, load_mono, replay
-from ..rtc_client import ArrayTrack, offer_sdp, run_rtc, to_48k
+from ..rtc_client import RATE, ArrayTrack, offer_sdp, run_rtc, to_48k
 from ..wer import wer
 
 pytestmark = pytest.mark.e2e
@@ -288,3 +288,68 @@ def test_a_healthy_session_is_untouched_by_bad_webrtc_sessions_beside_it(rtc_ser
     assert errors(bad3) == ["invalid_message"]
     assert good.of_type("closed") and not good.of_type("error")
     assert len([f for f in good.of_type("final") if f.message["text"]]) == len(MANIFEST[FIXTURE]["spans"][0])
+
+
+async def _negotiate(ws, pc: RTCPeerConnection, got: list[dict]) -> None:
+    """Offer on ``ws``, read until the answer, apply it."""
+    await ws.send(json.dumps({"type": "webrtc_offer", "sdp": await offer_sdp(pc)}))
+    while (message := json.loads(await ws.recv()))["type"] != "webrtc_answer":
+        got.append(message)
+    got.append(message)
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=message["sdp"], type="answer"))
+
+
+async def _until(ws, got: list[dict], stop) -> None:
+    while not stop(got[-1]):
+        got.append(json.loads(await ws.recv()))
+
+
+def test_a_resumed_webrtc_session_negotiates_a_new_peer_connection_in_place_of_the_old(rtc_server):
+    """The network goes (the WebSocket and the peer connection with it); the client resumes the
+    session on a new WebSocket and offers a new peer connection, whose audio goes on the transcript."""
+    audio = to_48k(load_mono("cards_16k.wav"))
+    spans = MANIFEST["cards_16k.wav"]["spans"][0]
+    split = int((spans[1][1] + spans[2][0]) / 2 * RATE)  # between the second and third sentences
+    server = rtc_server.server
+
+    async def main() -> list[dict]:
+        got: list[dict] = []
+        first = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        second = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        try:
+            ws = await websockets.connect(f"{rtc_server.url}/v1/listen?encoding=webrtc")
+            got.append(json.loads(await ws.recv()))
+            first.addTrack(ArrayTrack(audio[:split], tail_s=30.0))
+            await _negotiate(ws, first, got)
+            await _until(ws, got, lambda m: m["type"] == "final" and m["utterance"] == 1)
+            ws.transport.abort()  # the network went: no close frame
+            for _ in range(1000):  # polls, bounded: the server sees the drop and holds the session
+                if server.metrics.sessions_held._value.get() == 1:
+                    break
+                await asyncio.sleep(0.01)
+            await first.close()  # ...and the old peer connection is gone with it
+            ws = await websockets.connect(f"{rtc_server.url}/v1/listen?resume={got[0]['resume_token']}&last_seq={got[-1]['seq']}")
+            got.append(json.loads(await ws.recv()))
+            await _until(ws, got, lambda m: m["type"] == "resumed")
+            second.addTrack(ArrayTrack(audio[split:], tail_s=30.0))
+            await _negotiate(ws, second, got)
+            last = len(spans) - 1
+            await _until(ws, got, lambda m: m["type"] == "final" and m["utterance"] >= last)
+            await ws.send(json.dumps({"type": "close"}))
+            await _until(ws, got, lambda m: m["type"] == "closed")
+            await ws.close()
+        finally:
+            await first.close()
+            await second.close()
+        return got
+
+    got = asyncio.run(main())
+    for _ in range(500):  # polls, bounded: the session's handler returns a moment after `closed`
+        if not server._connections:
+            break
+        time.sleep(0.01)
+    assert [m["seq"] for m in got] == list(range(1, len(got) + 1))
+    assert [m["type"] for m in got].count("webrtc_answer") == 2 and "error" not in [m["type"] for m in got]
+    text = " ".join(m["text"] for m in got if m["type"] == "final" and m["text"])
+    assert wer(reference("cards_16k.wav"), text) < 0.3, text
+    assert not server.peers and not server._connections
