@@ -13,7 +13,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 __all__ = ["AsrStream", "connect", "Transcript", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
 
@@ -206,8 +206,8 @@ class AsrStream:
                 if not error.retryable:
                     self.close_code, self._ended = 1008, True
                     raise error from None
-            except (OSError, TimeoutError, ConnectionClosed):
-                pass
+            except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake):
+                pass  # not reachable yet: try again
             else:
                 self.reconnects += 1
                 self._dropped = None
