@@ -32,6 +32,7 @@ from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_mem
 from .scheduler.policy import CONTEXT_MAX_WAIT_S, CONTEXT_SHARE, BatchLimits
 from .access import AccessOptions, ApiKey, is_loopback, parse_keys
 from .server import AsrServer
+from .tracing import tracing_from_environment
 
 log = logging.getLogger("asr_server")
 
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     _access_options(p)
     p.add_argument("--certfile", default=None, help="TLS certificate (PEM): serve https and wss, which browsers on other machines need for the microphone")
     p.add_argument("--keyfile", default=None, help="TLS private key (PEM) for --certfile")
+    p.add_argument("--trace-ratio", type=_ratio, default=0.01,
+                   help="share of streams traced whole with OpenTelemetry (needs the otel extra and an exporter in the standard "
+                        "OTEL_* variables, e.g. OTEL_EXPORTER_OTLP_ENDPOINT; default %(default)s; 1 traces every stream)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -168,6 +172,13 @@ def _exposed(args: argparse.Namespace, access: AccessOptions) -> str | None:
 def _public_model_name(model: str) -> str:
     """What clients are told the model is: a path's last part only (paths are not echoed)."""
     return os.path.basename(model.rstrip("/\\")) or model
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError("a ratio from 0 to 1")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -295,7 +306,9 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     plan = _plan(args)
     server = AsrServer(args.host, args.port, plan.limits, model_name=_public_model_name(args.model), batch=plan.batch,
                        workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=VadOptions(detector=args.vad),
-                       context=_context(args), access=access)
+                       context=_context(args), access=access, tracing=tracing_from_environment(args.trace_ratio))
+    if server.tracing.enabled:
+        log.info("tracing %g of streams with OpenTelemetry", args.trace_ratio)
     await server.start()
     scheme = "https" if server.ssl else "http"
     print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)

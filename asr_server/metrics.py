@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "TEXT", "OPENMETRICS"]
+
+TEXT = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS = openmetrics.CONTENT_TYPE_LATEST  # carries exemplars (trace ids on the latency histograms)
 
 _LATENCY_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+_STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600)
 
 
@@ -85,7 +90,28 @@ class Metrics:
         self.resumes = Counter(
             "asr_resume_attempts_total", "Resume attempts, by outcome (resumed, or the error code that refused it)", ["outcome"], registry=r
         )
+        # Latency breakpoints: where the time between audio and result goes (docs/operations.md).
+        self.audio_to_queue = Histogram(
+            "asr_audio_to_queue_seconds", "Arrival of a decode's last audio to the decode's queue entry (VAD, chunker, decoder)",
+            ["kind"], buckets=_STAGE_BUCKETS, registry=r,
+        )
+        self.batch_formation_seconds = Histogram(
+            "asr_batch_formation_seconds", "A batch scheduled to its model call starting", ["kind"], buckets=_STAGE_BUCKETS, registry=r
+        )
+        self.result_send = Histogram("asr_result_send_seconds", "Writing one result to the client's connection", buckets=_STAGE_BUCKETS, registry=r)
+        self.chunk_processing = Histogram(
+            "asr_chunk_processing_seconds", "One audio chunk through the session's pipeline (its spread is the per-chunk jitter)",
+            buckets=_STAGE_BUCKETS, registry=r,
+        )
+        self.speech_to_first_result = Histogram(
+            "asr_speech_to_first_result_seconds", "Arrival of an utterance's first speech to its first interim or final",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.interim_freshness = Histogram(
+            "asr_interim_freshness_seconds", "Age, when sent, of the newest audio an interim reflects", buckets=_LATENCY_BUCKETS, registry=r
+        )
         self.burst_final_seconds = Gauge("asr_burst_final_seconds", "Model seconds one final in a burst takes (measured, averaged)", registry=r)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, openmetrics_format: bool = False) -> bytes:
+        """The Prometheus text format, or OpenMetrics (with exemplars) when the scraper asks for it."""
+        return openmetrics.generate_latest(self.registry) if openmetrics_format else generate_latest(self.registry)

@@ -41,6 +41,7 @@ from .decoding.context import ContextOptions
 from .decoding.incremental import CONTEXT_KEPT_S
 from .resume import ResumeTable, new_token, parse_resume_request
 from .session import Session
+from .tracing import Tracing
 from .transport.connection import Connection
 from .transport.http import LISTEN_PATH, OneRequestConnection, route
 from .transport.static import load_static
@@ -77,6 +78,7 @@ class AsrServer:
         vad: VadOptions = VadOptions(),
         context: ContextOptions = ContextOptions(),
         access: AccessOptions = AccessOptions(),
+        tracing: Tracing | None = None,
     ) -> None:
         """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
         the governor's memory-critical step (compared with ``budget.total``); ``rtc``:
@@ -84,16 +86,14 @@ class AsrServer:
         :class:`ssl.SSLContext` to serve https/wss (browsers give the microphone only to
         secure pages, or to localhost); ``vad``: how every stream finds speech; ``context``: the
         context pass of streams with ``revisions`` on; ``access``: API keys, browser origins,
-        tokens and TURN credentials (:mod:`asr_server.access`)."""
+        tokens and TURN credentials (:mod:`asr_server.access`); ``tracing``: spans of sampled
+        streams (:mod:`asr_server.tracing`; default none)."""
         self.host, self.port, self.limits, self.model_name = host, port, limits, model_name
-        self.budget = budget
-        self.batch_limits = batch
-        self.governor = LoadGovernor(governor)
-        self.memory_probe = memory_probe
-        self.tick_s = tick_s
-        self.workers = workers
+        self.budget, self.batch_limits, self.governor = budget, batch, LoadGovernor(governor)
+        self.memory_probe, self.tick_s, self.workers = memory_probe, tick_s, workers
         self.rtc, self.ssl, self.vad, self.context = rtc, ssl, vad, context
         self.access = Access(access)
+        self.tracing = tracing or Tracing()
         self.clock = time.monotonic  # tokens' lifetimes and quotas' minutes
         self.metrics = Metrics()
         self.scheduler: Scheduler | None = None
@@ -170,7 +170,7 @@ class AsrServer:
         if budget is not None:
             self.budget = budget
         self.capacity = capacity
-        self.scheduler = Scheduler(runner, self.metrics, self.batch_limits, interim_runner, workers=self.workers)
+        self.scheduler = Scheduler(runner, self.metrics, self.batch_limits, interim_runner, workers=self.workers, tracing=self.tracing)
         self.scheduler.capacity = capacity
         self.scheduler.start()
         if self.tick_s > 0:  # 0: the governor is driven by explicit tick() calls only
@@ -253,6 +253,8 @@ class AsrServer:
         if self._restore_host_addresses is not None:
             self._restore_host_addresses()
             self._restore_host_addresses = None
+        if self.tracing.enabled:
+            await asyncio.to_thread(self.tracing.shutdown)
 
     async def serve_forever(self) -> None:
         assert self._server is not None
@@ -288,7 +290,9 @@ class AsrServer:
             token = new_token() if self.limits.resumable else None
             session = Session(session_id, options, limits, self.model_name, self.vad, webrtc=webrtc, context=self.context,
                               key=principal.name, resume_token=token)
-            conn = Connection(self, ws, session)
+            trace = self.tracing.stream(session_id, ws.request.headers if ws.request else {}, {
+                "stream.encoding": options.encoding, "stream.channels": options.channels, "key": principal.name or ""})
+            conn = Connection(self, ws, session, trace)
         except BaseException:
             self.access.end(principal, options.channels)  # the key's quota is not held by a stream that never ran
             raise
@@ -309,6 +313,8 @@ class AsrServer:
             self.metrics.active_sessions.dec()
             self.metrics.sessions_ended.labels(conn.outcome).inc()
             self.metrics.session_duration.observe(time.monotonic() - started)
+            if conn.trace is not None:
+                conn.trace.end(conn.outcome)
             log.info(
                 "session=%s event=end outcome=%s received_s=%.2f transcribed_s=%.2f wall_s=%.2f",
                 session_id, conn.outcome, conn.session.audio_received_s, conn.session.audio_transcribed_s, time.monotonic() - started,

@@ -47,6 +47,7 @@ import itertools
 import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..events import DecodeJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Runner
@@ -93,6 +94,7 @@ class Entry:
     failures: int = 0  # model calls it took part in that raised
     status: JobStatus = JobStatus.WAITING
     ticket: Ticket["Entry"] | None = field(default=None, repr=False)
+    trace: Any = field(default=None, repr=False)  # the session's decode span, when its stream is traced
 
     @property
     def request(self) -> DecodeRequest:
@@ -205,9 +207,9 @@ class SchedulerCore:
 
     # -- sessions' requests ----------------------------------------------------------
 
-    def add(self, owner: str, job: DecodeJob, now: float, *, weight: float = 1.0, refresh: Refresh | None = None) -> Entry:
+    def add(self, owner: str, job: DecodeJob, now: float, *, weight: float = 1.0, refresh: Refresh | None = None, trace: Any = None) -> Entry:
         """Queue ``job``; its answer comes out of a later schedule or update."""
-        entry = Entry(next(self._ids), owner, job, now, refresh)
+        entry = Entry(next(self._ids), owner, job, now, refresh, trace=trace)
         queue = self._queue(entry)
         entry.ticket = queue.push(owner, entry, weight=weight, cost=estimated_cost(job.request.kind.final_quality, job.request.duration))
         self._entries[entry.id] = entry

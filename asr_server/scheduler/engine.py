@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import Any
 
 from ..events import DecodeJob
 from ..inference.types import DecodeKind, Hypothesis, Runner
 from ..metrics import Metrics
+from ..tracing import Tracing
 from .core import PACK_HOLD_S, Batch, Decision, Entry, Outcome, QueueState, Refresh, SchedulerCore
 from .capacity import CapacityModel
 from .policy import BatchLimits
@@ -60,6 +63,7 @@ class Scheduler:
         interim_runner: Runner | None = None,
         workers: int = 1,
         pack_hold_s: float = PACK_HOLD_S,
+        tracing: Tracing | None = None,
     ) -> None:
         """``workers``: batches run at once (the runner must allow that many concurrent calls).
 
@@ -67,6 +71,7 @@ class Scheduler:
         """
         self.core = SchedulerCore(runner, limits, interim_runner, workers, pack_hold_s)
         self.metrics = metrics
+        self.tracing = tracing or Tracing()
         self.capacity: CapacityModel | None = None  # told the cost of every final in a burst
         self._n_workers = self.core.workers
         self._executor = ThreadPoolExecutor(max_workers=self._n_workers, thread_name_prefix="asr-model")
@@ -99,7 +104,7 @@ class Scheduler:
         self._futures.clear()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def decode(self, owner: str, job: DecodeJob, weight: float = 1.0, refresh: Refresh | None = None) -> DecodeAnswer:
+    async def decode(self, owner: str, job: DecodeJob, weight: float = 1.0, refresh: Refresh | None = None, trace: Any = None) -> DecodeAnswer:
         """Queue ``job``; wait for ``(the job that ran, its hypothesis)``.
 
         The job that ran is ``job`` or the replacement ``refresh`` gave; the
@@ -107,9 +112,10 @@ class Scheduler:
         interim whose model call failed: the next interim covers it). Raises
         :class:`JobFailed` for a final the model could
         not decode after a retry. Cancelling the wait drops the job.
+        ``trace``: the job's :class:`~asr_server.tracing.DecodeTrace` (its stream is traced).
         """
         loop = asyncio.get_running_loop()
-        entry = self.core.add(owner, job, loop.time(), weight=weight, refresh=refresh)
+        entry = self.core.add(owner, job, loop.time(), weight=weight, refresh=refresh, trace=trace)
         future: asyncio.Future[DecodeAnswer] = loop.create_future()
         self._futures[entry.id] = future
         self._changed()
@@ -185,7 +191,15 @@ class Scheduler:
 
     async def _execute(self, batch: Batch) -> None:
         loop = asyncio.get_running_loop()
-        call = partial(batch.runner.transcribe_batch, batch.requests, retry_later=True)
+        times = [batch.started_at, batch.started_at]  # the model call's start and end (monotonic, as loop.time())
+
+        def call() -> list[Hypothesis]:
+            times[0] = time.monotonic()
+            try:
+                return batch.runner.transcribe_batch(batch.requests, retry_later=True)
+            finally:
+                times[1] = time.monotonic()
+
         try:
             hyps = await loop.run_in_executor(self._executor, call)
         except asyncio.CancelledError:
@@ -197,7 +211,7 @@ class Scheduler:
             outcome = self.core.update_from_output(batch.id, hyps, loop.time())
         finally:
             self._wakeup.set()  # a worker kept off interims may take them now
-        self._observe_batch(batch, outcome)
+        self._observe_batch(batch, outcome, times[0], times[1])
         self._answer(outcome, batch)
 
     # -- answering sessions ----------------------------------------------------------
@@ -251,14 +265,19 @@ class Scheduler:
             self._wake_at = wake_at
             asyncio.get_running_loop().call_at(wake_at, self._wakeup.set)
 
-    def _observe_batch(self, batch: Batch, outcome: Outcome) -> None:
+    def _observe_batch(self, batch: Batch, outcome: Outcome, model_start: float, model_end: float) -> None:
         if self.capacity is not None and batch.kind is DecodeKind.FINAL:
             for entry, hyp in outcome.done:
                 if entry.request.burst:
                     self.capacity.observe_final(hyp.decode_s)
+        kind = batch.kind.value
+        if self.tracing.enabled:
+            variant = "interim" if batch.runner is self.core.interim_runner and batch.runner is not self.core.runner else "main"
+            traced = [(e.trace, e.queued_at, batch.started_at) for e in batch.entries if e.trace is not None]
+            self.tracing.batch(traced, kind, len(batch.entries), variant, batch.started_at, model_start, model_end)
         if self.metrics is None:
             return
-        kind = batch.kind.value
+        self.metrics.batch_formation_seconds.labels(kind).observe(max(0.0, model_start - batch.started_at))
         self.metrics.batch_size.labels(kind).observe(len(batch.entries))
         self.metrics.decode_seconds.labels(kind).observe(sum(h.decode_s for _, h in outcome.done))
         self.metrics.finals_packed.inc(sum(1 for _, h in outcome.done if h.packed))

@@ -42,14 +42,15 @@ from ..errors import (
     ShuttingDown,
     wire_info,
 )
-from ..events import Final, Interim, Revision, SubmitJob, WithdrawJob
+from ..events import Final, Interim, Revision, SpeechStart, SubmitJob, WithdrawJob
 from ..options import Limits
 from ..resume import ReplayLog
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, WebRtcOffer, parse_client_message
 from ..scheduler.engine import JobFailed
 from ..scheduler.governor import InterimLoad
 from ..scheduler.policy import WEIGHTS, Priority
-from ..session import Close, Send, Session, SessionOutput
+from ..session import Close, Send, Session, SessionOutput, SessionState
+from ..tracing import StreamTrace
 from .ingest import ContainerPump, LiveBacklog
 from .webrtc import RtcIngest
 
@@ -67,8 +68,10 @@ IDLE_PING_S = 5.0  # an idle resumable client that does not answer a ping this s
 class Connection:
     """Call :meth:`run` once; it returns when the stream has ended and everything is cleaned up."""
 
-    def __init__(self, server: "AsrServer", ws: ServerConnection, session: Session) -> None:
+    def __init__(self, server: "AsrServer", ws: ServerConnection, session: Session, trace: StreamTrace | None = None) -> None:
+        """``trace``: the stream's spans, when it is sampled for tracing."""
         self.server = server
+        self.trace = trace
         self.ws = ws
         self.session = session
         self.options = session.options
@@ -83,6 +86,8 @@ class Connection:
         self._arrivals: list[tuple[int, float]] = []
         self._first_audio_at: float | None = None
         self._first_interim_seen = False
+        self._chunks = 0  # audio chunks taken, for their trace spans
+        self._speech_arrivals: dict[tuple[int, int], float] = {}  # utterances with no result yet: their speech's arrival
         raw = not (self.options.is_container or self.options.is_webrtc)
         self._pcm = PcmDecoder(self.options.encoding, self.options.sample_rate or 16000, self.options.channels) if raw else None
         self._container: ContainerDecoder | None = None
@@ -349,13 +354,25 @@ class Connection:
         await self._audio(planar)
 
     async def _audio(self, planar: np.ndarray) -> None:
+        arrived = time.monotonic()
+        self._chunks += 1
         async with self._lock:
-            outputs = self.session.receive_audio(planar)
-            self._arrivals.append((self.session.received_samples, time.monotonic()))
-            if len(self._arrivals) > _ARRIVALS_KEPT:
-                del self._arrivals[: _ARRIVALS_KEPT // 2]
-            self.metrics.audio_received.inc(planar.shape[1] / MODEL_RATE)
-            await self._carry_out(outputs)
+            if self.trace is None:
+                await self._take_audio(planar, arrived)
+            else:
+                with self.trace.chunk(self._chunks, planar.shape[1] * 1000 / MODEL_RATE, arrived):
+                    await self._take_audio(planar, arrived)
+
+    async def _take_audio(self, planar: np.ndarray, arrived: float) -> None:
+        """Caller holds the lock."""
+        started = time.monotonic()
+        outputs = self.session.receive_audio(planar)
+        self._arrivals.append((self.session.received_samples, arrived))
+        if len(self._arrivals) > _ARRIVALS_KEPT:
+            del self._arrivals[: _ARRIVALS_KEPT // 2]
+        self.metrics.audio_received.inc(planar.shape[1] / MODEL_RATE)
+        await self._carry_out(outputs)
+        self.metrics.chunk_processing.observe(time.monotonic() - started)
 
     async def _on_text(self, text: str) -> None:
         try:
@@ -495,6 +512,8 @@ class Connection:
     # -- carrying out the core's outputs ---------------------------------------------
 
     async def _fail(self, error: AsrError) -> None:
+        if self.session.state is SessionState.CLOSED:
+            return  # already over (a shut-down reaching a stream that just completed): its outcome stands
         self.metrics.errors.labels(error.code).inc()
         log.info("session=%s event=error code=%s message=%s", self.sid, error.code, error.message)
         if wire_info(error).close_code is not None:
@@ -555,8 +574,10 @@ class Connection:
         sees the drop too and holds the session."""
         if self._held:
             return
+        started = time.monotonic()
         try:
             await asyncio.wait_for(self.ws.send(text), timeout=self.limits.send_timeout_s)
+            self.metrics.result_send.observe(time.monotonic() - started)
         except TimeoutError:
             await self._not_reading(f"no result read for {self.limits.send_timeout_s:g} s")
             if not self._may_hold():
@@ -579,18 +600,29 @@ class Connection:
     async def _decode(self, submit: SubmitJob) -> None:
         scheduler = self.server.scheduler
         assert scheduler is not None
+        queued = time.monotonic()
+        kind = submit.job.request.kind.value
+        arrived = self._arrival_of(submit.job.audio_end)
+        if arrived is not None:
+            self.metrics.audio_to_queue.labels(kind).observe(max(0.0, queued - arrived))
+        trace = self.trace.decode(kind, submit.job.channel, submit.job.utterance, queued) if self.trace is not None else None
+        outcome = "cancelled"
         try:
             try:
-                job, hypothesis = await scheduler.decode(self.sid, submit.job, self._weight, self.session.refresh_job)
+                job, hypothesis = await scheduler.decode(self.sid, submit.job, self._weight, self.session.refresh_job, trace=trace)
             except JobFailed as failure:
+                outcome = "failed"
                 self.metrics.errors.labels(DecodeFailed.code).inc()
                 log.warning("session=%s event=decode_failed channel=%d utterance=%d", self.sid, failure.job.channel, failure.job.utterance)
                 await self._apply(self.session.job_failed(failure.job))
             else:
-                if hypothesis is None:
-                    await self._apply(self.session.job_skipped(job))
+                outcome = "skipped" if hypothesis is None else "done"
+                outputs = self.session.job_skipped(job) if hypothesis is None else self.session.job_done(job, hypothesis)
+                if trace is None:
+                    await self._apply(outputs)
                 else:
-                    await self._apply(self.session.job_done(job, hypothesis))
+                    with trace.sending():
+                        await self._apply(outputs)
         except asyncio.CancelledError:
             raise
         except ConnectionClosed:
@@ -598,11 +630,16 @@ class Connection:
         except Exception:
             log.exception("session=%s event=crash", self.sid)
             await self._fail_safely(InternalError("internal error; the session was closed"))
+        finally:
+            if trace is not None:
+                trace.end(outcome)
         self._progress.set()
 
     def _observe(self, send: Send) -> None:
         event = send.event
         now = time.monotonic()
+        if isinstance(event, SpeechStart | Interim | Final):
+            self._observe_timing(event, now)
         if isinstance(event, Interim) and not self._first_interim_seen and self._first_audio_at is not None:
             self._first_interim_seen = True
             self.metrics.first_interim.observe(now - self._first_audio_at)
@@ -613,13 +650,33 @@ class Connection:
             self.metrics.audio_transcribed.inc(max(0.0, event.end - event.start))
             arrived = self._arrival_of(int(event.speech_end * MODEL_RATE))
             if arrived is not None and event.text:
-                self.metrics.final_latency.observe(max(0.0, now - arrived))
+                self.metrics.final_latency.observe(max(0.0, now - arrived), exemplar=self._exemplar())
             for guard in event.dropped:
                 self.metrics.guard_drops.labels(guard).inc()
             log.info(
                 "session=%s event=final channel=%d utterance=%d reason=%s chars=%d dropped=%s",
                 self.sid, event.channel, event.utterance, event.reason.value, len(event.text), ",".join(event.dropped) or "-",
             )
+
+    def _observe_timing(self, event: SpeechStart | Interim | Final, now: float) -> None:
+        """Time from an utterance's first speech to its first result, and how fresh an interim is."""
+        key = (event.channel, event.utterance)
+        if isinstance(event, SpeechStart):
+            arrived = self._arrival_of(int(event.at * MODEL_RATE))
+            if arrived is not None and len(self._speech_arrivals) < 64:  # bounded: a result pops each
+                self._speech_arrivals[key] = arrived
+            return
+        if isinstance(event, Interim):
+            newest = self._arrival_of(int(event.end * MODEL_RATE))
+            if newest is not None:
+                self.metrics.interim_freshness.observe(max(0.0, now - newest), exemplar=self._exemplar())
+        started = self._speech_arrivals.pop(key, None)
+        if started is not None and (isinstance(event, Interim) or event.text):
+            self.metrics.speech_to_first_result.observe(max(0.0, now - started), exemplar=self._exemplar())
+
+    def _exemplar(self) -> dict[str, str] | None:
+        """The stream's trace id on a latency observation, when it is traced."""
+        return {"trace_id": self.trace.trace_id} if self.trace is not None else None
 
     def _arrival_of(self, sample: int) -> float | None:
         """When the audio up to ``sample`` had arrived (None if long forgotten)."""

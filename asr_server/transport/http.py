@@ -20,6 +20,7 @@ from websockets.http11 import Request, Response
 
 from ..access import ANONYMOUS, Principal
 from ..errors import AsrError, TokensDisabled, wire_info
+from ..metrics import OPENMETRICS, TEXT
 from ..scheduler.policy import Priority
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
             return None  # go on with the WebSocket handshake
         if path == TOKENS_PATH:
             return _mint(server, principal, query)
-        return response(http.HTTPStatus.OK, server.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        return _metrics(server, request)
     page = server.static.get(path)
     if page is not None:
         return response(http.HTTPStatus.OK, page.body, page.content_type, cache="no-cache")
@@ -167,3 +168,10 @@ class OneRequestConnection(ServerConnection):
         upgraded = self.response is not None and self.response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS
         if held and upgraded:
             super().data_received(held)
+
+
+def _metrics(server: "AsrServer", request: Request) -> Response:
+    """Prometheus text, or OpenMetrics with exemplars for a scraper whose Accept asks for it."""
+    wants_openmetrics = "application/openmetrics-text" in (request.headers.get("Accept") or "")
+    body = server.metrics.render(openmetrics_format=wants_openmetrics)
+    return response(http.HTTPStatus.OK, body, OPENMETRICS if wants_openmetrics else TEXT)

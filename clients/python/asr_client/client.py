@@ -258,17 +258,19 @@ class connect:
     that fetches a fresh one (a token is good once, so only a function lets
     the stream resume). A handshake the server refuses (401, 403) raises
     :class:`ServerError` with its code. ``resume``: reconnect and resume
-    after a dropped connection (see :class:`AsrStream`).
+    after a dropped connection (see :class:`AsrStream`). ``headers``: more
+    handshake headers (a W3C ``traceparent`` puts the stream in your trace).
     """
 
     def __init__(
         self, url: str, *, open_timeout: float = 10.0, api_key: str | None = None,
-        token: str | Callable[[], Awaitable[str]] | None = None, resume: bool = True, resume_buffer_bytes: int = 8 << 20, **options: Any,
+        token: str | Callable[[], Awaitable[str]] | None = None, resume: bool = True, resume_buffer_bytes: int = 8 << 20,
+        headers: dict[str, str] | None = None, **options: Any,
     ) -> None:
         self.url = listen_url(url, **options)
         self.base_url = listen_url(url)
         self.open_timeout = open_timeout
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = {**(headers or {}), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         self.token = token
         self.resume = resume
         self.resume_buffer_bytes = resume_buffer_bytes
