@@ -94,10 +94,17 @@ def test_two_traced_streams_give_the_span_tree_links_and_exemplars(whisper_runne
 def test_the_openmetrics_scrape_carries_exemplars_of_exported_traces_and_nothing_is_traced_when_off(whisper_runner):
     server, exporter = traced_server(whisper_runner, ratio=1.0)
     try:
-        asyncio.run(replay(server.url, "cards_16k.wav"))
+        r = asyncio.run(replay(server.url, "cards_16k.wav"))
+        for _ in range(1000):  # polls, bounded: a session ends a moment after its `closed`
+            if not server.server._connections:
+                break
+            time.sleep(0.01)
         openmetrics, plain = scrape(server, True), scrape(server, False)
     finally:
         server.stop()
+    # The session's duration covers the whole stream, not just its handshake.
+    duration = float(re.search(r"^asr_session_duration_seconds_sum (\S+)$", plain, re.M).group(1))
+    assert duration >= r.messages[-1].at - r.messages[0].at > 0
     traces = {format(s.context.trace_id, "032x") for s in exporter.get_finished_spans()}
     exemplars = set(re.findall(r'asr_final_latency_seconds_bucket\{[^}]*\} \S+ # \{trace_id="([0-9a-f]{32})"\}', openmetrics))
     assert exemplars and exemplars <= traces
