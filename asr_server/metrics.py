@@ -86,6 +86,8 @@ class Metrics:
         self.key_sessions = Counter("asr_key_sessions_total", "Streams started, by API key name", ["key"], registry=r)
         self.key_refusals = Counter("asr_key_refusals_total", "Streams of a key refused at connect, by key name and code", ["key", "code"], registry=r)
         self.tokens_minted = Counter("asr_tokens_minted_total", "Browser tokens minted, by API key name", ["key"], registry=r)
+        self.dialect_sessions = Counter("asr_dialect_sessions_total", "Streams started, by the protocol the client speaks (native, deepgram)",
+                                        ["dialect"], registry=r)
         self.sessions_held = Gauge("asr_sessions_held", "Sessions whose connection dropped, waiting for their client to resume", registry=r)
         self.resumes = Counter(
             "asr_resume_attempts_total", "Resume attempts, by outcome (resumed, or the error code that refused it)", ["outcome"], registry=r

@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 RAW_ENCODINGS = ("pcm_s16le", "pcm_f32le", "mulaw", "alaw")
-CONTAINER_ENCODINGS = ("ogg", "webm", "wav", "mp3", "flac")
+CONTAINER_ENCODINGS = ("ogg", "webm", "wav", "mp3", "flac", "auto")  # auto: the container is found from its bytes
 # Audio arrives over a WebRTC peer connection negotiated on the WebSocket.
 WEBRTC = "webrtc"
 ENCODINGS = RAW_ENCODINGS + CONTAINER_ENCODINGS + (WEBRTC,)

@@ -30,7 +30,8 @@ from .errors import AsrError, NotReady, ShuttingDown, wire_info
 from .inference.types import Runner
 from .metrics import Metrics
 from .options import Limits, RtcOptions, StreamOptions, parse_stream_options
-from .protocol.messages import MessageWriter
+from .protocol.deepgram import DeepgramDialect, DeepgramOptions, is_deepgram, parse_deepgram_options
+from .protocol.messages import MessageWriter, NativeDialect
 from .scheduler import Scheduler
 from .scheduler.admission import Capacity, refusal
 from .scheduler.capacity import CapacityModel
@@ -42,7 +43,7 @@ from .decoding.incremental import CONTEXT_KEPT_S
 from .resume import ResumeTable, new_token, parse_resume_request
 from .session import Session
 from .tracing import Tracing
-from .transport.connection import Connection
+from .transport.connection import Connection, Dialect
 from .transport.http import LISTEN_PATH, OneRequestConnection, route
 from .transport.static import load_static
 from .transport.webrtc import RtcIngest, restrict_host_addresses
@@ -274,30 +275,29 @@ class AsrServer:
     async def _stream(self, ws: ServerConnection, principal: Principal, query: dict[str, list[str]]) -> None:
         session_id = uuid.uuid4().hex[:16]
         started = time.monotonic()
+        deepgram = is_deepgram(query, ws.request.headers.get("Authorization") if ws.request else None)
+        dialect: Dialect = NativeDialect()
         try:
-            options = self._options_for(query)
+            options, dialect = self._options_for(query, deepgram)
             self._admit(options)
             self.access.start(principal, options.channels, self.clock())
         except AsrError as error:
             if principal.name is not None:
                 self.metrics.key_refusals.labels(principal.name, error.code).inc()
-            await self._refuse(ws, MessageWriter(session_id), error, session_id)
+            if deepgram and isinstance(dialect, NativeDialect):
+                dialect = DeepgramDialect(DeepgramOptions(), self.model_name)  # its options were refused: still answer in its dialect
+            await self._refuse(ws, MessageWriter(session_id), error, session_id, dialect=dialect)
             return
         # No await between the capacity check and this add: admission is atomic.
         try:
-            webrtc = self._rtc_wire(principal) if options.is_webrtc else None
-            limits = replace(self.limits, max_channels=self.max_channels)  # as admission counts it now
-            token = new_token() if self.limits.resumable else None
-            session = Session(session_id, options, limits, self.model_name, self.vad, webrtc=webrtc, context=self.context,
-                              key=principal.name, resume_token=token)
-            trace = self.tracing.stream(session_id, ws.request.headers if ws.request else {}, {
-                "stream.encoding": options.encoding, "stream.channels": options.channels, "key": principal.name or ""})
-            conn = Connection(self, ws, session, trace)
+            conn = self._connection(ws, principal, options, dialect, session_id)
         except BaseException:
             self.access.end(principal, options.channels)  # the key's quota is not held by a stream that never ran
             raise
+        token = conn.session.resume_token
         if token is not None:
             self.resumes.add(token, conn, principal.name)
+        self.metrics.dialect_sessions.labels(dialect.name).inc()
         if principal.name is not None:
             self.metrics.key_sessions.labels(principal.name).inc()
         self._connections.add(conn)
@@ -343,6 +343,17 @@ class AsrServer:
         self.metrics.resumes.labels("resumed").inc()
         await ws.wait_closed()
 
+    def _connection(self, ws: ServerConnection, principal: Principal, options: StreamOptions, dialect: Dialect, session_id: str) -> Connection:
+        """An admitted stream's session and its connection (resumable in our own protocol only)."""
+        webrtc = self._rtc_wire(principal) if options.is_webrtc else None
+        limits = replace(self.limits, max_channels=self.max_channels)  # as admission counts it now
+        token = new_token() if self.limits.resumable and isinstance(dialect, NativeDialect) else None
+        session = Session(session_id, options, limits, self.model_name, self.vad, webrtc=webrtc, context=self.context,
+                          key=principal.name, resume_token=token)
+        trace = self.tracing.stream(session_id, ws.request.headers if ws.request else {}, {
+            "stream.encoding": options.encoding, "stream.channels": options.channels, "key": principal.name or "", "stream.dialect": dialect.name})
+        return Connection(self, ws, session, trace, dialect)
+
     # -- access ----------------------------------------------------------------------
 
     def own_origins(self, host_header: str | None) -> tuple[str, ...]:
@@ -372,12 +383,16 @@ class AsrServer:
         ]
         return {"ice_servers": [s.to_wire() for s in servers]}
 
-    def _options_for(self, query: dict[str, list[str]]) -> StreamOptions:
+    def _options_for(self, query: dict[str, list[str]], deepgram: bool) -> tuple[StreamOptions, Dialect]:
+        """The stream's options and the dialect to speak (Deepgram's, for its clients)."""
         if self.stopping:
             raise ShuttingDown("the server is shutting down; connect to another instance", retry_after=5.0)
         if self.runner is None:
             raise NotReady("the model is still loading; retry shortly", retry_after=2.0)
-        return parse_stream_options(query, self.runner.languages)
+        if deepgram:
+            options, deepgram_options = parse_deepgram_options(query, self.runner.languages)
+            return options, DeepgramDialect(deepgram_options, self.model_name)
+        return parse_stream_options(query, self.runner.languages), NativeDialect()
 
     def _admit(self, options: StreamOptions) -> None:
         """Refuse, before any audio, a stream past the channel or memory capacity, or at a refusing load level."""
@@ -386,14 +401,17 @@ class AsrServer:
         if error is not None:
             raise error
 
-    async def _refuse(self, ws: ServerConnection, writer: MessageWriter, error: AsrError, session_id: str, *, session: bool = True) -> None:
-        """``session``: a stream refused (counted as a session that ended so); else a resume."""
+    async def _refuse(self, ws: ServerConnection, writer: MessageWriter, error: AsrError, session_id: str, *, session: bool = True,
+                      dialect: Dialect | None = None) -> None:
+        """``session``: a stream refused (counted as a session that ended so); else a resume.
+        ``dialect``: the error in the client's protocol (ours by default)."""
         self.metrics.errors.labels(error.code).inc()
         if session:
             self.metrics.sessions_ended.labels("refused").inc()
         log.info("session=%s event=%s code=%s message=%s", session_id, "refused" if session else "resume_refused", error.code, error.message)
         try:
-            await ws.send(json.dumps(writer.error(error)))
+            for message in (dialect or NativeDialect()).outgoing(writer.error(error)):
+                await ws.send(json.dumps(message))
             await ws.close(wire_info(error).close_code or 1008, error.code)
         except ConnectionClosed:
             pass

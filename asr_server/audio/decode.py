@@ -290,7 +290,7 @@ class ContainerDecoder:
     channel count, or name nothing decodable, are :class:`InvalidAudio`.
     """
 
-    _FORMATS = {"ogg": "ogg", "webm": "webm", "wav": "wav", "mp3": "mp3", "flac": "flac"}
+    _FORMATS = {"ogg": "ogg", "webm": "webm", "wav": "wav", "mp3": "mp3", "flac": "flac", "auto": None}  # None: PyAV probes
 
     def __init__(self, encoding: str, channels: int, max_buffer_bytes: int = 4 << 20) -> None:
         self.encoding = encoding

@@ -16,7 +16,7 @@ from ..events import Final, Interim, Revision, SpeechStart
 from ..inference.types import Word
 from ..options import Limits, StreamOptions
 
-__all__ = ["MessageWriter", "Finalize", "CloseStream", "KeepAlive", "WebRtcOffer", "ClientCommand", "parse_client_message", "MAX_SDP_CHARS"]
+__all__ = ["MessageWriter", "NativeDialect", "Finalize", "CloseStream", "KeepAlive", "WebRtcOffer", "ClientCommand", "parse_client_message", "MAX_SDP_CHARS"]
 
 # An SDP offer for one audio track is a few kB; a browser's with every codec about 6 kB.
 MAX_SDP_CHARS = 65536
@@ -180,3 +180,15 @@ def parse_client_message(text: str) -> ClientCommand:
 
 def _words(words: tuple[Word, ...]) -> list[dict[str, Any]]:
     return [{"word": w.word.strip(), "start": w.start, "end": w.end, "probability": w.probability} for w in words]
+
+
+class NativeDialect:
+    """Our own protocol: messages go out as they are."""
+
+    name = "native"
+
+    def incoming(self, text: str) -> str | None:
+        return text
+
+    def outgoing(self, message: dict[str, Any]) -> list[dict[str, Any]]:
+        return [message]

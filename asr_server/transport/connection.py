@@ -21,7 +21,7 @@ import bisect
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection
@@ -45,6 +45,7 @@ from ..errors import (
 from ..events import Final, Interim, Revision, SpeechStart, SubmitJob, WithdrawJob
 from ..options import Limits
 from ..resume import ReplayLog
+from ..protocol.messages import NativeDialect
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, WebRtcOffer, parse_client_message
 from ..scheduler.engine import JobFailed
 from ..scheduler.governor import InterimLoad
@@ -57,6 +58,16 @@ from .webrtc import RtcIngest
 if TYPE_CHECKING:
     from ..server import AsrServer
 
+
+class Dialect(Protocol):
+    """A wire protocol spoken on a session: ours, or a vendor's translated to and from ours."""
+
+    name: str
+
+    def incoming(self, text: str) -> str | None: ...
+
+    def outgoing(self, message: dict[str, Any]) -> list[dict[str, Any]]: ...
+
 __all__ = ["Connection"]
 
 log = logging.getLogger("asr_server.session")
@@ -68,10 +79,13 @@ IDLE_PING_S = 5.0  # an idle resumable client that does not answer a ping this s
 class Connection:
     """Call :meth:`run` once; it returns when the stream has ended and everything is cleaned up."""
 
-    def __init__(self, server: "AsrServer", ws: ServerConnection, session: Session, trace: StreamTrace | None = None) -> None:
-        """``trace``: the stream's spans, when it is sampled for tracing."""
+    def __init__(self, server: "AsrServer", ws: ServerConnection, session: Session, trace: StreamTrace | None = None,
+                 dialect: Dialect | None = None) -> None:
+        """``trace``: the stream's spans, when it is sampled for tracing; ``dialect``: the wire
+        protocol the client speaks (ours by default; :mod:`asr_server.protocol.deepgram`)."""
         self.server = server
         self.trace = trace
+        self.dialect: Dialect = dialect or NativeDialect()
         self.ws = ws
         self.session = session
         self.options = session.options
@@ -264,7 +278,9 @@ class Connection:
                     await self._on_audio(frame)
                 else:
                     self.commands_received += 1
-                    await self._on_text(frame)
+                    text = self.dialect.incoming(frame)
+                    if text is not None:
+                        await self._on_text(text)
         except ConnectionClosed as closed:
             # A close frame either way is a deliberate end (the client's, or ours or the library's
             # for a protocol error), not a lost network: only a connection gone without one is held.
@@ -554,7 +570,11 @@ class Connection:
                     text = json.dumps(output.message, separators=(",", ":"))
                     if self._replay is not None:
                         self._replay.add(output.message["seq"], text)
-                    await self._send(text)
+                    if isinstance(self.dialect, NativeDialect):
+                        await self._send(text)
+                    else:
+                        for message in self.dialect.outgoing(output.message):
+                            await self._send(json.dumps(message, separators=(",", ":")))
                 case SubmitJob():
                     self._spawn(self._decode(output))
                 case WithdrawJob():
