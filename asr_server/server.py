@@ -26,12 +26,13 @@ from websockets.exceptions import ConnectionClosed
 
 from .access import ANONYMOUS, Access, AccessOptions, Principal, is_loopback, turn_credentials
 from .audio.vad import VadOptions
-from .errors import AsrError, NotReady, ShuttingDown, wire_info
+from .errors import AsrError, InvalidOption, NotReady, ShuttingDown, wire_info
 from .inference.types import Runner
 from .metrics import Metrics
 from .options import Limits, RtcOptions, StreamOptions, parse_stream_options
 from .protocol.deepgram import DeepgramDialect, DeepgramOptions, is_deepgram, parse_deepgram_options
 from .protocol.messages import MessageWriter, NativeDialect
+from .protocol.openai_realtime import OpenAiDialect, default_realtime_options
 from .scheduler import Scheduler
 from .scheduler.admission import Capacity, refusal
 from .scheduler.capacity import CapacityModel
@@ -44,7 +45,7 @@ from .resume import ResumeTable, new_token, parse_resume_request
 from .session import Session
 from .tracing import Tracing
 from .transport.connection import Connection, Dialect
-from .transport.http import LISTEN_PATH, OneRequestConnection, route
+from .transport.http import LISTEN_PATH, REALTIME_PATH, OneRequestConnection, route, select_subprotocol
 from .transport.static import load_static
 from .transport.webrtc import RtcIngest, restrict_host_addresses
 
@@ -148,6 +149,7 @@ class AsrServer:
             self.port,
             process_request=lambda connection, request: route(self, connection, request),
             create_connection=OneRequestConnection,
+            select_subprotocol=select_subprotocol,
             # Frames up to twice the limit are read so that we can answer with our own
             # frame_too_large error; anything larger is cut off by websockets (close 1009).
             max_size=2 * self.limits.max_frame_bytes,
@@ -267,25 +269,26 @@ class AsrServer:
         principal: Principal = getattr(ws, "principal", ANONYMOUS)
         query = parse_qs(urlsplit(ws.request.path if ws.request else "").query, keep_blank_values=True)
         query.pop("token", None)  # access control's, checked at the handshake (transport.http)
-        if "resume" in query:
+        path = urlsplit(ws.request.path if ws.request else "").path
+        if "resume" in query and path == LISTEN_PATH:
             await self._resume(ws, principal, query)
         else:
-            await self._stream(ws, principal, query)
+            await self._stream(ws, principal, query, realtime=path == REALTIME_PATH)
 
-    async def _stream(self, ws: ServerConnection, principal: Principal, query: dict[str, list[str]]) -> None:
+    async def _stream(self, ws: ServerConnection, principal: Principal, query: dict[str, list[str]], realtime: bool = False) -> None:
         session_id = uuid.uuid4().hex[:16]
         started = time.monotonic()
-        deepgram = is_deepgram(query, ws.request.headers.get("Authorization") if ws.request else None)
+        deepgram = not realtime and is_deepgram(query, ws.request.headers.get("Authorization") if ws.request else None)
         dialect: Dialect = NativeDialect()
         try:
-            options, dialect = self._options_for(query, deepgram)
+            options, dialect = self._options_for(query, "openai" if realtime else "deepgram" if deepgram else "native")
             self._admit(options)
             self.access.start(principal, options.channels, self.clock())
         except AsrError as error:
             if principal.name is not None:
                 self.metrics.key_refusals.labels(principal.name, error.code).inc()
-            if deepgram and isinstance(dialect, NativeDialect):
-                dialect = DeepgramDialect(DeepgramOptions(), self.model_name)  # its options were refused: still answer in its dialect
+            if isinstance(dialect, NativeDialect) and (deepgram or realtime):  # its options were refused: still answer in its dialect
+                dialect = OpenAiDialect(default_realtime_options(), self.model_name, ()) if realtime else DeepgramDialect(DeepgramOptions(), self.model_name)
             await self._refuse(ws, MessageWriter(session_id), error, session_id, dialect=dialect)
             return
         # No await between the capacity check and this add: admission is atomic.
@@ -383,13 +386,17 @@ class AsrServer:
         ]
         return {"ice_servers": [s.to_wire() for s in servers]}
 
-    def _options_for(self, query: dict[str, list[str]], deepgram: bool) -> tuple[StreamOptions, Dialect]:
-        """The stream's options and the dialect to speak (Deepgram's, for its clients)."""
+    def _options_for(self, query: dict[str, list[str]], dialect: str) -> tuple[StreamOptions, Dialect]:
+        """The stream's options and the dialect to speak (``native``, ``deepgram`` or ``openai``)."""
         if self.stopping:
             raise ShuttingDown("the server is shutting down; connect to another instance", retry_after=5.0)
         if self.runner is None:
             raise NotReady("the model is still loading; retry shortly", retry_after=2.0)
-        if deepgram:
+        if dialect == "openai":
+            if query.get("intent", ["transcription"])[0] != "transcription":
+                raise InvalidOption("only transcription sessions are served here: connect with ?intent=transcription")
+            return default_realtime_options(), OpenAiDialect(default_realtime_options(), self.model_name, tuple(self.runner.languages))
+        if dialect == "deepgram":
             options, deepgram_options = parse_deepgram_options(query, self.runner.languages)
             return options, DeepgramDialect(deepgram_options, self.model_name)
         return parse_stream_options(query, self.runner.languages), NativeDialect()

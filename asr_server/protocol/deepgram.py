@@ -99,20 +99,15 @@ class DeepgramDialect:
 
     # -- in ---------------------------------------------------------------------------
 
-    def incoming(self, text: str) -> str | None:
-        """A client text frame in our protocol (None: nothing to do)."""
+    def incoming(self, text: str) -> list[str]:
+        """A client text frame as ours."""
         try:
             message = json.loads(text)
         except ValueError:
-            return text  # our parser reports it
+            return [text]  # our parser reports it
         kind = message.get("type") if isinstance(message, dict) else None
-        if kind == "Finalize":
-            return '{"type": "finalize"}'
-        if kind == "CloseStream":
-            return '{"type": "close"}'
-        if kind == "KeepAlive":
-            return '{"type": "keepalive"}'
-        return text
+        ours = {"Finalize": "finalize", "CloseStream": "close", "KeepAlive": "keepalive"}.get(str(kind))
+        return [json.dumps({"type": ours})] if ours else [text]
 
     # -- out --------------------------------------------------------------------------
 

@@ -187,8 +187,8 @@ class NativeDialect:
 
     name = "native"
 
-    def incoming(self, text: str) -> str | None:
-        return text
+    def incoming(self, text: str) -> list[str]:
+        return [text]
 
     def outgoing(self, message: dict[str, Any]) -> list[dict[str, Any]]:
         return [message]

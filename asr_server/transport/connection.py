@@ -44,6 +44,8 @@ from ..errors import (
 )
 from ..events import Final, Interim, Revision, SpeechStart, SubmitJob, WithdrawJob
 from ..options import Limits
+from ..options import StreamOptions
+from ..protocol.openai_realtime import Reconfigure
 from ..resume import ReplayLog
 from ..protocol.messages import NativeDialect
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, WebRtcOffer, parse_client_message
@@ -64,7 +66,9 @@ class Dialect(Protocol):
 
     name: str
 
-    def incoming(self, text: str) -> str | None: ...
+    def incoming(self, text: str) -> list[Any]:
+        """What a client text frame means here: our command text, audio bytes, an event
+        to send back as it is (a dict), or new stream options (Reconfigure)."""
 
     def outgoing(self, message: dict[str, Any]) -> list[dict[str, Any]]: ...
 
@@ -278,9 +282,8 @@ class Connection:
                     await self._on_audio(frame)
                 else:
                     self.commands_received += 1
-                    text = self.dialect.incoming(frame)
-                    if text is not None:
-                        await self._on_text(text)
+                    for action in self.dialect.incoming(frame):
+                        await self._on_action(action)
         except ConnectionClosed as closed:
             # A close frame either way is a deliberate end (the client's, or ours or the library's
             # for a protocol error), not a lost network: only a connection gone without one is held.
@@ -389,6 +392,30 @@ class Connection:
         self.metrics.audio_received.inc(planar.shape[1] / MODEL_RATE)
         await self._carry_out(outputs)
         self.metrics.chunk_processing.observe(time.monotonic() - started)
+
+    async def _on_action(self, action: Any) -> None:
+        """One thing a dialect made of a client's text frame."""
+        if isinstance(action, bytes):
+            await self._on_audio(action)
+        elif isinstance(action, str):
+            await self._on_text(action)
+        elif isinstance(action, Reconfigure):
+            self._reconfigure(action.options)
+        else:
+            async with self._lock:
+                await self._send(json.dumps(action, separators=(",", ":")))
+
+    def _reconfigure(self, options: StreamOptions) -> None:
+        """New stream options (a vendor's session update), taken only while no audio has arrived."""
+        if self.bytes_received or options.channels != self.options.channels:
+            log.info("session=%s event=reconfigure_ignored (audio already received)", self.sid)
+            return
+        old = self.session
+        self.session = Session(old.session_id, options, old.limits, old.model_name, self.server.vad, context=self.server.context, key=old.key)
+        self.session.start()  # its `session` message was sent already, by the first
+        self.options = options
+        self._pcm = PcmDecoder(options.encoding, options.sample_rate or 16000, options.channels) if options.encoding in PcmDecoder.WIDTH else None
+        log.info("session=%s event=reconfigured options=%s", self.sid, json.dumps(options.to_wire(), separators=(",", ":")))
 
     async def _on_text(self, text: str) -> None:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
@@ -26,9 +27,11 @@ from ..scheduler.policy import Priority
 if TYPE_CHECKING:
     from ..server import AsrServer
 
-__all__ = ["LISTEN_PATH", "TOKENS_PATH", "route", "health", "response", "error_response", "OneRequestConnection"]
+__all__ = ["LISTEN_PATH", "REALTIME_PATH", "TOKENS_PATH", "select_subprotocol", "route", "health", "response", "error_response", "OneRequestConnection"]
 
 LISTEN_PATH = "/v1/listen"
+REALTIME_PATH = "/v1/realtime"  # OpenAI's Realtime transcription dialect (protocol/openai_realtime)
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
 TOKENS_PATH = "/v1/tokens"
 
 
@@ -42,15 +45,16 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
     if path == "/healthz":
         status = http.HTTPStatus.OK if server.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
         return response(status, json.dumps(health(server)).encode(), "application/json")
-    if path in (LISTEN_PATH, TOKENS_PATH, "/metrics"):
+    if path in (LISTEN_PATH, REALTIME_PATH, TOKENS_PATH, "/metrics"):
         query = parse_qs(parts.query)
+        handshake = path in (LISTEN_PATH, REALTIME_PATH)
         try:
             # Only a handshake may use a token (a token cannot mint another, nor read metrics).
-            principal = _authorize(server, request, query.get("token", [None])[0] if path == LISTEN_PATH else None)
+            principal = _authorize(server, request, query.get("token", [None])[0] if handshake else None)
         except AsrError as error:
             server.refused_access(error, path)
             return error_response(error)
-        if path == LISTEN_PATH:
+        if handshake:
             connection.principal = principal
             return None  # go on with the WebSocket handshake
         if path == TOKENS_PATH:
@@ -65,7 +69,18 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
 def _authorize(server: "AsrServer", request: Request, token: str | None) -> Principal:
     headers = request.headers
     server.access.check_origin(headers.get("Origin"), server.own_origins(headers.get("Host")))
-    return server.access.authenticate(headers.get("Authorization"), token, server.clock())
+    authorization = headers.get("Authorization")
+    if authorization is None:
+        # Browsers cannot set headers on a WebSocket: OpenAI's clients there put the key in a subprotocol.
+        offered = [p.strip() for p in (headers.get("Sec-WebSocket-Protocol") or "").split(",")]
+        key = next((p[len(KEY_SUBPROTOCOL):] for p in offered if p.startswith(KEY_SUBPROTOCOL)), None)
+        authorization = f"Bearer {key}" if key else None
+    return server.access.authenticate(authorization, token, server.clock())
+
+
+def select_subprotocol(connection: ServerConnection, subprotocols: Sequence[str]) -> str | None:
+    """OpenAI's browser clients offer ``realtime`` (and the key subprotocol): answer ``realtime``."""
+    return "realtime" if "realtime" in subprotocols else None
 
 
 def _mint(server: "AsrServer", principal: Principal, query: dict[str, list[str]]) -> Response:
