@@ -22,6 +22,7 @@ __all__ = [
     "IceServer",
     "RtcOptions",
     "parse_stream_options",
+    "parse_prompt",
 ]
 
 RAW_ENCODINGS = ("pcm_s16le", "pcm_f32le", "mulaw", "alaw")
@@ -55,6 +56,8 @@ class StreamOptions:
     priority: str = "interactive"
     # Second pass: recent finals decoded again together, sent as revisions where they differ.
     revisions: bool = True
+    # Words the audio is likely to hold (names, jargon), given to the model ahead of each decode.
+    prompt: str = ""
 
     @property
     def is_container(self) -> bool:
@@ -205,7 +208,9 @@ _KNOWN = (
     "word_timestamps",
     "priority",
     "revisions",
+    "prompt",
 )
+MAX_PROMPT_CHARS = 200
 PRIORITIES = ("interactive", "standard", "batch")
 
 
@@ -257,4 +262,13 @@ def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str
         word_timestamps=_bool("word_timestamps", single.get("word_timestamps", "true")),
         priority=_choice("priority", single.get("priority", "interactive"), PRIORITIES),
         revisions=_bool("revisions", single.get("revisions", "true")),
+        prompt=parse_prompt(single.get("prompt", "")),
     )
+
+
+def parse_prompt(raw: str) -> str:
+    """A vocabulary prompt: one line of at most MAX_PROMPT_CHARS printable characters."""
+    text = " ".join("".join(c if c.isprintable() else " " for c in raw).split())
+    if len(text) > MAX_PROMPT_CHARS:
+        raise InvalidOption(f"prompt must be at most {MAX_PROMPT_CHARS} characters, got {len(text)}")
+    return text

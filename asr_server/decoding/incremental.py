@@ -331,7 +331,7 @@ class ChannelDecoder:
             audio=utt.audio.copy(0, end - utt.start),
             kind=kind,
             language=self.options.language,
-            prompt=self._prompt,
+            prompt=_with_vocabulary(self.options.prompt, self._prompt),
             prefix="" if final else utt.agreement.stable_text,
             # Finals are always aligned: the guards use word timing even when the client did not ask for it.
             word_timestamps=final,
@@ -441,7 +441,7 @@ class ChannelDecoder:
     def _context_window(self) -> DecodeJob:
         records = plan_window(self._done, self.context, self._unrevised)
         before = self._done[: len(self._done) - len(records)]
-        prompt = _tail_words(" ".join(r.text for r in before), PROMPT_CHARS)
+        prompt = _with_vocabulary(self.options.prompt, _tail_words(" ".join(r.text for r in before), PROMPT_CHARS))
         request, self._context_spans = window_request(records, self.context, self.options.language, prompt)
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
         self._context_decide_to = records[-1].index if self._settled() or len(records) < 2 else records[-2].index
@@ -518,3 +518,8 @@ def _tail_words(text: str, limit: int) -> str:
     cut = text[-limit:]
     space = cut.find(" ")
     return cut[space + 1 :] if space >= 0 else cut
+
+
+def _with_vocabulary(vocabulary: str, context: str) -> str:
+    """The stream's vocabulary prompt (its words first), then the text before this audio."""
+    return f"{vocabulary} {context}".strip() if vocabulary else context

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..options import StreamOptions, parse_stream_options
+from ..options import MAX_PROMPT_CHARS, StreamOptions, parse_stream_options
 
 __all__ = ["DeepgramOptions", "DeepgramDialect", "is_deepgram", "parse_deepgram_options", "DEEPGRAM_ONLY"]
 
@@ -75,6 +75,9 @@ def parse_deepgram_options(query: Mapping[str, list[str]], languages: Iterable[s
     elif endpointing:
         ours["endpoint_ms"] = [str(min(5000, max(100, int(endpointing)))) if endpointing.isdigit() else endpointing]
     ours["revisions"] = ["false"]  # Deepgram has no revisions: finals are final
+    terms = [t.split(":")[0].strip() for name in ("keyterm", "keywords") for t in query.get(name, []) if t.strip()]
+    if terms:
+        ours["prompt"] = [_vocabulary(terms)]
     options = parse_stream_options(ours, languages)
     utterance_end = first.get("utterance_end_ms", "")
     dialect = DeepgramOptions(
@@ -85,6 +88,17 @@ def parse_deepgram_options(query: Mapping[str, list[str]], languages: Iterable[s
         channels=options.channels,
     )
     return options, dialect
+
+
+def _vocabulary(terms: list[str]) -> str:
+    """Deepgram's key terms as our prompt, as many as fit."""
+    prompt = ""
+    for term in dict.fromkeys(terms):  # in order, once each
+        candidate = f"{prompt}, {term}" if prompt else term
+        if len(candidate) > MAX_PROMPT_CHARS:
+            break
+        prompt = candidate
+    return prompt
 
 
 class DeepgramDialect:

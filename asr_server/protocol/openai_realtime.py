@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import AsrError, InvalidMessage
-from ..options import StreamOptions
+from ..options import StreamOptions, parse_prompt
 
 __all__ = ["OpenAiDialect", "Reconfigure", "REALTIME_PATH", "default_realtime_options"]
 
@@ -62,7 +62,6 @@ class OpenAiDialect:
         self.languages = languages
         self.legacy = False  # the client spoke transcription_session.* (older SDKs): answer in kind
         self.manual = False  # turn_detection null: only commits end utterances
-        self.prompt = ""
         self._events = itertools.count(1)
         self._session_id = ""
         self._emitted: dict[int, str] = {}  # per utterance: the text already sent as deltas
@@ -130,7 +129,8 @@ class OpenAiDialect:
             if language not in self.languages:
                 raise InvalidMessage(f"language {language!r} is not supported by this model")
             options = replace(options, language=language)
-        self.prompt = str(transcription.get("prompt") or self.prompt)
+        if transcription.get("prompt") is not None:
+            options = replace(options, prompt=parse_prompt(str(transcription["prompt"])))
         if turn is None:
             self.manual = True
             options = replace(options, endpoint_ms=_MANUAL_ENDPOINT_MS)
@@ -198,10 +198,10 @@ class OpenAiDialect:
         if self.legacy:
             legacy_fmt = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}[fmt]
             return {"id": self._session_id, "object": "realtime.transcription_session", "input_audio_format": legacy_fmt,
-                    "input_audio_transcription": {"model": self.model_name, "language": self.options.language, "prompt": self.prompt},
+                    "input_audio_transcription": {"model": self.model_name, "language": self.options.language, "prompt": self.options.prompt},
                     "turn_detection": turn}
         audio_input = {"format": {"type": fmt, **({"rate": self.options.sample_rate} if fmt == "audio/pcm" else {})},
-                       "transcription": {"model": self.model_name, "language": self.options.language, "prompt": self.prompt},
+                       "transcription": {"model": self.model_name, "language": self.options.language, "prompt": self.options.prompt},
                        "turn_detection": turn}
         return {"type": "transcription", "id": self._session_id, "object": "realtime.transcription_session", "audio": {"input": audio_input}}
 

@@ -237,3 +237,15 @@ def test_first_pass_finals_are_quick_only_when_a_context_pass_refines_them():
     assert _final_request(StreamOptions(revisions=True)).short_window  # greedy, short window: the pass refines it
     assert not _final_request(StreamOptions(revisions=False)).short_window  # the first pass is what stays
     assert not _final_request(StreamOptions(revisions=True), ContextOptions(quick_finals=False)).short_window
+
+
+def test_a_vocabulary_prompt_goes_ahead_of_the_text_before_in_every_decode():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, prompt="Dashwood, Norland"))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 4800), audio(0, 0.6)]), SubmitJob)]
+    assert job.request.prompt == "Dashwood, Norland"  # nothing said before: the vocabulary alone
+    d.job_done(job, Hypothesis("hello"))
+    (job,) = [e.job for e in only(d.feed([UtteranceEnded(0, int(0.6 * SR), EndReason.ENDPOINT)]), SubmitJob)]
+    assert job.request.prompt == "Dashwood, Norland"
+    d.job_done(job, Hypothesis("hello world"))
+    job = only(d.feed([UtteranceStarted(1, SR, SR), audio(1, 0.6)]), SubmitJob)[0].job
+    assert job.request.prompt == "Dashwood, Norland hello world"

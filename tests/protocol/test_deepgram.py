@@ -37,6 +37,8 @@ def test_deepgram_parameters_become_ours_and_unknown_ones_are_ignored():
     assert parse_deepgram_options(q(endpointing="false"), LANGS)[0].endpoint_ms == 5000
     assert parse_deepgram_options(q(endpointing="10"), LANGS)[0].endpoint_ms == 100  # our VAD's finest
     assert parse_deepgram_options(q(encoding="mulaw", sample_rate="8000"), LANGS)[0].encoding == "mulaw"
+    terms = {"keyterm": ["Dashwood", "Norland Park", "Dashwood"], "keywords": ["Elinor:2"]}
+    assert parse_deepgram_options(terms, LANGS)[0].prompt == "Dashwood, Norland Park, Elinor"  # key terms become the prompt
     with pytest.raises(InvalidOption):
         parse_deepgram_options(q(encoding="speex"), LANGS)
 

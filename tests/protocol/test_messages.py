@@ -39,6 +39,13 @@ def test_bad_options_are_refused(query):
         parse_stream_options(query, ["en"])
 
 
+def test_a_vocabulary_prompt_is_one_bounded_line():
+    assert parse_stream_options(q(prompt="Dashwood,\n  Norland\x00 Park"), ["en"]).prompt == "Dashwood, Norland Park"
+    assert parse_stream_options({}, ["en"]).prompt == ""
+    with pytest.raises(InvalidOption, match="at most 200"):
+        parse_stream_options(q(prompt="x" * 201), ["en"])
+
+
 def test_unsupported_language():
     with pytest.raises(UnsupportedLanguage):
         parse_stream_options(q(language="de"), ["en"])

@@ -30,7 +30,7 @@ def test_session_updates_in_both_shapes_reconfigure_the_stream():
     reconfigure, updated = legacy.incoming(event("transcription_session.update", session={
         "input_audio_format": "g711_alaw", "turn_detection": {"type": "server_vad", "silence_duration_ms": 700},
         "input_audio_transcription": {"language": "en", "prompt": "cards"}}))
-    assert (reconfigure.options.encoding, reconfigure.options.endpoint_ms) == ("alaw", 700)
+    assert (reconfigure.options.encoding, reconfigure.options.endpoint_ms, reconfigure.options.prompt) == ("alaw", 700, "cards")
     assert updated["type"] == "transcription_session.updated" and updated["session"]["input_audio_format"] == "g711_alaw"
     (error,) = dialect().incoming(event("session.update", session={"type": "transcription", "audio": {"input": {"format": {"type": "audio/opus"}}}}))
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error" and error["error"]["event_id"] == "c1"
