@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     _decoding_options(p)
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
+    p.add_argument("--ended-session-ttl", type=_seconds, default=Limits.ended_session_ttl_s,
+                   help="seconds an ended session's messages stay readable at /v1/sessions/{id}/events (0: not kept)")
     p.add_argument("--resume-ttl", type=_seconds, default=Limits.resume_ttl_s,
                    help="seconds a session whose connection dropped is held for its client to resume (0: sessions end with their connection)")
     p.add_argument("--max-channels", type=int, default=None,
@@ -257,7 +259,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
     final_frames = max(1, int((args.final_batch_seconds or (batch_seconds if args.device == "cuda" else 30.0)) * 100))
     workers = args.workers or (1 if args.device == "cuda" else cores)
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
-                    webrtc_connect_timeout_s=args.webrtc_connect_timeout, resume_ttl_s=args.resume_ttl)
+                    webrtc_connect_timeout_s=args.webrtc_connect_timeout, resume_ttl_s=args.resume_ttl,
+                    ended_session_ttl_s=args.ended_session_ttl)
     return _Plan(
         limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames, context_max_wait_s=args.context_max_wait_s,
                             context_share=args.context_share),

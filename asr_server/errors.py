@@ -19,7 +19,9 @@ string ``code``. The tree separates who is at fault::
     │   ├── OriginNotAllowed     a browser page from an origin not allowed (HTTP 403)
     │   ├── QuotaExceeded        the key's channels or streams per minute are used up
     │   ├── TokensDisabled       a token asked of a server that has no keys (HTTP 404)
-    │   └── ResumeFailed         a resume token unknown, expired, in use or another key's
+    │   ├── ResumeFailed         a resume token unknown, expired, in use or another key's
+    │   ├── SessionNotFound      a session to follow that is unknown, ended too long ago, or another key's
+    │   └── FollowerTooSlow      a follower of a session fell too far behind and was cut off
     ├── OverloadError        we cannot take more work now (retry later)
     │   ├── NotReady             the model is still loading / warming up
     │   ├── ShuttingDown         the server is stopping
@@ -61,6 +63,8 @@ __all__ = [
     "QuotaExceeded",
     "TokensDisabled",
     "ResumeFailed",
+    "SessionNotFound",
+    "FollowerTooSlow",
     "MemoryPressure",
     "AudioOverrun",
     "WebRtcFailed",
@@ -154,6 +158,14 @@ class ResumeFailed(ClientError):
     code = "resume_failed"
 
 
+class SessionNotFound(ClientError):
+    code = "session_not_found"
+
+
+class FollowerTooSlow(ClientError):
+    code = "follower_too_slow"
+
+
 class OverloadError(AsrError):
     code = "overloaded"
 
@@ -221,6 +233,8 @@ WIRE_TABLE: dict[str, WireInfo] = {
     "quota_exceeded": WireInfo(True, 1013, 429),
     "tokens_disabled": WireInfo(False, 1008, 404),
     "resume_failed": WireInfo(False, 1008),
+    "session_not_found": WireInfo(False, 1008, 404),
+    "follower_too_slow": WireInfo(True, 1013),
     "overloaded": WireInfo(True, 1013),
     "not_ready": WireInfo(True, 1013),
     "shutting_down": WireInfo(True, 1001),

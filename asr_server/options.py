@@ -104,8 +104,10 @@ class Limits:
     # A connection that drops without `close` leaves its session held this long for
     # the client to resume (`?resume=TOKEN&last_seq=N`). 0: sessions end with their connection.
     resume_ttl_s: float = 30.0
-    # Messages kept per session for a resume to replay (oldest dropped past this many bytes).
+    # Messages kept per session for a resume to replay and for its followers (oldest dropped past this many bytes).
     max_replay_bytes: int = 2 << 20
+    # An ended session's messages stay readable by followers this long (0: not kept).
+    ended_session_ttl_s: float = 300.0
 
     @property
     def resumable(self) -> bool:

@@ -33,6 +33,7 @@ from .options import Limits, RtcOptions, StreamOptions, parse_stream_options
 from .protocol.deepgram import DeepgramDialect, DeepgramOptions, is_deepgram, parse_deepgram_options
 from .protocol.messages import MessageWriter, NativeDialect
 from .protocol.openai_realtime import OpenAiDialect, default_realtime_options
+from .protocol.twilio import TWILIO_PATH, TwilioDialect, twilio_options
 from .scheduler import Scheduler
 from .scheduler.admission import Capacity, refusal
 from .scheduler.capacity import CapacityModel
@@ -45,6 +46,7 @@ from .resume import ResumeTable, new_token, parse_resume_request
 from .session import Session
 from .tracing import Tracing
 from .transport.connection import Connection, Dialect
+from .transport.fanout import EndedSessions, follow, parse_follow_path
 from .transport.http import LISTEN_PATH, REALTIME_PATH, OneRequestConnection, route, select_subprotocol
 from .transport.static import load_static
 from .transport.webrtc import RtcIngest, restrict_host_addresses
@@ -105,6 +107,7 @@ class AsrServer:
         self._server: Server | None = None
         self._connections: set[Connection] = set()
         self.resumes: ResumeTable[Connection] = ResumeTable()  # resume tokens of live sessions
+        self.ended = EndedSessions(limits.ended_session_ttl_s)  # logs of ended sessions, for late followers
         self.peers: set[RtcIngest] = set()  # open WebRTC peer connections
         self.static = load_static()
         self.stopping = False
@@ -136,8 +139,7 @@ class AsrServer:
             buffered = audio_bytes(self.limits.max_live_backlog_s, options.channels)
         # The context pass keeps a window of finalized audio (and its prompt's) per channel.
         context_s = CONTEXT_KEPT_S if options.revisions else 0.0
-        if self.limits.resumable:
-            buffered += self.limits.max_replay_bytes  # messages kept for a resume to replay
+        buffered += self.limits.max_replay_bytes  # messages kept for a resume and for followers
         return stream_bytes(options.channels, options.max_utterance_s, self.limits.max_pending_finals, buffered, context_s)
 
     async def start(self) -> None:
@@ -272,23 +274,28 @@ class AsrServer:
         path = urlsplit(ws.request.path if ws.request else "").path
         if "resume" in query and path == LISTEN_PATH:
             await self._resume(ws, principal, query)
+        elif (followed := parse_follow_path(path)) is not None:
+            await follow(self, ws, principal, followed, query)
+        elif path == LISTEN_PATH:
+            authorization = ws.request.headers.get("Authorization") if ws.request else None
+            await self._stream(ws, principal, query, "deepgram" if is_deepgram(query, authorization) else "native")
         else:
-            await self._stream(ws, principal, query, realtime=path == REALTIME_PATH)
+            await self._stream(ws, principal, query, {REALTIME_PATH: "openai", TWILIO_PATH: "twilio"}[path])
 
-    async def _stream(self, ws: ServerConnection, principal: Principal, query: dict[str, list[str]], realtime: bool = False) -> None:
+    async def _stream(self, ws: ServerConnection, principal: Principal, query: dict[str, list[str]], kind: str) -> None:
+        """``kind``: the protocol the client speaks (``native``, ``deepgram``, ``openai``, ``twilio``)."""
         session_id = uuid.uuid4().hex[:16]
         started = time.monotonic()
-        deepgram = not realtime and is_deepgram(query, ws.request.headers.get("Authorization") if ws.request else None)
         dialect: Dialect = NativeDialect()
         try:
-            options, dialect = self._options_for(query, "openai" if realtime else "deepgram" if deepgram else "native")
+            options, dialect = self._options_for(query, kind)
             self._admit(options)
             self.access.start(principal, options.channels, self.clock())
         except AsrError as error:
             if principal.name is not None:
                 self.metrics.key_refusals.labels(principal.name, error.code).inc()
-            if isinstance(dialect, NativeDialect) and (deepgram or realtime):  # its options were refused: still answer in its dialect
-                dialect = OpenAiDialect(default_realtime_options(), self.model_name, ()) if realtime else DeepgramDialect(DeepgramOptions(), self.model_name)
+            if isinstance(dialect, NativeDialect) and kind != "native":  # its options were refused: still answer in its dialect
+                dialect = self._plain_dialect(kind)
             await self._refuse(ws, MessageWriter(session_id), error, session_id, dialect=dialect)
             return
         # No await between the capacity check and this add: admission is atomic.
@@ -357,6 +364,18 @@ class AsrServer:
             "stream.encoding": options.encoding, "stream.channels": options.channels, "key": principal.name or "", "stream.dialect": dialect.name})
         return Connection(self, ws, session, trace, dialect)
 
+    # -- followers -------------------------------------------------------------------
+
+    def session_by_id(self, session_id: str) -> Connection | None:
+        return next((c for c in self._connections if c.sid == session_id), None)
+
+    def live_connections(self) -> list[Connection]:
+        return sorted(self._connections, key=lambda c: c.started_at)
+
+    def keep_ended(self, conn: Connection) -> None:
+        """A session ended: its log stays readable for ``ended_session_ttl_s``."""
+        self.ended.keep(conn.sid, conn.log, conn.session.key, conn.summary(), time.monotonic())
+
     # -- access ----------------------------------------------------------------------
 
     def own_origins(self, host_header: str | None) -> tuple[str, ...]:
@@ -386,12 +405,22 @@ class AsrServer:
         ]
         return {"ice_servers": [s.to_wire() for s in servers]}
 
+    def _plain_dialect(self, kind: str) -> Dialect:
+        """A dialect of ``kind`` with default options: to refuse a stream in its own terms."""
+        if kind == "openai":
+            return OpenAiDialect(default_realtime_options(), self.model_name, ())
+        if kind == "deepgram":
+            return DeepgramDialect(DeepgramOptions(), self.model_name)
+        return TwilioDialect(twilio_options(), ()) if kind == "twilio" else NativeDialect()
+
     def _options_for(self, query: dict[str, list[str]], dialect: str) -> tuple[StreamOptions, Dialect]:
         """The stream's options and the dialect to speak (``native``, ``deepgram`` or ``openai``)."""
         if self.stopping:
             raise ShuttingDown("the server is shutting down; connect to another instance", retry_after=5.0)
         if self.runner is None:
             raise NotReady("the model is still loading; retry shortly", retry_after=2.0)
+        if dialect == "twilio":  # its options come with the call's start event
+            return twilio_options(), TwilioDialect(twilio_options(), tuple(self.runner.languages), query)
         if dialect == "openai":
             if query.get("intent", ["transcription"])[0] != "transcription":
                 raise InvalidOption("only transcription sessions are served here: connect with ?intent=transcription")

@@ -75,11 +75,15 @@ class Session:
         context: ContextOptions | None = None,
         key: str | None = None,
         resume_token: str | None = None,
+        extra: dict[str, Any] | None = None,
+        first_seq: int = 0,
     ) -> None:
         """``webrtc``: what the ``session`` message tells a WebRTC client (its ICE servers);
         ``context``: the context pass's settings (default: on when ``options.revisions``);
         ``key``: the name of the API key the stream came in with; ``resume_token``: what the
-        client presents to take the session up again after its connection dropped."""
+        client presents to take the session up again after its connection dropped; ``extra``:
+        more for the ``session`` message (a call's ids); ``first_seq``: the seq before this
+        session's first message (a session re-made before any audio goes on in sequence)."""
         self.session_id = session_id
         self.key = key
         self.resume_token = resume_token
@@ -89,6 +93,8 @@ class Session:
         self.model_name = model_name
         self.state = SessionState.NEW
         self._writer = MessageWriter(session_id)
+        self._writer.seq = first_seq
+        self._extra = extra
         chunker_options = ChunkerOptions(endpoint_ms=options.endpoint_ms, max_utterance_s=options.max_utterance_s)
         self._vads = [VadGate(vad_options) for _ in range(options.channels)]
         self._chunkers = [Chunker(chunker_options) for _ in range(options.channels)]
@@ -120,9 +126,18 @@ class Session:
 
     # -- inputs ----------------------------------------------------------------------
 
-    def start(self) -> list[SessionOutput]:
+    def start(self, announce: bool = True) -> list[SessionOutput]:
+        """Streaming from now on; ``announce``: with the ``session`` message (a session re-made
+        for new options before any audio may go on without one)."""
         self._transition(SessionState.NEW, SessionState.STREAMING)
-        return [Send(self._writer.session(self.options, self.limits, self.model_name, self._webrtc, self.key, self.resume_token))]
+        if not announce:
+            return []
+        return [Send(self._writer.session(self.options, self.limits, self.model_name, self._webrtc, self.key, self.resume_token, self._extra))]
+
+    @property
+    def seq(self) -> int:
+        """The last message's seq."""
+        return self._writer.seq
 
     def resumed(self, audio_received_s: float, audio_received_bytes: int, commands_received: int, replayed: int) -> list[SessionOutput]:
         """The client is back (its missed messages were replayed): tell it where to resume its input from."""

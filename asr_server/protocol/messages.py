@@ -33,9 +33,9 @@ class MessageWriter:
 
     def session(
         self, options: StreamOptions, limits: Limits, model: str, webrtc: dict[str, Any] | None = None, key: str | None = None,
-        resume_token: str | None = None,
+        resume_token: str | None = None, extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"config": options.to_wire(), "limits": limits.to_wire(), "model": model}
+        body: dict[str, Any] = {"config": options.to_wire(), "limits": limits.to_wire(), "model": model, **(extra or {})}
         if resume_token is not None:
             body["resume_token"] = resume_token  # ?resume=TOKEN&last_seq=N takes the session up again after a drop
         if key is not None:

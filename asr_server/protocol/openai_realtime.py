@@ -43,9 +43,13 @@ def default_realtime_options() -> StreamOptions:
 
 @dataclass(frozen=True)
 class Reconfigure:
-    """New stream options from a session update; the transport applies them while no audio has arrived."""
+    """New stream options from a session update; the transport applies them while no audio has arrived.
+
+    ``announce``: send the new session's ``session`` message (with ``info`` in it), in sequence."""
 
     options: StreamOptions
+    announce: bool = False
+    info: dict[str, Any] | None = None
 
 
 Action = str | bytes | dict[str, Any] | Reconfigure  # our command text, audio, an event for the client, new options

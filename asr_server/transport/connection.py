@@ -47,6 +47,7 @@ from ..options import Limits
 from ..options import StreamOptions
 from ..protocol.openai_realtime import Reconfigure
 from ..resume import ReplayLog
+from .fanout import Follower
 from ..protocol.messages import NativeDialect
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, WebRtcOffer, parse_client_message
 from ..scheduler.engine import JobFailed
@@ -123,7 +124,10 @@ class Connection:
         self.shedding = False
         self._weight = WEIGHTS[Priority(self.options.priority)]
         # Resume: every message sent is kept (bounded) for a client that comes back after a drop.
-        self._replay = ReplayLog(self.limits.max_replay_bytes) if session.resume_token is not None else None
+        # Every message sent, bounded: for a resume, and for the session's followers (transport.fanout).
+        self._replay = ReplayLog(self.limits.max_replay_bytes)
+        self.log = self._replay
+        self.followers: set[Follower] = set()
         self.bytes_received = 0  # of binary frames read: where a resumed client's audio goes on from
         self.commands_received = 0  # text frames read
         self.resumes = 0
@@ -134,6 +138,15 @@ class Connection:
     @property
     def sid(self) -> str:
         return self.session.session_id
+
+    def summary(self) -> dict[str, Any]:
+        """What ``GET /v1/sessions`` lists of this session."""
+        call = getattr(self.dialect, "call", None)
+        return {
+            "session_id": self.sid, "dialect": self.dialect.name, "encoding": self.options.encoding, "channels": self.options.channels,
+            "started": round(time.time() - (time.monotonic() - self.started_at), 3), "key": self.session.key,
+            "last_seq": self.log.last_seq, "ended": self.done.is_set(), **({"call": call.to_wire()} if call is not None else {}),
+        }
 
     async def run(self) -> None:
         key = f" key={self.session.key}" if self.session.key is not None else ""
@@ -176,7 +189,7 @@ class Connection:
 
     def _may_hold(self) -> bool:
         """Whether a dropped connection leaves the session waiting for its client."""
-        return self._replay is not None and not self._ending and not self.done.is_set() and not self.server.stopping
+        return self.session.resume_token is not None and not self._ending and not self.done.is_set() and not self.server.stopping
 
     async def _serve(self) -> None:
         """Read the client's frames; when its connection drops, hold the session for a resume."""
@@ -225,7 +238,6 @@ class Connection:
     async def attach(self, ws: ServerConnection, last_seq: int) -> None:
         """A client resumed with this session's token: replay what it missed after ``last_seq``,
         send ``resumed``, and go on reading from ``ws``. ResumeFailed if that cannot be done."""
-        assert self._replay is not None
         if self.done.is_set() or self._ending:
             raise ResumeFailed("the session has ended; start a new session")
         self._replay.after(last_seq)  # refuse before touching the old connection
@@ -400,19 +412,25 @@ class Connection:
         elif isinstance(action, str):
             await self._on_text(action)
         elif isinstance(action, Reconfigure):
-            self._reconfigure(action.options)
+            await self._reconfigure(action)
+        elif isinstance(action, AsrError):
+            await self._fail(action)
         else:
             async with self._lock:
                 await self._send(json.dumps(action, separators=(",", ":")))
 
-    def _reconfigure(self, options: StreamOptions) -> None:
-        """New stream options (a vendor's session update), taken only while no audio has arrived."""
-        if self.bytes_received or options.channels != self.options.channels:
+    async def _reconfigure(self, change: Reconfigure) -> None:
+        """New stream options (a vendor's session update, a call's start), taken only while no
+        audio has arrived, and with no more channels than were admitted."""
+        options = change.options
+        if self.bytes_received or options.channels > self.options.channels:
             log.info("session=%s event=reconfigure_ignored (audio already received)", self.sid)
             return
         old = self.session
-        self.session = Session(old.session_id, options, old.limits, old.model_name, self.server.vad, context=self.server.context, key=old.key)
-        self.session.start()  # its `session` message was sent already, by the first
+        self.session = Session(old.session_id, options, old.limits, old.model_name, self.server.vad, context=self.server.context, key=old.key,
+                               extra=change.info, first_seq=old.seq)
+        # Its `session` message only when asked (a call's start); else the first one stands.
+        await self._apply(self.session.start(announce=change.announce))
         self.options = options
         self._pcm = PcmDecoder(options.encoding, options.sample_rate or 16000, options.channels) if options.encoding in PcmDecoder.WIDTH else None
         log.info("session=%s event=reconfigured options=%s", self.sid, json.dumps(options.to_wire(), separators=(",", ":")))
@@ -595,8 +613,9 @@ class Connection:
                 case Send():
                     self._observe(output)
                     text = json.dumps(output.message, separators=(",", ":"))
-                    if self._replay is not None:
-                        self._replay.add(output.message["seq"], text)
+                    self._replay.add(output.message["seq"], text)
+                    for follower in list(self.followers):
+                        follower.push(text)
                     if isinstance(self.dialect, NativeDialect):
                         await self._send(text)
                     else:
@@ -745,6 +764,9 @@ class Connection:
 
     async def _cleanup(self) -> None:
         self.done.set()
+        for follower in list(self.followers):
+            follower.end()
+        self.server.keep_ended(self)
         if self._context_deadline is not None:
             self._context_deadline.cancel()
         self._progress.set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import http
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
@@ -22,6 +22,9 @@ from websockets.http11 import Request, Response
 from ..access import ANONYMOUS, Principal
 from ..errors import AsrError, TokensDisabled, wire_info
 from ..metrics import OPENMETRICS, TEXT
+from ..protocol.openai_realtime import REALTIME_PATH
+from ..protocol.twilio import TWILIO_PATH
+from .fanout import SESSIONS_PATH, parse_follow_path, session_list, sse_events
 from ..scheduler.policy import Priority
 
 if TYPE_CHECKING:
@@ -30,12 +33,11 @@ if TYPE_CHECKING:
 __all__ = ["LISTEN_PATH", "REALTIME_PATH", "TOKENS_PATH", "select_subprotocol", "route", "health", "response", "error_response", "OneRequestConnection"]
 
 LISTEN_PATH = "/v1/listen"
-REALTIME_PATH = "/v1/realtime"  # OpenAI's Realtime transcription dialect (protocol/openai_realtime)
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 TOKENS_PATH = "/v1/tokens"
 
 
-def route(server: "AsrServer", connection: "OneRequestConnection", request: Request) -> Response | None:
+def route(server: "AsrServer", connection: "OneRequestConnection", request: Request) -> Response | Awaitable[Response] | None:
     parts = urlsplit(request.path)
     path = parts.path
     post = path == TOKENS_PATH
@@ -45,9 +47,11 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
     if path == "/healthz":
         status = http.HTTPStatus.OK if server.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
         return response(status, json.dumps(health(server)).encode(), "application/json")
-    if path in (LISTEN_PATH, REALTIME_PATH, TOKENS_PATH, "/metrics"):
+    followed = parse_follow_path(path)
+    if path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH, TOKENS_PATH, "/metrics", SESSIONS_PATH) or followed is not None:
         query = parse_qs(parts.query)
-        handshake = path in (LISTEN_PATH, REALTIME_PATH)
+        upgrade = "websocket" in (request.headers.get("Upgrade") or "").lower()
+        handshake = path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH) or (followed is not None and upgrade)
         try:
             # Only a handshake may use a token (a token cannot mint another, nor read metrics).
             principal = _authorize(server, request, query.get("token", [None])[0] if handshake else None)
@@ -59,6 +63,10 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
             return None  # go on with the WebSocket handshake
         if path == TOKENS_PATH:
             return _mint(server, principal, query)
+        if path == SESSIONS_PATH:
+            return response(http.HTTPStatus.OK, json.dumps({"sessions": session_list(server, principal)}).encode(), "application/json")
+        if followed is not None:
+            return sse_events(server, principal, followed, request, query)  # awaited by websockets
         return _metrics(server, request)
     page = server.static.get(path)
     if page is not None:

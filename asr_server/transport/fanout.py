@@ -1,0 +1,209 @@
+"""Following a session's results from elsewhere: ``/v1/sessions`` and ``/v1/sessions/{id}/events``.
+
+Every session keeps the messages it sent in a bounded log (the one a resume
+replays). A follower (a supervisor's dashboard, an agent-assist service)
+gets that log from ``from_seq`` on, then every new message live, the same
+JSON the sender gets, until the session ends:
+
+* as a WebSocket: text frames, then close 1000 at the session's end;
+* as Server-Sent Events: ``id: <seq>`` and ``data: <json>`` per message.
+  Each answer holds until there is something to send (at most
+  :data:`SSE_WAIT_S`), then ends with ``retry:``; the browser's EventSource
+  asks again at once with ``Last-Event-ID``, so nothing is missed. After the
+  session's end the answer is 204, which ends an EventSource.
+
+A follower that falls :data:`FOLLOWER_QUEUE` messages behind is cut off
+(``follower_too_slow``); the stream and the other followers never wait for
+one. Ended sessions stay readable for ``--ended-session-ttl`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from ..access import Principal
+from ..errors import AsrError, FollowerTooSlow, SessionNotFound, wire_info
+from ..resume import ReplayLog
+
+if TYPE_CHECKING:
+    from ..server import AsrServer
+    from .connection import Connection
+
+__all__ = ["Follower", "EndedSessions", "SESSIONS_PATH", "follow", "sse_events", "session_list", "parse_follow_path"]
+
+SESSIONS_PATH = "/v1/sessions"
+FOLLOWER_QUEUE = 1024  # messages a follower may fall behind before it is cut off
+SSE_WAIT_S = 8.0  # an SSE answer waits at most this long for news (under the handshake timeout)
+SSE_RETRY_MS = 100
+
+
+class Follower:
+    """One follower's bounded queue; ``None`` marks the session's end."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=FOLLOWER_QUEUE)
+        self.too_slow = False
+
+    def push(self, text: str) -> None:
+        if self.too_slow:
+            return
+        try:
+            self.queue.put_nowait(text)
+        except asyncio.QueueFull:
+            self.too_slow = True  # its reader sees this and closes; the stream never waits
+            self._end_now()
+
+    def end(self) -> None:
+        self._end_now()
+
+    def _end_now(self) -> None:
+        while True:
+            try:
+                self.queue.put_nowait(None)
+                return
+            except asyncio.QueueFull:
+                self.queue.get_nowait()  # a full queue of a follower that is cut off anyway
+
+
+@dataclass
+class _Ended:
+    log: ReplayLog
+    key: str | None
+    info: dict[str, Any]
+    ended_at: float
+
+
+class EndedSessions:
+    """The logs of sessions that ended, readable for ``ttl_s`` (at most ``limit`` of them)."""
+
+    def __init__(self, ttl_s: float, limit: int = 1000) -> None:
+        self.ttl_s, self.limit = ttl_s, limit
+        self._sessions: OrderedDict[str, _Ended] = OrderedDict()
+
+    def keep(self, session_id: str, log: ReplayLog, key: str | None, info: dict[str, Any], now: float) -> None:
+        if self.ttl_s <= 0:
+            return
+        self._sessions[session_id] = _Ended(log, key, info, now)
+        self.expire(now)
+
+    def expire(self, now: float) -> None:
+        while self._sessions and (len(self._sessions) > self.limit or now - next(iter(self._sessions.values())).ended_at > self.ttl_s):
+            self._sessions.popitem(last=False)
+
+    def get(self, session_id: str, now: float) -> _Ended | None:
+        self.expire(now)
+        return self._sessions.get(session_id)
+
+
+def parse_follow_path(path: str) -> str | None:
+    """The session id of ``/v1/sessions/{id}/events`` (None: another path)."""
+    parts = path.split("/")
+    if len(parts) == 5 and parts[:3] == ["", "v1", "sessions"] and parts[4] == "events" and parts[3]:
+        return parts[3]
+    return None
+
+
+def _from_seq(request_headers: Any, query: dict[str, list[str]]) -> int:
+    raw = (request_headers.get("Last-Event-ID") or query.get("from_seq", ["0"])[0]).strip()
+    return int(raw) if raw.isdigit() and len(raw) < 12 else 0
+
+
+def _find(server: "AsrServer", principal: Principal, session_id: str) -> tuple["Connection | None", _Ended | None]:
+    """The live session, or the ended one's log; SessionNotFound for neither, or another key's."""
+    conn = server.session_by_id(session_id)
+    if conn is not None and conn.session.key == principal.name:
+        return conn, None
+    ended = server.ended.get(session_id, time.monotonic())
+    if ended is not None and ended.key == principal.name:
+        return None, ended
+    raise SessionNotFound(f"no session {session_id[:40]!r} to follow (unknown, ended too long ago, or another key's)")
+
+
+def session_list(server: "AsrServer", principal: Principal) -> list[dict[str, Any]]:
+    """The live sessions a key may follow, for a dashboard."""
+    return [conn.summary() for conn in server.live_connections() if conn.session.key == principal.name]
+
+
+async def follow(server: "AsrServer", ws: ServerConnection, principal: Principal, session_id: str, query: dict[str, list[str]]) -> None:
+    """A WebSocket follower: the log from ``from_seq``, then live, then close 1000 at the session's end."""
+    try:
+        conn, ended = _find(server, principal, session_id)
+        log = conn.log if conn is not None else ended.log  # type: ignore[union-attr]
+        backlog = log.after(min(_from_seq(ws.request.headers if ws.request else {}, query), log.last_seq))
+    except AsrError as error:
+        await _refuse(server, ws, error)
+        return
+    follower = Follower()
+    if conn is not None and not conn.done.is_set():
+        conn.followers.add(follower)  # no await since the backlog was read: nothing missed, nothing twice
+    else:
+        follower.end()
+    server.metrics.followers.inc()
+    try:
+        for text in backlog:
+            await ws.send(text)
+        while (text := await follower.queue.get()) is not None:
+            await ws.send(text)
+        if follower.too_slow:
+            await _refuse(server, ws, _too_slow())
+        else:
+            await ws.close(1000, "session ended")
+    except ConnectionClosed:
+        pass
+    finally:
+        server.metrics.followers.dec()
+        if conn is not None:
+            conn.followers.discard(follower)
+
+
+async def sse_events(server: "AsrServer", principal: Principal, session_id: str, request: Request, query: dict[str, list[str]]) -> Response:
+    """One Server-Sent Events answer: what is new after ``Last-Event-ID`` (or ``from_seq``), waiting for some."""
+    from .http import error_response, response
+
+    try:
+        conn, ended = _find(server, principal, session_id)
+        log = conn.log if conn is not None else ended.log  # type: ignore[union-attr]
+        after = min(_from_seq(request.headers, query), log.last_seq)
+        texts = log.after(after)
+        if not texts and conn is not None and not conn.done.is_set():
+            follower = Follower()
+            conn.followers.add(follower)
+            try:
+                await asyncio.wait_for(follower.queue.get(), SSE_WAIT_S)
+            except TimeoutError:
+                pass
+            finally:
+                conn.followers.discard(follower)
+            texts = log.after(after)
+    except AsrError as error:
+        return error_response(error)
+    if not texts and (conn is None or conn.done.is_set()):
+        return response(http.HTTPStatus.NO_CONTENT, b"", "text/event-stream")  # the session is over: EventSource stops
+    body = f"retry: {SSE_RETRY_MS}\n\n" + "".join(f"id: {json.loads(t)['seq']}\ndata: {t}\n\n" for t in texts)
+    return response(http.HTTPStatus.OK, body.encode(), "text/event-stream; charset=utf-8")
+
+
+def _too_slow() -> AsrError:
+    return FollowerTooSlow(f"this follower fell {FOLLOWER_QUEUE} messages behind the session and was cut off; follow again with from_seq")
+
+
+async def _refuse(server: "AsrServer", ws: ServerConnection, error: AsrError) -> None:
+    server.metrics.errors.labels(error.code).inc()
+    info = wire_info(error)
+    body = {"type": "error", "code": error.code, "message": error.message, "retryable": info.retryable}
+    try:
+        await ws.send(json.dumps(body))
+        await ws.close(info.close_code or 1008, error.code)
+    except ConnectionClosed:
+        pass
+
