@@ -1,0 +1,73 @@
+"""Twilio Media Streams' translation and the tracks' alignment, without a server."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from asr_server.errors import AudioFormatMismatch, InvalidOption
+from asr_server.protocol.openai_realtime import Reconfigure
+from asr_server.protocol.twilio import SILENCE, TrackAligner, TwilioDialect, twilio_options
+
+
+def media(track: str, timestamp: int, payload: bytes) -> str:
+    return json.dumps({"event": "media", "media": {"track": track, "chunk": "1", "timestamp": str(timestamp),
+                                                   "payload": base64.b64encode(payload).decode()}})
+
+
+def start(tracks: list[str], custom: dict[str, str] | None = None, fmt: dict | None = None) -> str:
+    return json.dumps({"event": "start", "start": {"streamSid": "MZ1", "callSid": "CA1", "accountSid": "AC1", "tracks": tracks,
+                                                   "customParameters": custom or {},
+                                                   "mediaFormat": fmt or {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}})
+
+
+def test_two_tracks_are_interleaved_on_one_clock_with_gaps_filled_and_repeats_dropped():
+    a = TrackAligner(2)
+    assert a.add(0, 0, b"\x01" * 160) == b""  # the other track has nothing yet
+    out = a.add(1, 0, b"\x02" * 160)
+    assert out == b"\x01\x02" * 160
+    assert a.add(1, 40, b"\x03" * 160) == b""  # outbound skipped 20 ms: silence there, then its audio
+    out = a.add(0, 20, b"\x04" * 320)
+    assert out == bytes([4, SILENCE]) * 160 + b"\x04\x03" * 160
+    assert a.add(0, 50, b"\x05" * 80) == b""  # all of it repeats what the track had: dropped
+    assert a.flush() == b""  # both tracks stand at 60 ms: nothing left
+
+
+def test_a_silent_track_is_filled_so_the_other_flows():
+    a = TrackAligner(2, max_skew_ms=100)
+    out = b""
+    for i in range(10):  # 200 ms of inbound, nothing outbound
+        out += a.add(0, i * 20, b"\x01" * 160)
+    assert len(out) == 2 * 800  # all but the last 100 ms went out, the outbound leg as silence
+    assert out[1::2] == bytes([SILENCE]) * 800
+    assert a.flush()[1::2] == bytes([SILENCE]) * 800
+
+
+def test_a_call_start_sets_the_channels_and_options_and_nothing_goes_back_to_twilio():
+    d = TwilioDialect(twilio_options(), ("en",))
+    assert d.incoming(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})) == []
+    (reconfigure,) = d.incoming(start(["inbound", "outbound"], {"interim_results": "false", "endpoint_ms": "700", "callback": "x"}))
+    assert isinstance(reconfigure, Reconfigure) and reconfigure.announce
+    options = reconfigure.options
+    assert (options.encoding, options.sample_rate, options.channels, options.interim_results, options.endpoint_ms) == ("mulaw", 8000, 2, False, 700)
+    assert reconfigure.info["call"]["channel_names"] == ["caller", "agent"] and reconfigure.info["call"]["call_sid"] == "CA1"
+    assert d.incoming(media("inbound", 0, b"\x11" * 160)) == []
+    assert d.incoming(media("outbound", 0, b"\x22" * 160)) == [b"\x11\x22" * 160]
+    assert d.incoming(json.dumps({"event": "mark", "mark": {"name": "x"}})) == []
+    assert d.incoming(json.dumps({"event": "dtmf", "dtmf": {"digit": "1"}})) == []
+    assert d.incoming(json.dumps({"event": "stop", "stop": {}}))[-1] == '{"type": "close"}'
+    assert d.outgoing({"type": "final", "text": "anything"}) == [] and d.outgoing({"type": "session"}) == []
+
+
+def test_one_track_calls_bad_parameters_and_other_formats():
+    d = TwilioDialect(twilio_options(), ("en",))
+    (reconfigure,) = d.incoming(start(["inbound"]))
+    assert reconfigure.options.channels == 1
+    assert d.incoming(media("inbound", 0, b"\x11" * 160)) == [b"\x11" * 160]
+    assert d.incoming(media("outbound", 0, b"\x22" * 160)) == []  # a track the call did not ask for
+    (error,) = TwilioDialect(twilio_options(), ("en",)).incoming(start(["inbound"], {"language": "xx"}))
+    assert error.code == "unsupported_language"
+    (error,) = TwilioDialect(twilio_options(), ("en",)).incoming(start(["inbound"], {"endpoint_ms": "fast"}))
+    assert isinstance(error, InvalidOption)
+    (error,) = TwilioDialect(twilio_options(), ("en",)).incoming(start(["inbound"], fmt={"encoding": "audio/l16", "sampleRate": 16000}))
+    assert isinstance(error, AudioFormatMismatch)
