@@ -48,6 +48,11 @@ class ReplayLog:
             _, dropped = self._items.popleft()
             self._bytes -= len(dropped)
 
+    def held(self) -> tuple[int, list[str]]:
+        """The seq of the oldest message still held (last_seq + 1 if none), and every message held."""
+        oldest = self._items[0][0] if self._items else self.last_seq + 1
+        return oldest, [text for _, text in self._items]
+
     def after(self, seq: int) -> list[str]:
         """The messages after ``seq``, in order; ResumeFailed if the client claims more than was
         sent, or if some of them were already dropped from the log."""

@@ -34,12 +34,13 @@ from websockets.http11 import Request, Response
 from ..access import Principal
 from ..errors import AsrError, FollowerTooSlow, SessionNotFound, wire_info
 from ..resume import ReplayLog
+from ..transcript import build_transcript, to_srt, to_vtt
 
 if TYPE_CHECKING:
     from ..server import AsrServer
     from .connection import Connection
 
-__all__ = ["Follower", "EndedSessions", "SESSIONS_PATH", "follow", "sse_events", "session_list", "parse_follow_path"]
+__all__ = ["Follower", "EndedSessions", "SESSIONS_PATH", "follow", "sse_events", "session_list", "parse_follow_path", "transcript_response"]
 
 SESSIONS_PATH = "/v1/sessions"
 FOLLOWER_QUEUE = 1024  # messages a follower may fall behind before it is cut off
@@ -105,12 +106,32 @@ class EndedSessions:
         return self._sessions.get(session_id)
 
 
-def parse_follow_path(path: str) -> str | None:
-    """The session id of ``/v1/sessions/{id}/events`` (None: another path)."""
+def parse_follow_path(path: str, what: str = "events") -> str | None:
+    """The session id of ``/v1/sessions/{id}/events`` (or ``.../{what}``; None: another path)."""
     parts = path.split("/")
-    if len(parts) == 5 and parts[:3] == ["", "v1", "sessions"] and parts[4] == "events" and parts[3]:
+    if len(parts) == 5 and parts[:3] == ["", "v1", "sessions"] and parts[4] == what and parts[3]:
         return parts[3]
     return None
+
+
+def transcript_response(server: "AsrServer", principal: Principal, session_id: str, query: dict[str, list[str]]) -> Response:
+    """``/v1/sessions/{id}/transcript``: the transcript so far (or whole, once ended), as JSON, SRT or WebVTT."""
+    from .http import error_response, response
+
+    try:
+        conn, ended = _find(server, principal, session_id)
+    except AsrError as error:
+        return error_response(error)
+    log = conn.log if conn is not None else ended.log  # type: ignore[union-attr]
+    oldest, texts = log.held()
+    transcript = build_transcript(texts)
+    transcript["truncated"] = oldest > 1  # the log no longer holds the session's first messages
+    fmt = query.get("format", ["json"])[0]
+    if fmt == "srt":
+        return response(http.HTTPStatus.OK, to_srt(transcript).encode(), "application/x-subrip; charset=utf-8")
+    if fmt == "vtt":
+        return response(http.HTTPStatus.OK, to_vtt(transcript).encode(), "text/vtt; charset=utf-8")
+    return response(http.HTTPStatus.OK, json.dumps(transcript).encode(), "application/json")
 
 
 def _from_seq(request_headers: Any, query: dict[str, list[str]]) -> int:

@@ -24,7 +24,7 @@ from ..errors import AsrError, TokensDisabled, wire_info
 from ..metrics import OPENMETRICS, TEXT
 from ..protocol.openai_realtime import REALTIME_PATH
 from ..protocol.twilio import TWILIO_PATH
-from .fanout import SESSIONS_PATH, parse_follow_path, session_list, sse_events
+from .fanout import SESSIONS_PATH, parse_follow_path, session_list, sse_events, transcript_response
 from ..scheduler.policy import Priority
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
         status = http.HTTPStatus.OK if server.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
         return response(status, json.dumps(health(server)).encode(), "application/json")
     followed = parse_follow_path(path)
-    if path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH, TOKENS_PATH, "/metrics", SESSIONS_PATH) or followed is not None:
+    transcribed = parse_follow_path(path, "transcript")
+    if path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH, TOKENS_PATH, "/metrics", SESSIONS_PATH) or followed or transcribed:
         query = parse_qs(parts.query)
         upgrade = "websocket" in (request.headers.get("Upgrade") or "").lower()
         handshake = path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH) or (followed is not None and upgrade)
@@ -65,6 +66,8 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
             return _mint(server, principal, query)
         if path == SESSIONS_PATH:
             return response(http.HTTPStatus.OK, json.dumps({"sessions": session_list(server, principal)}).encode(), "application/json")
+        if transcribed is not None:
+            return transcript_response(server, principal, transcribed, query)
         if followed is not None:
             return sse_events(server, principal, followed, request, query)  # awaited by websockets
         return _metrics(server, request)

@@ -121,6 +121,10 @@ def test_a_twilio_call_is_transcribed_per_party_and_followed_live_and_after(whis
             return out
 
         out = asyncio.run(main())
+        transcript = {}
+        for fmt in ("json", "srt", "vtt"):
+            with urllib.request.urlopen(f"{server.http}/v1/sessions/{out['listing'][0]['session_id']}/transcript?format={fmt}", timeout=30) as answer:
+                transcript[fmt] = answer.read().decode()
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(f"{server.http}/v1/sessions/nope/events", timeout=30)
     finally:
@@ -140,3 +144,9 @@ def test_a_twilio_call_is_transcribed_per_party_and_followed_live_and_after(whis
     assert wer(caller_ref, texts[0]) < 0.35, texts[0]
     assert wer(agent_ref, texts[1]) < 0.35, texts[1]
     assert "support" not in texts[0].lower() and "lost my credit card" not in texts[1].lower()  # no crosstalk
+    # The whole call's transcript, speaker by speaker, with revisions applied.
+    whole = json.loads(transcript["json"])
+    assert whole["complete"] and not whole["truncated"] and [c["speaker"] for c in whole["channels"]] == ["caller", "agent"]
+    assert wer(caller_ref, whole["channels"][0]["text"]) < 0.35 and wer(agent_ref, whole["channels"][1]["text"]) < 0.35
+    assert transcript["srt"].startswith("1\n00:00:0") and "[caller] " in transcript["srt"] and "[agent] " in transcript["srt"]
+    assert transcript["vtt"].startswith("WEBVTT\n\n") and "<v caller>" in transcript["vtt"] and " --> " in transcript["vtt"]

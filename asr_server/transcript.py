@@ -1,0 +1,79 @@
+"""A session's whole transcript from the messages it sent, as JSON, SRT or WebVTT. No I/O.
+
+Per channel, each final is one segment (start, end, text, words); a revision
+replaces the segments of the utterances it covers with one segment of its
+text. Channels are named by the call's ``channel_names`` when the session
+has them (a phone call: caller, agent), else ``channel N``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["build_transcript", "to_srt", "to_vtt"]
+
+
+def build_transcript(texts: Iterable[str]) -> dict[str, Any]:
+    """The transcript of a session's messages (JSON texts, in seq order)."""
+    session_id, names, ended = "", [], False
+    segments: dict[int, list[dict[str, Any]]] = {}
+    for text in texts:
+        message = json.loads(text)
+        kind = message.get("type")
+        session_id = message.get("session_id", session_id)
+        if kind == "session":
+            names = (message.get("call") or {}).get("channel_names", names)
+        elif kind == "final" and message["text"]:
+            segments.setdefault(message["channel"], []).append({
+                "utterances": [message["utterance"], message["utterance"]], "start": message["start"], "end": message["end"],
+                "text": message["text"], "words": message.get("words", []),
+            })
+        elif kind == "revision":
+            _revise(segments.setdefault(message["channel"], []), message)
+        elif kind == "closed":
+            ended = True
+    channels = []
+    for channel in sorted(segments):
+        speaker = names[channel] if channel < len(names) else f"channel {channel}"
+        channels.append({"channel": channel, "speaker": speaker, "segments": segments[channel],
+                         "text": " ".join(s["text"] for s in segments[channel])})
+    return {"session_id": session_id, "complete": ended, "channels": channels}
+
+
+def _revise(segments: list[dict[str, Any]], revision: dict[str, Any]) -> None:
+    first, last = revision["utterances"]
+    covered = [i for i, s in enumerate(segments) if first <= s["utterances"][0] and s["utterances"][1] <= last]
+    if not covered:
+        return
+    start, end = segments[covered[0]]["start"], segments[covered[-1]]["end"]
+    words = revision.get("words") or []
+    if words:
+        start, end = words[0]["start"], words[-1]["end"]
+    merged = {"utterances": [first, last], "start": start, "end": end, "text": revision["text"], "words": words}
+    segments[covered[0] : covered[-1] + 1] = [merged]
+
+
+def _cues(transcript: dict[str, Any]) -> list[tuple[float, float, str, str]]:
+    cues = [(s["start"], s["end"], c["speaker"], s["text"]) for c in transcript["channels"] for s in c["segments"]]
+    return sorted(cues)
+
+
+def _stamp(seconds: float, separator: str) -> str:
+    ms = max(0, round(seconds * 1000))
+    return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}{separator}{ms % 1000:03d}"
+
+
+def to_srt(transcript: dict[str, Any]) -> str:
+    """SubRip: numbered cues, speakers in brackets when there are several channels."""
+    several = len(transcript["channels"]) > 1
+    blocks = [f"{i}\n{_stamp(start, ',')} --> {_stamp(end, ',')}\n{f'[{speaker}] ' if several else ''}{text}\n"
+              for i, (start, end, speaker, text) in enumerate(_cues(transcript), 1)]
+    return "\n".join(blocks)
+
+
+def to_vtt(transcript: dict[str, Any]) -> str:
+    """WebVTT, each cue voiced by its speaker (``<v caller>``)."""
+    cues = [f"{_stamp(start, '.')} --> {_stamp(end, '.')}\n<v {speaker}>{text}\n" for start, end, speaker, text in _cues(transcript)]
+    return "WEBVTT\n\n" + "\n".join(cues)

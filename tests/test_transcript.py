@@ -1,0 +1,40 @@
+"""A session's transcript from its messages, and its subtitle formats."""
+
+from __future__ import annotations
+
+import json
+
+from asr_server.transcript import build_transcript, to_srt, to_vtt
+
+
+def messages() -> list[str]:
+    out = [
+        {"type": "session", "session_id": "s", "seq": 1, "call": {"channel_names": ["caller", "agent"]}},
+        {"type": "final", "channel": 0, "utterance": 0, "text": "I lost my card.", "start": 0.5, "end": 2.0, "words": []},
+        {"type": "final", "channel": 1, "utterance": 0, "text": "Sorry to hear.", "start": 2.5, "end": 3.5, "words": []},
+        {"type": "final", "channel": 0, "utterance": 1, "text": "Yet today.", "start": 4.0, "end": 5.0, "words": []},
+        {"type": "final", "channel": 0, "utterance": 2, "text": "", "start": 6.0, "end": 6.2, "words": []},
+        {"type": "revision", "channel": 0, "utterances": [0, 1], "offset": 0, "text": "I lost my card yesterday.",
+         "words": [{"word": "I", "start": 0.6, "end": 0.7, "probability": 0.9}, {"word": "yesterday.", "start": 4.1, "end": 4.8, "probability": 0.9}]},
+        {"type": "closed", "audio_received_s": 7.0, "audio_transcribed_s": 5.0},
+    ]
+    return [json.dumps(m) for m in out]
+
+
+def test_finals_per_speaker_with_revisions_applied():
+    t = build_transcript(messages())
+    assert t["complete"] and t["session_id"] == "s"
+    caller, agent = t["channels"]
+    assert caller["speaker"] == "caller" and agent["speaker"] == "agent"
+    assert caller["text"] == "I lost my card yesterday." and [s["utterances"] for s in caller["segments"]] == [[0, 1]]
+    assert (caller["segments"][0]["start"], caller["segments"][0]["end"]) == (0.6, 4.8)
+    assert agent["text"] == "Sorry to hear."
+
+
+def test_srt_and_vtt_cues_in_time_order_with_speakers():
+    t = build_transcript(messages())
+    assert to_srt(t) == "1\n00:00:00,600 --> 00:00:04,800\n[caller] I lost my card yesterday.\n\n2\n00:00:02,500 --> 00:00:03,500\n[agent] Sorry to hear.\n"
+    assert to_vtt(t) == "WEBVTT\n\n00:00:00.600 --> 00:00:04.800\n<v caller>I lost my card yesterday.\n\n00:00:02.500 --> 00:00:03.500\n<v agent>Sorry to hear.\n"
+    one = build_transcript([m for m in messages() if '"channel": 1' not in m])
+    assert to_srt(one).splitlines()[2] == "I lost my card yesterday."  # one speaker: no label
+    assert not build_transcript(messages()[:3])["complete"]
