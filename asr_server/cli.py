@@ -33,6 +33,7 @@ from .scheduler.policy import CONTEXT_MAX_WAIT_S, CONTEXT_SHARE, BatchLimits
 from .access import AccessOptions, ApiKey, is_loopback, parse_keys
 from .server import AsrServer
 from .tracing import tracing_from_environment
+from .webhooks import WebhookOptions
 
 log = logging.getLogger("asr_server")
 
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     _access_options(p)
     p.add_argument("--certfile", default=None, help="TLS certificate (PEM): serve https and wss, which browsers on other machines need for the microphone")
     p.add_argument("--keyfile", default=None, help="TLS private key (PEM) for --certfile")
+    p.add_argument("--webhook", default=None, metavar="URL", help="POST every final and each session's transcript here (signed with --webhook-secret)")
+    p.add_argument("--webhook-secret", default=None, help="secret for the webhooks' HMAC-SHA256 signature (Asr-Signature)")
+    p.add_argument("--webhook-allow", action="append", default=[], metavar="PREFIX",
+                   help="a session's own callback URL (a call's customParameters) is used when it starts with this (repeatable)")
     p.add_argument("--trace-ratio", type=_ratio, default=0.01,
                    help="share of streams traced whole with OpenTelemetry (needs the otel extra and an exporter in the standard "
                         "OTEL_* variables, e.g. OTEL_EXPORTER_OTLP_ENDPOINT; default %(default)s; 1 traces every stream)")
@@ -309,7 +314,8 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     plan = _plan(args)
     server = AsrServer(args.host, args.port, plan.limits, model_name=_public_model_name(args.model), batch=plan.batch,
                        workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=VadOptions(detector=args.vad),
-                       context=_context(args), access=access, tracing=tracing_from_environment(args.trace_ratio))
+                       context=_context(args), access=access, tracing=tracing_from_environment(args.trace_ratio),
+                       webhooks=WebhookOptions(args.webhook, args.webhook_secret, tuple(args.webhook_allow)))
     if server.tracing.enabled:
         log.info("tracing %g of streams with OpenTelemetry", args.trace_ratio)
     await server.start()

@@ -88,6 +88,10 @@ class Metrics:
         self.tokens_minted = Counter("asr_tokens_minted_total", "Browser tokens minted, by API key name", ["key"], registry=r)
         self.dialect_sessions = Counter("asr_dialect_sessions_total", "Streams started, by the protocol the client speaks (native, deepgram)",
                                         ["dialect"], registry=r)
+        self.webhook_deliveries = Counter(
+            "asr_webhook_deliveries_total", "Webhook attempts, by outcome (delivered, retried, failed, dropped)", ["outcome"], registry=r
+        )
+        self.webhook_queue = Gauge("asr_webhook_queue", "Webhook deliveries waiting (retries included)", registry=r)
         self.followers = Gauge("asr_followers", "Followers of sessions' results (/v1/sessions/{id}/events) connected now", registry=r)
         self.sessions_held = Gauge("asr_sessions_held", "Sessions whose connection dropped, waiting for their client to resume", registry=r)
         self.resumes = Counter(

@@ -45,6 +45,8 @@ from .decoding.incremental import CONTEXT_KEPT_S
 from .resume import ResumeTable, new_token, parse_resume_request
 from .session import Session
 from .tracing import Tracing
+from .transcript import build_transcript
+from .webhooks import WebhookOptions, WebhookSender
 from .transport.connection import Connection, Dialect
 from .transport.fanout import EndedSessions, follow, parse_follow_path
 from .transport.http import LISTEN_PATH, REALTIME_PATH, OneRequestConnection, route, select_subprotocol
@@ -66,10 +68,7 @@ class AsrServer:
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 8765,
-        limits: Limits = Limits(),
-        model_name: str = "",
+        host: str = "127.0.0.1", port: int = 8765, limits: Limits = Limits(), model_name: str = "",
         *,
         budget: MemoryBudget | None = None,
         governor: GovernorOptions = GovernorOptions(),
@@ -77,12 +76,11 @@ class AsrServer:
         memory_probe: Callable[[], int] = process_rss,
         tick_s: float = 0.25,
         workers: int = 1,
-        rtc: RtcOptions = RtcOptions(),
-        ssl: Any = None,
-        vad: VadOptions = VadOptions(),
+        rtc: RtcOptions = RtcOptions(), ssl: Any = None, vad: VadOptions = VadOptions(),
         context: ContextOptions = ContextOptions(),
         access: AccessOptions = AccessOptions(),
         tracing: Tracing | None = None,
+        webhooks: WebhookOptions = WebhookOptions(),
     ) -> None:
         """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
         the governor's memory-critical step (compared with ``budget.total``); ``rtc``:
@@ -91,16 +89,17 @@ class AsrServer:
         secure pages, or to localhost); ``vad``: how every stream finds speech; ``context``: the
         context pass of streams with ``revisions`` on; ``access``: API keys, browser origins,
         tokens and TURN credentials (:mod:`asr_server.access`); ``tracing``: spans of sampled
-        streams (:mod:`asr_server.tracing`; default none)."""
+        streams (:mod:`asr_server.tracing`; default none); ``webhooks``: where finals and
+        transcripts are POSTed (:mod:`asr_server.webhooks`; default nowhere)."""
         self.host, self.port, self.limits, self.model_name = host, port, limits, model_name
         self.budget, self.batch_limits, self.governor = budget, batch, LoadGovernor(governor)
         self.memory_probe, self.tick_s, self.workers = memory_probe, tick_s, workers
         self.rtc, self.ssl, self.vad, self.context = rtc, ssl, vad, context
-        self.access = Access(access)
-        self.tracing = tracing or Tracing()
+        self.access, self.tracing = Access(access), tracing or Tracing()
         self.clock = time.monotonic  # tokens' lifetimes and quotas' minutes
         self.metrics = Metrics()
-        self.scheduler: Scheduler | None = None
+        self.webhooks = WebhookSender(webhooks, self.metrics)  # started with the server
+        self.scheduler: Scheduler | None = None  # these four come with the model (set_runner)
         self.capacity: CapacityModel | None = None
         self.runner: Runner | None = None
         self.interim_runner: Runner | None = None
@@ -161,6 +160,7 @@ class AsrServer:
             ping_interval=None,
             ssl=self.ssl,
         )
+        self.webhooks.start()
         sock = next(iter(self._server.sockets))
         self.port = sock.getsockname()[1]
         server_log.info("listening on %s://%s:%d%s", "wss" if self.ssl else "ws", self.host, self.port, LISTEN_PATH)
@@ -260,6 +260,7 @@ class AsrServer:
             self._restore_host_addresses = None
         if self.tracing.enabled:
             await asyncio.to_thread(self.tracing.shutdown)
+        await self.webhooks.stop()
 
     async def serve_forever(self) -> None:
         assert self._server is not None
@@ -373,8 +374,29 @@ class AsrServer:
         return sorted(self._connections, key=lambda c: c.started_at)
 
     def keep_ended(self, conn: Connection) -> None:
-        """A session ended: its log stays readable for ``ended_session_ttl_s``."""
-        self.ended.keep(conn.sid, conn.log, conn.session.key, conn.summary(), time.monotonic())
+        """A session ended: its log stays readable for ``ended_session_ttl_s``; its transcript goes to the webhooks."""
+        summary = conn.summary()
+        self.ended.keep(conn.sid, conn.log, conn.session.key, summary, time.monotonic())
+        urls = self._webhook_urls(summary)
+        if urls:
+            transcript = build_transcript(conn.log.held()[1])
+            for url in urls:
+                self.webhooks.send(url, {"event": "transcript", "session_id": conn.sid, "session": summary, "transcript": transcript})
+
+    def notify_final(self, conn: Connection, final: dict[str, Any]) -> None:
+        """A final was sent: to the webhooks."""
+        urls = self._webhook_urls(conn.summary()) if self.webhooks.options.enabled else []
+        for url in urls:
+            self.webhooks.send(url, {"event": "final", "session_id": conn.sid, "message": final})
+
+    def _webhook_urls(self, summary: dict[str, Any]) -> list[str]:
+        """The server's webhook, and the session's own callback when it is an allowed one."""
+        options = self.webhooks.options
+        urls = [options.url] if options.url else []
+        callback = (summary.get("call") or {}).get("custom_parameters", {}).get("callback")
+        if callback and options.callback_allowed(callback):
+            urls.append(callback)
+        return urls
 
     # -- access ----------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """A session's whole transcript from the messages it sent, as JSON, SRT or WebVTT. No I/O.
 
 Per channel, each final is one segment (start, end, text, words); a revision
-replaces the segments of the utterances it covers with one segment of its
-text. Channels are named by the call's ``channel_names`` when the session
+replaces, as the protocol says, everything from its ``offset`` to the end of
+the finals: the segments after it go, one that it cuts keeps its part
+before, and the revision's text is one segment. Channels are named by the call's ``channel_names`` when the session
 has them (a phone call: caller, agent), else ``channel N``.
 """
 
@@ -27,8 +28,8 @@ def build_transcript(texts: Iterable[str]) -> dict[str, Any]:
             names = (message.get("call") or {}).get("channel_names", names)
         elif kind == "final" and message["text"]:
             segments.setdefault(message["channel"], []).append({
-                "utterances": [message["utterance"], message["utterance"]], "start": message["start"], "end": message["end"],
-                "text": message["text"], "words": message.get("words", []),
+                "utterances": [message["utterance"], message["utterance"]], "offset": message["offset"], "start": message["start"],
+                "end": message["end"], "text": message["text"], "words": message.get("words", []),
             })
         elif kind == "revision":
             _revise(segments.setdefault(message["channel"], []), message)
@@ -43,16 +44,20 @@ def build_transcript(texts: Iterable[str]) -> dict[str, Any]:
 
 
 def _revise(segments: list[dict[str, Any]], revision: dict[str, Any]) -> None:
-    first, last = revision["utterances"]
-    covered = [i for i, s in enumerate(segments) if first <= s["utterances"][0] and s["utterances"][1] <= last]
-    if not covered:
-        return
-    start, end = segments[covered[0]]["start"], segments[covered[-1]]["end"]
+    offset, (first, last) = revision["offset"], revision["utterances"]
+    kept, replaced = [], []
+    for s in segments:
+        if s["offset"] + len(s["text"]) < offset:
+            kept.append(s)  # wholly before the revision (and its joining space)
+        elif s["offset"] < offset:
+            kept.append({**s, "text": s["text"][: offset - 1 - s["offset"]], "words": []})  # cut: its part before stays
+            replaced.append(s)
+        else:
+            replaced.append(s)
     words = revision.get("words") or []
-    if words:
-        start, end = words[0]["start"], words[-1]["end"]
-    merged = {"utterances": [first, last], "start": start, "end": end, "text": revision["text"], "words": words}
-    segments[covered[0] : covered[-1] + 1] = [merged]
+    start = words[0]["start"] if words else (replaced[0]["start"] if replaced else 0.0)
+    end = words[-1]["end"] if words else (replaced[-1]["end"] if replaced else start)
+    segments[:] = kept + [{"utterances": [first, last], "offset": offset, "start": start, "end": end, "text": revision["text"], "words": words}]
 
 
 def _cues(transcript: dict[str, Any]) -> list[tuple[float, float, str, str]]:

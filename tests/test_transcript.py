@@ -10,10 +10,10 @@ from asr_server.transcript import build_transcript, to_srt, to_vtt
 def messages() -> list[str]:
     out = [
         {"type": "session", "session_id": "s", "seq": 1, "call": {"channel_names": ["caller", "agent"]}},
-        {"type": "final", "channel": 0, "utterance": 0, "text": "I lost my card.", "start": 0.5, "end": 2.0, "words": []},
-        {"type": "final", "channel": 1, "utterance": 0, "text": "Sorry to hear.", "start": 2.5, "end": 3.5, "words": []},
-        {"type": "final", "channel": 0, "utterance": 1, "text": "Yet today.", "start": 4.0, "end": 5.0, "words": []},
-        {"type": "final", "channel": 0, "utterance": 2, "text": "", "start": 6.0, "end": 6.2, "words": []},
+        {"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "I lost my card.", "start": 0.5, "end": 2.0, "words": []},
+        {"type": "final", "channel": 1, "utterance": 0, "offset": 0, "text": "Sorry to hear.", "start": 2.5, "end": 3.5, "words": []},
+        {"type": "final", "channel": 0, "utterance": 1, "offset": 16, "text": "Yet today.", "start": 4.0, "end": 5.0, "words": []},
+        {"type": "final", "channel": 0, "utterance": 2, "offset": 27, "text": "", "start": 6.0, "end": 6.2, "words": []},
         {"type": "revision", "channel": 0, "utterances": [0, 1], "offset": 0, "text": "I lost my card yesterday.",
          "words": [{"word": "I", "start": 0.6, "end": 0.7, "probability": 0.9}, {"word": "yesterday.", "start": 4.1, "end": 4.8, "probability": 0.9}]},
         {"type": "closed", "audio_received_s": 7.0, "audio_transcribed_s": 5.0},
@@ -29,6 +29,12 @@ def test_finals_per_speaker_with_revisions_applied():
     assert caller["text"] == "I lost my card yesterday." and [s["utterances"] for s in caller["segments"]] == [[0, 1]]
     assert (caller["segments"][0]["start"], caller["segments"][0]["end"]) == (0.6, 4.8)
     assert agent["text"] == "Sorry to hear."
+
+
+def test_a_revision_that_cuts_an_earlier_one_keeps_its_part_before():
+    t = build_transcript(messages() + [json.dumps({"type": "revision", "channel": 0, "utterances": [1, 1], "offset": 15,
+                                                   "text": "yesterday!", "words": []})])
+    assert t["channels"][0]["text"] == "I lost my card yesterday!"  # as a client applying the offsets has it
 
 
 def test_srt_and_vtt_cues_in_time_order_with_speakers():

@@ -616,6 +616,8 @@ class Connection:
                     self._replay.add(output.message["seq"], text)
                     for follower in list(self.followers):
                         follower.push(text)
+                    if output.message["type"] == "final" and output.message["text"]:
+                        self.server.notify_final(self, output.message)
                     if isinstance(self.dialect, NativeDialect):
                         await self._send(text)
                     else:

@@ -1,0 +1,102 @@
+"""End to end: finals and the transcript reach a real HTTP receiver on loopback, signed, in
+order, retried after failures; a receiver that never answers leaves the stream unharmed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from asr_server.webhooks import WebhookOptions, verify
+
+from ..harness import ServerThread, replay
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "hook-secret"
+
+
+class Receiver:
+    """An HTTP receiver on a free loopback port that fails its first ``failures`` requests with 500."""
+
+    def __init__(self, failures: int) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.failures = failures
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the library's name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                failing = len(receiver.requests) < receiver.failures
+                receiver.requests.append({"headers": dict(self.headers), "body": body, "status": 500 if failing else 200})
+                self.send_response(500 if failing else 200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+
+    def __enter__(self) -> "Receiver":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def test_finals_and_the_transcript_arrive_signed_in_order_after_retries(whisper_runner):
+    with Receiver(failures=2) as receiver:
+        options = WebhookOptions(url=receiver.url, secret=SECRET, initial_backoff_s=0.05, max_backoff_s=0.2, timeout_s=10.0)
+        server = ServerThread(whisper_runner, webhooks=options).start()
+        try:
+            r = asyncio.run(replay(server.url, "cards_16k.wav"))
+            for _ in range(3000):  # polls, bounded (60 s): until the transcript was delivered
+                if any(q["status"] == 200 and json.loads(q["body"])["event"] == "transcript" for q in receiver.requests):
+                    break
+                time.sleep(0.02)
+            metrics = server.server.metrics.render().decode()
+        finally:
+            server.stop()
+    delivered = [q for q in receiver.requests if q["status"] == 200]
+    for q in receiver.requests:
+        assert verify(SECRET, q["headers"]["Asr-Signature"], q["body"], now=time.time())
+    assert receiver.requests[0]["headers"]["Asr-Attempt"] == "1" and delivered[0]["headers"]["Asr-Attempt"] == "3"
+    assert len({q["headers"]["Asr-Delivery"] for q in delivered}) == len(delivered)  # each delivered once
+    events = [json.loads(q["body"]) for q in delivered]
+    finals = [m.message for m in r.messages if m.message["type"] == "final" and m.message["text"]]
+    assert [e["message"] for e in events if e["event"] == "final"] == finals  # every final, in order
+    assert events[-1]["event"] == "transcript" and events[-1]["transcript"]["complete"]
+    assert events[-1]["transcript"]["channels"][0]["text"] == r.transcript().final_text(0)
+    assert 'asr_webhook_deliveries_total{outcome="retried"} 2.0' in metrics
+
+
+def test_a_receiver_that_never_answers_does_not_slow_the_stream(whisper_runner):
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # accepts connections (the kernel does), never answers
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
+    server = ServerThread(whisper_runner, webhooks=WebhookOptions(url=url, timeout_s=0.5, max_attempts=2, initial_backoff_s=0.05)).start()
+    try:
+        r = asyncio.run(replay(server.url, "cards_16k.wav"))
+        for _ in range(3000):  # polls, bounded: the first delivery was given up
+            if 'asr_webhook_deliveries_total{outcome="failed"}' in server.server.metrics.render().decode():
+                break
+            time.sleep(0.02)
+        metrics = server.server.metrics.render().decode()
+    finally:
+        server.stop()
+        silent.close()
+    assert r.messages[-1].message["type"] == "closed" and r.final_text()  # the stream finished, every final sent
+    assert 'asr_webhook_deliveries_total{outcome="failed"}' in metrics
+    assert 'outcome="delivered"' not in metrics
