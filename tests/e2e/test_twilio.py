@@ -117,6 +117,7 @@ def test_a_twilio_call_is_transcribed_per_party_and_followed_live_and_after(whis
             sent_back, code = await call
             out = {"listing": listing, "live": await live, "sse": await sse, "sent_back": sent_back, "code": code}
             out["late"] = await ws_follow(server.url, session_id)  # after the end: the kept log
+            out["late_sse"] = await asyncio.to_thread(sse_follow, server.http, session_id)
             out["late_from"] = await ws_follow(server.url, session_id, from_seq=5)
             return out
 
@@ -135,7 +136,7 @@ def test_a_twilio_call_is_transcribed_per_party_and_followed_live_and_after(whis
     assert call["call_sid"] == "CA0001" and call["channel_names"] == ["caller", "agent"] and out["listing"][0]["dialect"] == "twilio"
     live, sse, late = out["live"], out["sse"], out["late"]
     assert [m["seq"] for m in live] == list(range(1, len(live) + 1)) and live[-1]["type"] == "closed"
-    assert sse == live and late == live  # every follower ends with the same messages
+    assert sse == live and late == live and out["late_sse"] == live  # every follower ends with the same messages
     assert out["late_from"] == live[5:]
     session = [m for m in live if m["type"] == "session"][-1]
     assert session["call"]["stream_sid"] == "MZ0001" and session["config"]["channels"] == 2
