@@ -40,6 +40,12 @@ def test_ended_sessions_are_kept_for_their_time_and_bounded():
     assert ended.get("s0", 2.0) is None  # the oldest went when a third came
     assert ended.get("s1", 5.0) is not None and ended.get("s1", 11.5) is None  # and each one after its time
     assert EndedSessions(ttl_s=0).get("x", 0.0) is None
+    small = EndedSessions(ttl_s=10.0, max_bytes=10)
+    for i in range(3):
+        log = ReplayLog(100)
+        log.add(1, "x" * 6)
+        small.keep(f"s{i}", log, None, {}, 0.0)
+    assert small.get("s1", 0.0) is None and small.get("s2", 0.0) is not None and small.bytes == 6  # bounded in bytes too
 
 
 def test_only_a_sessions_events_path_names_it():

@@ -46,6 +46,7 @@ SESSIONS_PATH = "/v1/sessions"
 FOLLOWER_QUEUE = 1024  # messages a follower may fall behind before it is cut off
 SSE_WAIT_S = 8.0  # an SSE answer waits at most this long for news (under the handshake timeout)
 SSE_RETRY_MS = 100
+ENDED_BYTES = 64 << 20  # messages of ended sessions kept at most, in all
 
 
 class Follower:
@@ -85,21 +86,30 @@ class _Ended:
 
 
 class EndedSessions:
-    """The logs of sessions that ended, readable for ``ttl_s`` (at most ``limit`` of them)."""
+    """The logs of sessions that ended, readable for ``ttl_s``: at most ``limit`` of them and
+    ``max_bytes`` of messages in all (the oldest go first)."""
 
-    def __init__(self, ttl_s: float, limit: int = 1000) -> None:
-        self.ttl_s, self.limit = ttl_s, limit
+    def __init__(self, ttl_s: float, limit: int = 1000, max_bytes: int = ENDED_BYTES) -> None:
+        self.ttl_s, self.limit, self.max_bytes = ttl_s, limit, max_bytes
         self._sessions: OrderedDict[str, _Ended] = OrderedDict()
+        self._bytes = 0
 
     def keep(self, session_id: str, log: ReplayLog, key: str | None, info: dict[str, Any], now: float) -> None:
         if self.ttl_s <= 0:
             return
         self._sessions[session_id] = _Ended(log, key, info, now)
+        self._bytes += log.bytes
         self.expire(now)
 
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
     def expire(self, now: float) -> None:
-        while self._sessions and (len(self._sessions) > self.limit or now - next(iter(self._sessions.values())).ended_at > self.ttl_s):
-            self._sessions.popitem(last=False)
+        while self._sessions and (len(self._sessions) > self.limit or self._bytes > self.max_bytes
+                                  or now - next(iter(self._sessions.values())).ended_at > self.ttl_s):
+            _, oldest = self._sessions.popitem(last=False)
+            self._bytes -= oldest.log.bytes
 
     def get(self, session_id: str, now: float) -> _Ended | None:
         self.expire(now)
