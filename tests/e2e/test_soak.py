@@ -8,6 +8,7 @@ import tracemalloc
 import pytest
 from asr_client import read_pcm
 
+from asr_server.options import Limits
 from asr_server.scheduler.governor import GovernorOptions, Level
 from asr_server.server import AsrServer
 from tools.soak import snapshot, soak
@@ -25,7 +26,8 @@ def test_short_sessions_keep_memory_and_queues_flat(whisper_runner):
 
     async def main():
         # A busy machine may raise the load level; this test is about memory, not refusals.
-        server = AsrServer("127.0.0.1", 0, governor=GovernorOptions(max_level=Level.INTERIM_MODEL))
+        # Ended sessions' logs are kept on purpose for followers (bounded; tests/test_fanout.py): not here.
+        server = AsrServer("127.0.0.1", 0, Limits(ended_session_ttl_s=0), governor=GovernorOptions(max_level=Level.INTERIM_MODEL))
         await server.start()
         server.set_runner(whisper_runner)
         try:
