@@ -297,7 +297,7 @@ class AsrServer:
                 self.metrics.key_refusals.labels(principal.name, error.code).inc()
             if isinstance(dialect, NativeDialect) and kind != "native":  # its options were refused: still answer in its dialect
                 dialect = self._plain_dialect(kind)
-            await self._refuse(ws, MessageWriter(session_id), error, session_id, dialect=dialect)
+            await self.refuse(ws, MessageWriter(session_id), error, session_id, dialect=dialect)
             return
         # No await between the capacity check and this add: admission is atomic.
         try:
@@ -341,14 +341,14 @@ class AsrServer:
             conn = self.resumes.claim(request.token, principal.name, self.clock())
         except AsrError as error:
             self.metrics.resumes.labels(error.code).inc()
-            await self._refuse(ws, MessageWriter(uuid.uuid4().hex[:16]), error, "-", session=False)
+            await self.refuse(ws, MessageWriter(uuid.uuid4().hex[:16]), error, "-", event="resume_refused")
             return
         try:
             await conn.attach(ws, request.last_seq)
         except AsrError as error:
             self.resumes.release(request.token)
             self.metrics.resumes.labels(error.code).inc()
-            await self._refuse(ws, MessageWriter(conn.sid), error, conn.sid, session=False)
+            await self.refuse(ws, MessageWriter(conn.sid), error, conn.sid, event="resume_refused")
             return
         self.resumes.attached(request.token)
         self.metrics.resumes.labels("resumed").inc()
@@ -377,7 +377,7 @@ class AsrServer:
         """A session ended: its log stays readable for ``ended_session_ttl_s``; its transcript goes to the webhooks."""
         summary = conn.summary()
         self.ended.keep(conn.sid, conn.log, conn.session.key, summary, time.monotonic())
-        urls = self._webhook_urls(summary)
+        urls = self._webhook_urls(conn)
         if urls:
             transcript = build_transcript(conn.log.held()[1])
             for url in urls:
@@ -385,15 +385,17 @@ class AsrServer:
 
     def notify_final(self, conn: Connection, final: dict[str, Any]) -> None:
         """A final was sent: to the webhooks."""
-        urls = self._webhook_urls(conn.summary()) if self.webhooks.options.enabled else []
-        for url in urls:
+        for url in self._webhook_urls(conn):
             self.webhooks.send(url, {"event": "final", "session_id": conn.sid, "message": final})
 
-    def _webhook_urls(self, summary: dict[str, Any]) -> list[str]:
-        """The server's webhook, and the session's own callback when it is an allowed one."""
+    def _webhook_urls(self, conn: Connection) -> list[str]:
+        """The server's webhook, and the session's own callback (a call's) when it is an allowed one."""
         options = self.webhooks.options
+        if not options.enabled:
+            return []
         urls = [options.url] if options.url else []
-        callback = (summary.get("call") or {}).get("custom_parameters", {}).get("callback")
+        call = getattr(conn.dialect, "call", None)
+        callback = call.custom_parameters.get("callback") if call is not None else None
         if callback and options.callback_allowed(callback):
             urls.append(callback)
         return urls
@@ -459,14 +461,15 @@ class AsrServer:
         if error is not None:
             raise error
 
-    async def _refuse(self, ws: ServerConnection, writer: MessageWriter, error: AsrError, session_id: str, *, session: bool = True,
-                      dialect: Dialect | None = None) -> None:
-        """``session``: a stream refused (counted as a session that ended so); else a resume.
-        ``dialect``: the error in the client's protocol (ours by default)."""
+    async def refuse(self, ws: ServerConnection, writer: MessageWriter, error: AsrError, session_id: str, *, event: str = "refused",
+                     dialect: Dialect | None = None) -> None:
+        """Send ``error`` and close. ``event``: ``refused`` (a stream, counted as a session that
+        ended so), ``resume_refused`` or ``follow_refused``; ``dialect``: the error in the
+        client's protocol (ours by default)."""
         self.metrics.errors.labels(error.code).inc()
-        if session:
+        if event == "refused":
             self.metrics.sessions_ended.labels("refused").inc()
-        log.info("session=%s event=%s code=%s message=%s", session_id, "refused" if session else "resume_refused", error.code, error.message)
+        log.info("session=%s event=%s code=%s message=%s", session_id, event, error.code, error.message)
         try:
             for message in (dialect or NativeDialect()).outgoing(writer.error(error)):
                 await ws.send(json.dumps(message))

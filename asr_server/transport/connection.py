@@ -107,8 +107,7 @@ class Connection:
         self._first_interim_seen = False
         self._chunks = 0  # audio chunks taken, for their trace spans
         self._speech_arrivals: dict[tuple[int, int], float] = {}  # utterances with no result yet: their speech's arrival
-        raw = not (self.options.is_container or self.options.is_webrtc)
-        self._pcm = PcmDecoder(self.options.encoding, self.options.sample_rate or 16000, self.options.channels) if raw else None
+        self._pcm = _pcm_decoder(self.options)
         self._container: ContainerDecoder | None = None
         self._container_task: asyncio.Task[None] | None = None
         self._rtc: RtcIngest | None = None
@@ -125,8 +124,7 @@ class Connection:
         self._weight = WEIGHTS[Priority(self.options.priority)]
         # Resume: every message sent is kept (bounded) for a client that comes back after a drop.
         # Every message sent, bounded: for a resume, and for the session's followers (transport.fanout).
-        self._replay = ReplayLog(self.limits.max_replay_bytes)
-        self.log = self._replay
+        self.log = ReplayLog(self.limits.max_replay_bytes)
         self.followers: set[Follower] = set()
         self.bytes_received = 0  # of binary frames read: where a resumed client's audio goes on from
         self.commands_received = 0  # text frames read
@@ -216,7 +214,7 @@ class Connection:
         self.server.resumes.hold(self.session.resume_token, deadline)
         self.metrics.sessions_held.inc()
         log.info("session=%s event=held ttl_s=%g received_bytes=%d last_seq=%d", self.sid, self.limits.resume_ttl_s,
-                 self.bytes_received, self._replay.last_seq if self._replay else 0)
+                 self.bytes_received, self.log.last_seq)
         try:
             while self.ws is ws and not self.done.is_set():
                 self._reattached.clear()
@@ -240,14 +238,14 @@ class Connection:
         send ``resumed``, and go on reading from ``ws``. ResumeFailed if that cannot be done."""
         if self.done.is_set() or self._ending:
             raise ResumeFailed("the session has ended; start a new session")
-        self._replay.after(last_seq)  # refuse before touching the old connection
+        self.log.after(last_seq)  # refuse before touching the old connection
         old = self.ws
         if not self._held:
             # Its client is back before we saw the drop: the old connection is dead to it.
             log.info("session=%s event=taken_over", self.sid)
             old.transport.abort()
         async with self._lock:  # no message goes out between the replay and `resumed`
-            messages = self._replay.after(last_seq)
+            messages = self.log.after(last_seq)
             self.ws, self._held = ws, False
             self.resumes += 1
             for text in messages:
@@ -432,7 +430,7 @@ class Connection:
         # Its `session` message only when asked (a call's start); else the first one stands.
         await self._apply(self.session.start(announce=change.announce))
         self.options = options
-        self._pcm = PcmDecoder(options.encoding, options.sample_rate or 16000, options.channels) if options.encoding in PcmDecoder.WIDTH else None
+        self._pcm = _pcm_decoder(options)
         log.info("session=%s event=reconfigured options=%s", self.sid, json.dumps(options.to_wire(), separators=(",", ":")))
 
     async def _on_text(self, text: str) -> None:
@@ -613,7 +611,7 @@ class Connection:
                 case Send():
                     self._observe(output)
                     text = json.dumps(output.message, separators=(",", ":"))
-                    self._replay.add(output.message["seq"], text)
+                    self.log.add(output.message["seq"], text)
                     for follower in list(self.followers):
                         follower.push(text)
                     if output.message["type"] == "final" and output.message["text"]:
@@ -786,6 +784,12 @@ class Connection:
                 await asyncio.wait_for(self.ws.close(1000 if self.outcome == "completed" else 1011), timeout=2)
             except (ConnectionClosed, TimeoutError):
                 pass
+
+
+def _pcm_decoder(options: StreamOptions) -> PcmDecoder | None:
+    """The decoder of a raw encoding's frames (containers and WebRTC have their own)."""
+    raw = not (options.is_container or options.is_webrtc)
+    return PcmDecoder(options.encoding, options.sample_rate or 16000, options.channels) if raw else None
 
 
 async def _first_of(*events: asyncio.Event, timeout: float) -> None:

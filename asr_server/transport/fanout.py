@@ -23,6 +23,7 @@ import asyncio
 import http
 import json
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from ..access import Principal
-from ..errors import AsrError, FollowerTooSlow, SessionNotFound, wire_info
+from ..errors import AsrError, FollowerTooSlow, SessionNotFound
+from ..protocol.messages import MessageWriter
 from ..resume import ReplayLog
 from ..transcript import build_transcript, to_srt, to_vtt
 
@@ -172,7 +174,7 @@ async def follow(server: "AsrServer", ws: ServerConnection, principal: Principal
         log = conn.log if conn is not None else ended.log  # type: ignore[union-attr]
         backlog = log.after(min(_from_seq(ws.request.headers if ws.request else {}, query), log.last_seq))
     except AsrError as error:
-        await _refuse(server, ws, error)
+        await server.refuse(ws, MessageWriter(uuid.uuid4().hex[:16]), error, session_id, event="follow_refused")
         return
     follower = Follower()
     if conn is not None and not conn.done.is_set():
@@ -186,7 +188,7 @@ async def follow(server: "AsrServer", ws: ServerConnection, principal: Principal
         while (text := await follower.queue.get()) is not None:
             await ws.send(text)
         if follower.too_slow:
-            await _refuse(server, ws, _too_slow())
+            await server.refuse(ws, MessageWriter(uuid.uuid4().hex[:16]), _too_slow(), session_id, event="follow_refused")
         else:
             await ws.close(1000, "session ended")
     except ConnectionClosed:
@@ -226,15 +228,3 @@ async def sse_events(server: "AsrServer", principal: Principal, session_id: str,
 
 def _too_slow() -> AsrError:
     return FollowerTooSlow(f"this follower fell {FOLLOWER_QUEUE} messages behind the session and was cut off; follow again with from_seq")
-
-
-async def _refuse(server: "AsrServer", ws: ServerConnection, error: AsrError) -> None:
-    server.metrics.errors.labels(error.code).inc()
-    info = wire_info(error)
-    body = {"type": "error", "code": error.code, "message": error.message, "retryable": info.retryable}
-    try:
-        await ws.send(json.dumps(body))
-        await ws.close(info.close_code or 1008, error.code)
-    except ConnectionClosed:
-        pass
-

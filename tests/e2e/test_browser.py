@@ -260,7 +260,7 @@ def test_page_resumes_after_its_connection_is_cut_and_loses_nothing(playwright, 
         proxy.call(proxy.proxy.blackhole)
         for _ in range(600):  # polls a condition, bounded (60 s): the server sent a message the page will not get
             (conn,) = server.server._connections
-            if server.call(lambda: len(conn._replay.after(seq))):
+            if server.call(lambda: len(conn.log.after(seq))):
                 break
             time.sleep(0.1)
         proxy.call(proxy.proxy.cut)

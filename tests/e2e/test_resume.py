@@ -84,7 +84,7 @@ def test_cuts_mid_sentence_and_mid_final_resume_with_the_transcript_of_an_uninte
                     """Messages of ``kind`` the server sent after ``seq`` (read in its own loop)."""
                     def read() -> list[str]:
                         (conn,) = server.server._connections
-                        return conn._replay.after(seq)
+                        return conn.log.after(seq)
                     return [m for m in map(json.loads, server.call(read)) if m["type"] == kind]
 
                 async def cut_twice(message: dict[str, Any], stream: Any) -> None:

@@ -104,6 +104,8 @@ export class AsrClient extends EventTarget {
     this._lastSeq = 0;
     this._online = false; // false while a dropped connection is being resumed: sends only go to the buffer
     this._resuming = false;
+    this._stuck = 0; // resumes in a row at the same audio position
+    this._resumedAt = -1;
     this._sent = []; // for a resume: {kind: "audio", pos, buf} and {kind: "text", index, text, resend}
     this._sentBytes = 0;
     this._audioBytes = 0;
@@ -297,7 +299,7 @@ export class AsrClient extends EventTarget {
   // -- resuming ---------------------------------------------------------------------
 
   _mayResume() {
-    return this.resume && (this._stuck ?? 0) < MAX_FRUITLESS_RESUMES && this.state === "streaming" && Boolean(this.session?.resume_token) && !this._closedMessage && !this.lastError?.fromServer;
+    return this.resume && this._stuck < MAX_FRUITLESS_RESUMES && this.state === "streaming" && Boolean(this.session?.resume_token) && !this._closedMessage && !this.lastError?.fromServer;
   }
 
   /** The connection dropped: reconnect with backoff and take the session up again, until the server's resume_ttl_s. */
@@ -337,7 +339,7 @@ export class AsrClient extends EventTarget {
   _resend(resumed) {
     const received = resumed.audio_received_bytes;
     // Resumes in a row that bring no audio further: something cuts the connection each time.
-    this._stuck = received === this._resumedAt ? (this._stuck ?? 0) + 1 : 0;
+    this._stuck = received === this._resumedAt ? this._stuck + 1 : 0;
     this._resumedAt = received;
     const oldest = this._sent.find((item) => item.kind === "audio")?.pos ?? this._audioBytes;
     if (received < oldest) resumed.client_gap_bytes = oldest - received; // older than the buffer holds
