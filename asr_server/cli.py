@@ -112,7 +112,8 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-window-s", type=_seconds, default=defaults.window_s,
                    help=f"audio one context pass decodes at most, utterances and gaps (default {defaults.window_s:g}; at most 30)")
     p.add_argument("--context-back-s", type=_seconds, default=defaults.back_s,
-                   help=f"of it, audio of utterances a pass already decided, as context before the new ones (default {defaults.back_s:g})")
+                   help=f"of it, audio of utterances a pass already decided, as context before the new ones (default {defaults.back_s:g}; "
+                        "0 while the server is loaded, load level 1 and up)")
     p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,
                    help=f"speech finalized since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
     p.add_argument("--context-max-wait-s", type=_seconds, default=CONTEXT_MAX_WAIT_S,

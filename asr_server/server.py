@@ -38,7 +38,7 @@ from .scheduler import Scheduler
 from .scheduler.admission import Capacity, refusal
 from .scheduler.capacity import CapacityModel
 from .scheduler.budget import MemoryBudget, audio_bytes, process_rss, stream_bytes
-from .scheduler.governor import GovernorOptions, InterimLoad, LoadGovernor
+from .scheduler.governor import GovernorOptions, LoadSettings, LoadGovernor
 from .scheduler.policy import BatchLimits, Priority
 from .decoding.context import ContextOptions
 from .decoding.incremental import CONTEXT_KEPT_S
@@ -226,16 +226,16 @@ class AsrServer:
         """Apply the governor's level to every session's interims; each is told if its own change."""
         self.metrics.degradation_level.set(int(self.governor.level))
         for conn in list(self._connections):
-            await conn.set_load(self.interim_load())
+            await conn.set_load(self.load_settings())
 
     async def reset_load(self) -> None:
         """The governor back to level 0, announced to every session that was degraded."""
         self.governor.reset()
         await self.announce_level()
 
-    def interim_load(self) -> InterimLoad:
-        """What the current level does to interims."""
-        return self.governor.interim_load(self.interim_runner is not None)
+    def load_settings(self) -> LoadSettings:
+        """What the current level does to interims and context passes."""
+        return self.governor.load_settings(self.interim_runner is not None)
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, tell every client, finish what they are owed, close."""

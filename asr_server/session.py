@@ -34,7 +34,7 @@ from .events import DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechSt
 from .inference.types import DecodeKind, Hypothesis
 from .options import Limits, StreamOptions
 from .protocol.messages import MessageWriter
-from .scheduler.governor import InterimLoad
+from .scheduler.governor import LoadSettings
 
 __all__ = ["SessionState", "Send", "Close", "SessionOutput", "Session"]
 
@@ -205,11 +205,12 @@ class Session:
     def draining(self) -> bool:
         return self.state is SessionState.DRAINING
 
-    def set_load(self, load: InterimLoad) -> list[SessionOutput]:
+    def set_load(self, load: LoadSettings) -> list[SessionOutput]:
         """The server's load level changed: adjust interims and tell the client if they change."""
         settings = (self.options.interim_ms * load.scale, load.model, load.short_window)
         changed = False
         for d in self._decoders:
+            d.lean_context = load.lean_context
             changed |= (d.interim_ms, d.interim_model, d.interim_short_window) != settings
             d.interim_ms, d.interim_model, d.interim_short_window = settings
         if not changed or not self.options.interim_results or self.state is not SessionState.STREAMING:

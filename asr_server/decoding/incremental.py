@@ -32,7 +32,7 @@ Rules it keeps:
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -112,6 +112,8 @@ class ChannelDecoder:
         # them: finals come sooner and cost half, and the transcript that stays is the pass's.
         self.quick_finals = self.context.enabled and self.context.quick_finals
         self._withdrawn: DecodeJob | None = None  # the in-flight job already withdrawn
+        # Under load, context passes decode no audio they already decided (cheaper, catch up sooner).
+        self.lean_context = False
 
     # -- state the session looks at -------------------------------------------------
 
@@ -439,7 +441,8 @@ class ChannelDecoder:
         return [SubmitJob(job)]
 
     def _context_window(self) -> DecodeJob:
-        records = plan_window(self._done, self.context, self._unrevised)
+        options = replace(self.context, back_s=0.0) if self.lean_context else self.context
+        records = plan_window(self._done, options, self._unrevised)
         before = self._done[: len(self._done) - len(records)]
         prompt = _with_vocabulary(self.options.prompt, _tail_words(" ".join(r.text for r in before), PROMPT_CHARS))
         request, self._context_spans = window_request(records, self.context, self.options.language, prompt)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from .policy import Priority
 
-__all__ = ["Level", "GovernorOptions", "LoadGovernor", "InterimLoad"]
+__all__ = ["Level", "GovernorOptions", "LoadGovernor", "LoadSettings"]
 
 
 class Level(enum.IntEnum):
@@ -58,13 +58,14 @@ _REFUSED_FROM: dict[Priority, Level] = {
 
 
 @dataclass(frozen=True)
-class InterimLoad:
-    """What the load level does to interims."""
+class LoadSettings:
+    """What the load level does to interims and context passes."""
 
     level: int = 0
     scale: int = 1  # times the requested interim_ms
     model: bool = False  # on the smaller --interim-model
     short_window: bool = False  # on the short encoder window
+    lean_context: bool = False  # context passes decode only the utterances they decide
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ class LoadGovernor:
     def short_interim_window(self) -> bool:
         return self.level >= Level.FEWER_INTERIMS
 
-    def interim_load(self, has_interim_model: bool) -> InterimLoad:
-        """The interim settings of the current level."""
-        return InterimLoad(int(self.level), self.interim_scale(has_interim_model),
-                           self.use_interim_model() and has_interim_model, self.short_interim_window())
+    def load_settings(self, has_interim_model: bool) -> LoadSettings:
+        """The interim and context-pass settings of the current level."""
+        return LoadSettings(int(self.level), self.interim_scale(has_interim_model),
+                           self.use_interim_model() and has_interim_model, self.short_interim_window(), self.level >= Level.FEWER_INTERIMS)

@@ -51,7 +51,7 @@ from .fanout import Follower
 from ..protocol.messages import NativeDialect
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, WebRtcOffer, parse_client_message
 from ..scheduler.engine import JobFailed
-from ..scheduler.governor import InterimLoad
+from ..scheduler.governor import LoadSettings
 from ..scheduler.policy import WEIGHTS, Priority
 from ..session import Close, Send, Session, SessionOutput, SessionState
 from ..tracing import StreamTrace
@@ -152,7 +152,7 @@ class Connection:
         try:
             await self._apply(self.session.start())
             if self.server.governor.level:
-                await self.set_load(self.server.interim_load())  # admitted under load: start degraded
+                await self.set_load(self.server.load_settings())  # admitted under load: start degraded
             if self.options.is_container:
                 self._container = ContainerDecoder(self.options.encoding, self.options.channels, self.limits.max_container_buffer_bytes)
                 self._container_task = self._spawn(self._pump_container())
@@ -168,7 +168,7 @@ class Connection:
         finally:
             await self._cleanup()
 
-    async def set_load(self, load: InterimLoad) -> None:
+    async def set_load(self, load: LoadSettings) -> None:
         try:
             await self._apply(self.session.set_load(load))
         except (ConnectionClosed, TimeoutError):

@@ -25,6 +25,7 @@ class TwoPassModel:
         self.alone, self.together = alone, together
         self.lengths: dict[int, int] = {}  # final audio length -> sentence
         self.context_requests = 0
+        self.windows: list[list[int]] = []  # per context request, the sentences it holds
 
     def final(self, request) -> Hypothesis:
         n = self.lengths.setdefault(len(request.audio), len(self.lengths))
@@ -33,6 +34,7 @@ class TwoPassModel:
     def context(self, request) -> Hypothesis:
         self.context_requests += 1
         words: list[Word] = []
+        self.windows.append([self.lengths[end - start] for start, end in _spans(request.audio)])
         for start, end in _spans(request.audio):
             n = self.lengths[end - start]
             words += _hyp(self.together[n], start / 16000, end / 16000).words
@@ -252,6 +254,29 @@ def test_the_newest_final_waits_for_a_later_one_or_for_the_speaker_to_stop():
     d.apply(d.session.end_of_stream())
     d.run_context()  # the stream ended: the newest is decided too
     assert d.client.final_text() == " ".join(t + " too" for t in ALONE)
+
+
+@pytest.mark.parametrize("loaded", [False, True])
+def test_under_load_a_pass_decodes_only_the_utterances_it_decides(loaded):
+    """Quiet, a pass takes decided utterances before the new ones as acoustic context; once
+    the server is loaded (level 1 and up) it leaves them out, so that passes cost less and
+    catch up, and revisions still follow the rules."""
+    from asr_server.scheduler.governor import LoadSettings
+
+    model = TwoPassModel(ALONE, [t + " too" for t in ALONE])
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
+    audio = speech()
+    cut = int(12.0 * 16000)  # the third sentence is final, the fourth not started
+    d.feed(audio[:cut])
+    d.run_context()  # decides sentences 0 and 1, with 2 as lookahead
+    assert model.windows == [[0, 1, 2]]
+    d.apply(d.session.set_load(LoadSettings(level=1, scale=2, short_window=True, lean_context=loaded)))
+    d.feed(audio[cut:])
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    assert model.windows[1] == ([2, 3, 4] if loaded else [0, 1, 2, 3, 4])
+    check_rules(d)
+    assert d.client.final_text() == " ".join(t + " too" for t in ALONE) == server_transcript(d)
 
 
 def test_a_pass_that_cuts_an_utterance_short_leaves_it_as_it_was():

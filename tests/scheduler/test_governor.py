@@ -1,7 +1,7 @@
 import pytest
 
 from asr_server.scheduler.budget import MemoryBudget, channel_bytes, stream_bytes
-from asr_server.scheduler.governor import GovernorOptions, InterimLoad, Level, LoadGovernor
+from asr_server.scheduler.governor import GovernorOptions, LoadSettings, Level, LoadGovernor
 from asr_server.scheduler.policy import Priority
 
 
@@ -55,12 +55,12 @@ def test_interim_rate_and_interim_model_by_level():
 
 def test_interims_take_the_short_window_from_the_first_level():
     gov = LoadGovernor(GovernorOptions(interim_factor=2))
-    assert gov.interim_load(False) == InterimLoad(0, 1, False, False)
+    assert gov.load_settings(False) == LoadSettings(0, 1, False, False)
     gov.level = Level.FEWER_INTERIMS
-    assert gov.interim_load(False) == InterimLoad(1, 2, False, True)
+    assert gov.load_settings(False) == LoadSettings(1, 2, False, True, True)
     gov.level = Level.INTERIM_MODEL
-    assert gov.interim_load(False) == InterimLoad(2, 4, False, True)
-    assert gov.interim_load(True) == InterimLoad(2, 2, True, True)
+    assert gov.load_settings(False) == LoadSettings(2, 4, False, True, True)
+    assert gov.load_settings(True) == LoadSettings(2, 2, True, True, True)
 
 
 def test_memory_critical_is_independent_of_the_level():
