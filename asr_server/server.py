@@ -223,7 +223,7 @@ class AsrServer:
             await victim.shed()
 
     async def announce_level(self) -> None:
-        """Apply the governor's level to every session's interims; each is told if its own change."""
+        """Apply the governor's level to every session's interims and passes; each is told if its interims change."""
         self.metrics.degradation_level.set(int(self.governor.level))
         for conn in list(self._connections):
             await conn.set_load(self.load_settings())

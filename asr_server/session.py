@@ -206,7 +206,7 @@ class Session:
         return self.state is SessionState.DRAINING
 
     def set_load(self, load: LoadSettings) -> list[SessionOutput]:
-        """The server's load level changed: adjust interims and tell the client if they change."""
+        """The server's load level changed: adjust interims and context passes, and tell the client if interims change."""
         settings = (self.options.interim_ms * load.scale, load.model, load.short_window)
         changed = False
         for d in self._decoders:

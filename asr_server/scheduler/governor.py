@@ -152,7 +152,11 @@ class LoadGovernor:
     def short_interim_window(self) -> bool:
         return self.level >= Level.FEWER_INTERIMS
 
+    def lean_context(self) -> bool:
+        """Whether context passes leave out the decided audio before the new utterances."""
+        return self.level >= Level.FEWER_INTERIMS
+
     def load_settings(self, has_interim_model: bool) -> LoadSettings:
         """The interim and context-pass settings of the current level."""
         return LoadSettings(int(self.level), self.interim_scale(has_interim_model),
-                           self.use_interim_model() and has_interim_model, self.short_interim_window(), self.level >= Level.FEWER_INTERIMS)
+                            self.use_interim_model() and has_interim_model, self.short_interim_window(), self.lean_context())
