@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import tracemalloc
 
 import pytest
@@ -24,25 +25,34 @@ def test_short_sessions_keep_memory_and_queues_flat(whisper_runner):
     pcm, _ = read_pcm(str(FIXTURES / "librivox_16k.wav"))
     pcm = pcm[: int(1.5 * 16000) * 2]
 
+    async def settled(server: AsrServer, done: int):
+        """A snapshot once the last sessions' shells have finished (after their clients saw the
+        close) and cyclic garbage is collected: what the server holds between sessions."""
+        for _ in range(500):
+            if not server._connections:
+                break
+            await asyncio.sleep(0.01)
+        gc.collect()
+        return snapshot(server, done)
+
     async def main():
         # A busy machine may raise the load level; this test is about memory, not refusals.
         # Ended sessions' logs are kept on purpose for followers (bounded; tests/test_fanout.py): not here.
         server = AsrServer("127.0.0.1", 0, Limits(ended_session_ttl_s=0), governor=GovernorOptions(max_level=Level.INTERIM_MODEL))
         await server.start()
         server.set_runner(whisper_runner)
+        url = f"ws://127.0.0.1:{server.port}"
         try:
-            samples, failed = await soak(server, f"ws://127.0.0.1:{server.port}", pcm, sessions=200, concurrency=4, every=25)
-            for _ in range(500):  # the last sessions' shells finish after their clients saw the close
-                if not server._connections:
-                    break
-                await asyncio.sleep(0.01)
-            return samples, failed, snapshot(server, samples[-1].sessions)
+            warm_up, failed = await soak(server, url, pcm, sessions=50, concurrency=4, every=25)
+            warm = await settled(server, 50)
+            samples, more_failed = await soak(server, url, pcm, sessions=150, concurrency=4, every=25)
+            return warm_up + samples, failed + more_failed, warm, await settled(server, 200)
         finally:
             await server.stop(grace_s=5)
 
     tracemalloc.start()
     try:
-        samples, failed, end = asyncio.run(main())
+        samples, failed, warm, end = asyncio.run(main())
     finally:
         tracemalloc.stop()
     assert failed == 0
@@ -50,6 +60,7 @@ def test_short_sessions_keep_memory_and_queues_flat(whisper_runner):
     assert end.live_jobs == 0 and end.queue_held <= 24 and end.connections == 0
     for s in samples:
         assert s.queue_held <= 2 * s.live_jobs + 24
-    warm = next(s for s in samples if s.sessions >= 50)
-    # The Python heap after 150 more sessions: flat within a few MiB (the leak grew it by ~25 MiB here).
-    assert end.heap_mib - warm.heap_mib < 6.0, [(s.sessions, round(s.heap_mib, 1)) for s in samples]
+    # The Python heap between sessions, after 150 more: flat (the leak grew it by ~25 MiB here;
+    # measured flat, 1.42 -> 1.45 MiB). Samples taken while sessions run swing by 5-7 MiB with
+    # what they hold and with garbage not yet collected, so only settled heaps are compared.
+    assert end.heap_mib - warm.heap_mib < 2.0, (round(warm.heap_mib, 2), round(end.heap_mib, 2), [(s.sessions, round(s.heap_mib, 1)) for s in samples])
