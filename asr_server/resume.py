@@ -48,22 +48,29 @@ class ReplayLog:
             _, dropped = self._items.popleft()
             self._bytes -= len(dropped)
 
+    @property
+    def oldest(self) -> int:
+        """The seq of the oldest message still held (last_seq + 1 if none)."""
+        return self._items[0][0] if self._items else self.last_seq + 1
+
     def held(self) -> tuple[int, list[str]]:
-        """The seq of the oldest message still held (last_seq + 1 if none), and every message held."""
-        oldest = self._items[0][0] if self._items else self.last_seq + 1
-        return oldest, [text for _, text in self._items]
+        """:attr:`oldest`, and every message held."""
+        return self.oldest, [text for _, text in self._items]
 
     def after(self, seq: int) -> list[str]:
         """The messages after ``seq``, in order; ResumeFailed if the client claims more than was
         sent, or if some of them were already dropped from the log."""
+        return [text for _, text in self.entries_after(seq)]
+
+    def entries_after(self, seq: int) -> list[tuple[int, str]]:
+        """:meth:`after`, each message with its seq."""
         if seq > self.last_seq:
             raise ResumeFailed(f"last_seq {seq} is past the last message sent ({self.last_seq})")
         if seq == self.last_seq:
             return []
-        oldest = self._items[0][0] if self._items else self.last_seq + 1
-        if seq + 1 < oldest:
-            raise ResumeFailed(f"the messages after seq {seq} are no longer held (the replay log starts at {oldest})")
-        return [text for s, text in self._items if s > seq]
+        if seq + 1 < self.oldest:
+            raise ResumeFailed(f"the messages after seq {seq} are no longer held (the replay log starts at {self.oldest})")
+        return [(s, text) for s, text in self._items if s > seq]
 
 
 @dataclass(frozen=True)

@@ -270,9 +270,10 @@ class AsrServer:
 
     async def _handle(self, ws: ServerConnection) -> None:
         principal: Principal = getattr(ws, "principal", ANONYMOUS)
-        query = parse_qs(urlsplit(ws.request.path if ws.request else "").query, keep_blank_values=True)
+        url = urlsplit(ws.request.path if ws.request else "")
+        query = parse_qs(url.query, keep_blank_values=True)
         query.pop("token", None)  # access control's, checked at the handshake (transport.http)
-        path = urlsplit(ws.request.path if ws.request else "").path
+        path = url.path
         if "resume" in query and path == LISTEN_PATH:
             await self._resume(ws, principal, query)
         elif (followed := parse_follow_path(path)) is not None:

@@ -31,7 +31,6 @@ from ..audio.decode import MODEL_RATE, ContainerDecoder, PcmDecoder
 from ..errors import (
     AsrError,
     AudioOverrun,
-    ResumeFailed,
     DecodeFailed,
     FrameTooLarge,
     IdleTimeout,
@@ -39,22 +38,21 @@ from ..errors import (
     InvalidMessage,
     MemoryPressure,
     ResultsNotRead,
+    ResumeFailed,
     ShuttingDown,
     wire_info,
 )
 from ..events import Final, Interim, Revision, SpeechStart, SubmitJob, WithdrawJob
-from ..options import Limits
-from ..options import StreamOptions
+from ..options import Limits, StreamOptions
+from ..protocol.messages import CloseStream, Finalize, KeepAlive, NativeDialect, WebRtcOffer, parse_client_message
 from ..protocol.openai_realtime import Reconfigure
 from ..resume import ReplayLog
-from .fanout import Follower
-from ..protocol.messages import NativeDialect
-from ..protocol.messages import CloseStream, Finalize, KeepAlive, WebRtcOffer, parse_client_message
 from ..scheduler.engine import JobFailed
 from ..scheduler.governor import LoadSettings
 from ..scheduler.policy import WEIGHTS, Priority
 from ..session import Close, Send, Session, SessionOutput, SessionState
 from ..tracing import StreamTrace
+from .fanout import Follower
 from .ingest import ContainerPump, LiveBacklog
 from .webrtc import RtcIngest
 
@@ -122,7 +120,6 @@ class Connection:
         self.reserved_bytes = server.stream_bytes(self.options)
         self.shedding = False
         self._weight = WEIGHTS[Priority(self.options.priority)]
-        # Resume: every message sent is kept (bounded) for a client that comes back after a drop.
         # Every message sent, bounded: for a resume, and for the session's followers (transport.fanout).
         self.log = ReplayLog(self.limits.max_replay_bytes)
         self.followers: set[Follower] = set()

@@ -131,10 +131,9 @@ def transcript_response(server: "AsrServer", principal: Principal, session_id: s
     from .http import error_response, response
 
     try:
-        conn, ended = _find(server, principal, session_id)
+        _, log = _find(server, principal, session_id)
     except AsrError as error:
         return error_response(error)
-    log = conn.log if conn is not None else ended.log  # type: ignore[union-attr]
     oldest, texts = log.held()
     transcript = build_transcript(texts)
     transcript["truncated"] = oldest > 1  # the log no longer holds the session's first messages
@@ -151,14 +150,14 @@ def _from_seq(request_headers: Any, query: dict[str, list[str]]) -> int:
     return int(raw) if raw.isdigit() and len(raw) < 12 else 0
 
 
-def _find(server: "AsrServer", principal: Principal, session_id: str) -> tuple["Connection | None", _Ended | None]:
-    """The live session, or the ended one's log; SessionNotFound for neither, or another key's."""
+def _find(server: "AsrServer", principal: Principal, session_id: str) -> tuple["Connection | None", ReplayLog]:
+    """The live session (None once ended) and its log; SessionNotFound for neither, or another key's."""
     conn = server.session_by_id(session_id)
     if conn is not None and conn.session.key == principal.name:
-        return conn, None
+        return conn, conn.log
     ended = server.ended.get(session_id, time.monotonic())
     if ended is not None and ended.key == principal.name:
-        return None, ended
+        return None, ended.log
     raise SessionNotFound(f"no session {session_id[:40]!r} to follow (unknown, ended too long ago, or another key's)")
 
 
@@ -170,8 +169,7 @@ def session_list(server: "AsrServer", principal: Principal) -> list[dict[str, An
 async def follow(server: "AsrServer", ws: ServerConnection, principal: Principal, session_id: str, query: dict[str, list[str]]) -> None:
     """A WebSocket follower: the log from ``from_seq``, then live, then close 1000 at the session's end."""
     try:
-        conn, ended = _find(server, principal, session_id)
-        log = conn.log if conn is not None else ended.log  # type: ignore[union-attr]
+        conn, log = _find(server, principal, session_id)
         backlog = log.after(min(_from_seq(ws.request.headers if ws.request else {}, query), log.last_seq))
     except AsrError as error:
         await server.refuse(ws, MessageWriter(uuid.uuid4().hex[:16]), error, session_id, event="follow_refused")
@@ -204,11 +202,10 @@ async def sse_events(server: "AsrServer", principal: Principal, session_id: str,
     from .http import error_response, response
 
     try:
-        conn, ended = _find(server, principal, session_id)
-        log = conn.log if conn is not None else ended.log  # type: ignore[union-attr]
+        conn, log = _find(server, principal, session_id)
         after = min(_from_seq(request.headers, query), log.last_seq)
-        texts = log.after(after)
-        if not texts and conn is not None and not conn.done.is_set():
+        entries = log.entries_after(after)
+        if not entries and conn is not None and not conn.done.is_set():
             follower = Follower()
             conn.followers.add(follower)
             try:
@@ -217,12 +214,12 @@ async def sse_events(server: "AsrServer", principal: Principal, session_id: str,
                 pass
             finally:
                 conn.followers.discard(follower)
-            texts = log.after(after)
+            entries = log.entries_after(after)
     except AsrError as error:
         return error_response(error)
-    if not texts and (conn is None or conn.done.is_set()):
+    if not entries and (conn is None or conn.done.is_set()):
         return response(http.HTTPStatus.NO_CONTENT, b"", "text/event-stream")  # the session is over: EventSource stops
-    body = f"retry: {SSE_RETRY_MS}\n\n" + "".join(f"id: {json.loads(t)['seq']}\ndata: {t}\n\n" for t in texts)
+    body = f"retry: {SSE_RETRY_MS}\n\n" + "".join(f"id: {seq}\ndata: {text}\n\n" for seq, text in entries)
     return response(http.HTTPStatus.OK, body.encode(), "text/event-stream; charset=utf-8")
 
 
