@@ -24,7 +24,11 @@ from .test_streaming import WER_FILE_MARGIN, _offline_text
 
 pytestmark = pytest.mark.e2e
 
-FIXTURE = "cards_16k.wav"
+# Not cards_16k.wav: tiny.en is on a knife-edge there ("clubs" or "close"), and its transcript
+# flips to four or five more errors on the file at half gain, or with noise 40 dB down, offline
+# as much as live; Opus over WebRTC flips it most runs. espeak's stays within one word of the
+# file's under all of these, so what this test measures is the page and the transport.
+FIXTURE = "espeak_16k.wav"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("ASR_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
 # Quiet, deterministic, offline Chromium; loopback ICE candidates allowed.
