@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .audio.chunker import EndReason
 from .inference.types import DecodeRequest, Word
 
-__all__ = ["SpeechStart", "Interim", "Final", "Revision", "DecodeJob", "SubmitJob", "WithdrawJob", "PipelineEvent"]
+__all__ = ["SpeechStart", "Interim", "Final", "Revision", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
 
 
 @dataclass(frozen=True)
@@ -94,4 +94,19 @@ class WithdrawJob:
     job: DecodeJob
 
 
-PipelineEvent = SpeechStart | Interim | Final | Revision | SubmitJob | WithdrawJob
+@dataclass(frozen=True)
+class SplitUtterance:
+    """A sentence ended inside the open ``utterance`` and the next one began: end it at the
+    quietest point of ``[lo, hi]`` (stream samples) and go on in a continuation.
+
+    The session passes it to the channel's chunker (:meth:`~asr_server.audio.chunker.Chunker.split`)
+    and feeds what that returns, even nothing, back to the decoder, which waits for it
+    before it decodes that utterance again."""
+
+    channel: int
+    utterance: int
+    lo: int
+    hi: int
+
+
+PipelineEvent = SpeechStart | Interim | Final | Revision | SubmitJob | WithdrawJob | SplitUtterance

@@ -58,6 +58,9 @@ class StreamOptions:
     revisions: bool = True
     # Words the audio is likely to hold (names, jargon), given to the model ahead of each decode.
     prompt: str = ""
+    # An utterance this long (s) ends where an interim hears a sentence end and the next
+    # sentence begin, instead of at the next pause the endpoint sees. 0: never.
+    split_after_s: float = 3.0
 
     @property
     def is_container(self) -> bool:
@@ -211,6 +214,7 @@ _KNOWN = (
     "priority",
     "revisions",
     "prompt",
+    "split_after_s",
 )
 MAX_PROMPT_CHARS = 200
 PRIORITIES = ("interactive", "standard", "batch")
@@ -226,12 +230,7 @@ def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str
     unknown = sorted(set(query) - set(_KNOWN))
     if unknown:
         raise InvalidOption(f"unknown option {unknown[0]!r}; known options: {', '.join(_KNOWN)}")
-    single: dict[str, str] = {}
-    for name, values in query.items():
-        if len(values) != 1:
-            raise InvalidOption(f"option {name!r} given {len(values)} times")
-        single[name] = values[0]
-
+    single = _single_values(query)
     encoding = single.get("encoding", "pcm_s16le")
     if encoding not in ENCODINGS:
         raise InvalidOption(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
@@ -265,7 +264,22 @@ def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str
         priority=_choice("priority", single.get("priority", "interactive"), PRIORITIES),
         revisions=_bool("revisions", single.get("revisions", "true")),
         prompt=parse_prompt(single.get("prompt", "")),
+        split_after_s=_split_after(single.get("split_after_s", "3")),
     )
+
+
+def _split_after(raw: str) -> float:
+    value = _float("split_after_s", raw, 0.0, 30.0)
+    if 0 < value < 1.0:
+        raise InvalidOption(f"split_after_s must be 0 (never) or from 1 to 30, got {raw!r}")
+    return value
+
+
+def _single_values(query: Mapping[str, list[str]]) -> dict[str, str]:
+    for name, values in query.items():
+        if len(values) != 1:
+            raise InvalidOption(f"option {name!r} given {len(values)} times")
+    return {name: values[0] for name, values in query.items()}
 
 
 def parse_prompt(raw: str) -> str:

@@ -30,7 +30,7 @@ from .audio.vad import VadGate, VadOptions
 from .decoding.context import ContextOptions
 from .decoding.incremental import ChannelDecoder
 from .errors import AsrError, DecodeFailed, ServerError, wire_info
-from .events import DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SubmitJob, WithdrawJob
+from .events import DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from .inference.types import DecodeKind, Hypothesis
 from .options import Limits, StreamOptions
 from .protocol.messages import MessageWriter
@@ -287,6 +287,9 @@ class Session:
         for event in events:
             if isinstance(event, SubmitJob | WithdrawJob):
                 out.append(event)
+            elif isinstance(event, SplitUtterance):
+                c = event.channel
+                out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].split(event.utterance, event.lo, event.hi))))
             else:
                 out.append(Send(self._writer.event(event), event))
         return out

@@ -1,11 +1,15 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
-    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--context-back-s 24] [--json out.json]
+    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--context-back-s 24]
+                                 [--interims] [--split-after-s 3] [--json out.json]
 
 Feeds each fixture channel, 100 ms at a time, into a :class:`~asr_server.session.Session`
 (the server's own VAD, chunker and decoder) and runs every decode it asks for at once on
 the embedded model, context passes included, then reports the word error rate of the
-first-pass finals and of the transcript after revisions, per channel and pooled.
+first-pass finals and of the transcript after revisions, per channel and pooled. With
+``--interims`` interims are decoded too (not scored), and long utterances may be split at
+sentence ends (``--split-after-s``, the stream option): slower, but the finals are those a
+client with interims gets.
 
 Nothing waits, so the result is the same on every run and takes about a minute on two
 cores: use it to compare decoding rules (a revision rule, a window, a prompt) without the
@@ -46,11 +50,12 @@ PIECE = 1600  # 100 ms at 16 kHz
 class Replayer:
     """One channel through a session; every decode runs as soon as it is asked for."""
 
-    def __init__(self, runner: WhisperRunner, context: ContextOptions) -> None:
+    def __init__(self, runner: WhisperRunner, context: ContextOptions, options: StreamOptions) -> None:
         self.runner = runner
-        self.session = Session("replay", StreamOptions(encoding="pcm_s16le", sample_rate=16000, interim_results=False), context=context)
+        self.session = Session("replay", options, context=context)
         self.transcript = Transcript()
         self.finals: list[str] = []
+        self.reasons: dict[str, int] = {}
         self._passes: list = []
         self._apply(self.session.start())
 
@@ -75,6 +80,7 @@ class Replayer:
                 self.transcript.apply(out.message)
                 if out.message["type"] == "final" and out.message["text"]:
                     self.finals.append(out.message["text"])
+                    self.reasons[out.message["reason"]] = self.reasons.get(out.message["reason"], 0) + 1
             elif isinstance(out, SubmitJob):
                 if out.job.request.kind is DecodeKind.CONTEXT:
                     self._passes.append(out.job)
@@ -88,26 +94,31 @@ def main() -> None:
     ap.add_argument("--noise-db", type=float, default=None, help="continuous pink noise this many dB below the speech")
     ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
+    ap.add_argument("--interims", action="store_true", help="decode interims too (sentence splits need them)")
+    ap.add_argument("--split-after-s", type=float, default=StreamOptions().split_after_s)
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--json", help="write the texts here")
     args = ap.parse_args()
     runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type)
     runner.warm_up()
     context = ContextOptions(back_s=args.context_back_s)
+    options = StreamOptions(encoding="pcm_s16le", sample_rate=16000, interim_results=args.interims, split_after_s=args.split_after_s)
     errors = [0, 0]
     words = 0
     texts = {}
-    print("| fixture | WER first-pass finals | WER after revisions |\n|---|---|---|")
+    print("| fixture | WER first-pass finals | WER after revisions | finals by reason |\n|---|---|---|---|")
     for name in args.fixtures.split(","):
         _, channels = noisy_pcm(name, args.noise_db, args.room)
         for ch, audio in enumerate(channels):
             reference = normalize(" ".join(MANIFEST[name]["references"][ch]))
-            first, revised = Replayer(runner, context).run(audio)
+            replayer = Replayer(runner, context, options)
+            first, revised = replayer.run(audio)
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]
             errors = [errors[0] + e[0], errors[1] + e[1]]
             words += len(reference)
             texts[f"{name} ch{ch}"] = {"first": first, "revised": revised}
-            print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} |", flush=True)
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(replayer.reasons.items()))
+            print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} | {reasons} |", flush=True)
     print(f"| **pooled** | **{errors[0] / words:.3f}** | **{errors[1] / words:.3f}** |")
     if args.json:
         Path(args.json).write_text(json.dumps(texts, indent=1))

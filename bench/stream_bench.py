@@ -1,6 +1,6 @@
 """Single-stream benchmark: replay fixtures at real-time pace through a real server.
 
-    python bench/stream_bench.py [--runs 1] [--fixtures a,b,...] [--noise-db 20] [--room] [--revisions false]
+    python bench/stream_bench.py [--runs 1] [--fixtures a,b,...] [--noise-db 20] [--room] [--revisions false] [--split-after-s 0]
 
 Starts ``asr-server`` as a subprocess on a free loopback port with the embedded
 model, streams each fixture at real-time pace (one stream at a time), and
@@ -218,10 +218,14 @@ def main() -> None:
     ap.add_argument("--noise-db", type=float, default=None, help="add continuous pink noise this many dB below the speech (raw 16 kHz replay)")
     ap.add_argument("--room", action="store_true", help="reverberate the audio (RT60 0.5 s) over room tone 35 dB below the speech")
     ap.add_argument("--revisions", default="true", help="the stream option (true/false)")
+    ap.add_argument("--split-after-s", default=None, help="the stream option (default: the server's)")
     ap.add_argument("--json", help="write raw figures here")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--final-encoder-pad-s=15")
     args = ap.parse_args()
     names = args.fixtures.split(",")
+    stream_options = {"revisions": args.revisions}
+    if args.split_after_s is not None:
+        stream_options["split_after_s"] = args.split_after_s
 
     proc, port = start_server(args.compute_type, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
@@ -237,10 +241,10 @@ def main() -> None:
             for run in range(args.runs):
                 dry = list(load_channels(name))
                 if args.noise_db is None and not args.room:
-                    r = asyncio.run(replay(url, name, realtime=True, revisions=args.revisions))
+                    r = asyncio.run(replay(url, name, realtime=True, **stream_options))
                     heard = dry
                 else:
-                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, args.room, revisions=args.revisions))
+                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, args.room, **stream_options))
                 audio_s += r.of_type("closed")[0].message["audio_received_s"]
                 refined = r.transcript()
                 for ch in range(entry["channels"]):

@@ -12,6 +12,9 @@ the audio before it, so a soft first syllable is not clipped) and ends when:
 * it reaches ``max_utterance_s``: it is cut in the middle of the longest
   pause in its second half, or at its quietest frame, and the next utterance
   continues from there (reason ``max_length``);
+* the caller splits it (:meth:`Chunker.split`) where a sentence ends inside
+  it: cut at the quietest frame of the span it names, and the next utterance
+  continues from there (reason ``sentence``);
 * the caller ends it (``finalize`` or ``end_of_stream``).
 
 Before an endpoint there is always an :class:`UtterancePaused` once the
@@ -48,6 +51,7 @@ __all__ = [
 class EndReason(str, enum.Enum):
     ENDPOINT = "endpoint"
     MAX_LENGTH = "max_length"
+    SENTENCE = "sentence"
     FINALIZE = "finalize"
     END_OF_STREAM = "end_of_stream"
 
@@ -161,6 +165,21 @@ class Chunker:
         end = min(self._last_speech_end + self.options.tail_samples, self._position)
         return [self._close(end, reason)]
 
+    def split(self, utterance: int, lo: int, hi: int) -> list[ChunkEvent]:
+        """End the open ``utterance`` at its quietest frame starting in ``[lo, hi]`` (stream samples)
+        and continue it in the next one: a sentence ended there and the speaker went on.
+
+        Nothing happens (``[]``) when ``utterance`` is no longer open, or no frame of it
+        that has speech after it starts in the span.
+        """
+        if self._state is _State.IDLE or utterance != self._utterance:
+            return []
+        frames = [f for f in self._energy if lo <= f[0] <= hi and self._start < f[0] < self._last_speech_end]
+        if not frames:
+            return []
+        cut = min(frames, key=lambda f: f[1])[0]
+        return self._continue_at(cut, EndReason.SENTENCE)
+
     def _idle_frame(self, frame: VadFrame, events: list[ChunkEvent]) -> None:
         if not frame.speech:
             self._preroll.append(frame)
@@ -199,14 +218,16 @@ class Chunker:
             self._cut(events)
 
     def _cut(self, events: list[ChunkEvent]) -> None:
-        cut = self._quietest_point()
-        events.append(UtteranceEnded(self._utterance, cut, EndReason.MAX_LENGTH))
+        events.extend(self._continue_at(self._quietest_point(), EndReason.MAX_LENGTH))
+
+    def _continue_at(self, cut: int, reason: EndReason) -> list[ChunkEvent]:
+        ended = UtteranceEnded(self._utterance, cut, reason)
         self._utterance += 1
         self._start = cut
         self._energy = [f for f in self._energy if f[0] >= cut]
         self._last_speech_end = max(self._last_speech_end, cut)
         self._paused = False
-        events.append(UtteranceStarted(self._utterance, cut, cut, continuation=True))
+        return [ended, UtteranceStarted(self._utterance, cut, cut, continuation=True)]
 
     def _quietest_point(self) -> int:
         """Where to cut: the middle of the longest pause in the recent part, else its quietest frame."""

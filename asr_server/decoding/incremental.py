@@ -19,6 +19,12 @@ Rules it keeps:
   no new speech, the final audio is identical and that result is the final:
   the endpoint wait and the decode overlap instead of adding up. If speech
   resumes, the result was just another interim.
+* Sentences in continuous speech: once an utterance is ``split_after_s``
+  long its interims carry word timing, and when one hears a sentence end
+  (``.``, ``?``, ``!``) with the next sentence begun after it, the decoder
+  asks for the utterance to end there (:class:`~asr_server.events.SplitUtterance`):
+  that sentence gets its final now, not at the next pause long enough for
+  the endpoint, and the rest goes on as a continuation.
 * Offsets: a channel's transcript is its non-empty final texts joined by
   single spaces; ``offset`` is where the utterance starts in it.
 * Context pass (:mod:`.context`): once enough speech has been finalized, or
@@ -39,12 +45,12 @@ import numpy as np
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
-from ..events import DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SubmitJob, WithdrawJob
+from ..events import DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
 from .context import ContextOptions, Finalized, Span, plan_window, revised_texts, window_request
 from .stability import LocalAgreement
-from .text import guard
+from .text import guard, normalize_word
 
 __all__ = ["ChannelDecoder", "PROMPT_CHARS"]
 
@@ -54,6 +60,16 @@ __all__ = ["ChannelDecoder", "PROMPT_CHARS"]
 # into every later final; the last final alone keeps style and names.
 PROMPT_CHARS = 120
 PROMPT_MIN_WORD_PROBABILITY = 0.5
+# A sentence split: the sentence is at least SPLIT_MIN_S long, the next word starts at least
+# SPLIT_MIN_GAP_S after its last one (a pause, not a word run together with the next), and the
+# cut is looked for SPLIT_MARGIN_S around that gap (word timing is that rough).
+SPLIT_MIN_S = 1.0
+SPLIT_MIN_GAP_S = 0.1
+SPLIT_MARGIN_S = 0.1
+SENTENCE_ENDS = (".", "?", "!")
+# Not sentence ends, though they end with a full stop: titles, and speech trailing off.
+ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "st.", "jr.", "sr.", "vs.", "etc.", "e.g.", "i.e.", "no.", "mt."})
+TRAILING_OFF = ("...", "\u2026")
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
 # Finalized audio a channel keeps for the context pass, at most (for the memory budget).
@@ -76,6 +92,8 @@ class _Utterance:
     spec_requested: int | None = None
     spec: tuple[int, Hypothesis] | None = None
     ended: UtteranceEnded | None = None
+    splitting: bool = False  # a split was asked for: no new decode until the chunker's answer
+    heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentences the last interim heard end (their words)
 
     @property
     def end(self) -> int:
@@ -137,6 +155,8 @@ class ChannelDecoder:
 
     def feed(self, events: list[ChunkEvent]) -> list[PipelineEvent]:
         out: list[PipelineEvent] = []
+        for utt in self._utterances.values():
+            utt.splitting = False  # the chunker has answered (a split comes back as these events, or not at all)
         for event in events:
             match event:
                 case UtteranceStarted():
@@ -241,6 +261,8 @@ class ChannelDecoder:
                 if job.speculative:
                     utt.spec = (job.audio_end, hyp)
                 out.extend(self._interim(utt, hyp, job.audio_end))
+                if job.request.kind is DecodeKind.INTERIM:
+                    out.extend(self._split(utt, hyp, job.audio_end))
         out.extend(self._dispatch())
         return out
 
@@ -286,7 +308,7 @@ class ChannelDecoder:
     def _ended(self, event: UtteranceEnded) -> None:
         utt = self._utterances[event.utterance]
         utt.ended = event
-        if event.reason is EndReason.MAX_LENGTH:
+        if event.reason in (EndReason.MAX_LENGTH, EndReason.SENTENCE):
             keep = event.end - utt.start
             rest = utt.audio.copy(keep)
             # Voiced share of the remainder, estimated by length (it is speech: no endpoint came).
@@ -318,6 +340,8 @@ class ChannelDecoder:
                 utt.spec_requested = utt.paused_at
                 out.append(self._submit(utt, DecodeKind.FINAL, utt.paused_at, speculative=True))
                 break
+            if utt.splitting:
+                break
             grown = len(utt.audio) - utt.interim_len
             # No interim decode while the speaker is silent: speech may be ending, and a
             # decode in flight would delay the pause decode that becomes the final.
@@ -335,8 +359,9 @@ class ChannelDecoder:
             language=self.options.language,
             prompt=_with_vocabulary(self.options.prompt, self._prompt),
             prefix="" if final else utt.agreement.stable_text,
-            # Finals are always aligned: the guards use word timing even when the client did not ask for it.
-            word_timestamps=final,
+            # Finals are always aligned: the guards use word timing even when the client did not ask for it;
+            # interims of a long utterance too, to find where a sentence in it ends.
+            word_timestamps=final or self._may_split(end - utt.start),
             model="interim" if self.interim_model and not final else "",
             short_window=self.quick_finals if final else self.interim_short_window,
         )
@@ -367,6 +392,23 @@ class ChannelDecoder:
                 end=round(audio_end / MODEL_RATE, 3),
             )
         ]
+
+    def _may_split(self, length: int) -> bool:
+        after = self.options.split_after_s
+        return after > 0 and length >= after * MODEL_RATE
+
+    def _split(self, utt: _Utterance, hyp: Hypothesis, audio_end: int) -> list[PipelineEvent]:
+        """Ask for ``utt`` to end where the last sentence ends that this interim and the one before
+        both heard end (one alone often puts a full stop where its audio stops), if there is one."""
+        heard_before, utt.heard_ends = utt.heard_ends, sentences_ended(hyp)
+        if utt.ended is not None or utt.paused_at is not None or not self._may_split(audio_end - utt.start):
+            return []
+        gap = sentence_gap(hyp.words, heard_before)
+        if gap is None:
+            return []
+        utt.splitting = True
+        lo, hi = (utt.start + int(t * MODEL_RATE) for t in gap)
+        return [SplitUtterance(self.channel, utt.index, lo, hi)]
 
     def _finalize(self, utt: _Utterance, hyp: Hypothesis) -> list[PipelineEvent]:
         assert utt.ended is not None
@@ -512,6 +554,36 @@ class ChannelDecoder:
             return []
         text, stable = utt.last_interim
         return [Interim(self.channel, utt.index, self._next_offset(), text, stable, round(utt.speech_at / MODEL_RATE, 3), round(utt.end / MODEL_RATE, 3))]
+
+
+def _ends_sentence(word: str) -> bool:
+    word = word.strip()
+    return word.endswith(SENTENCE_ENDS) and not word.endswith(TRAILING_OFF) and word.lower() not in ABBREVIATIONS
+
+
+def _sentence_key(words: list[str]) -> tuple[str, ...]:
+    return tuple(normalize_word(w) for w in words)
+
+
+def sentences_ended(hyp: Hypothesis) -> frozenset[tuple[str, ...]]:
+    """The words up to each sentence end in ``hyp`` (normalized), to recognise it in the next hypothesis."""
+    words = [w.word for w in hyp.words] if hyp.words else hyp.text.split()
+    return frozenset(_sentence_key(words[: i + 1]) for i, w in enumerate(words) if _ends_sentence(w))
+
+
+def sentence_gap(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]]) -> tuple[float, float] | None:
+    """Where to look for the end of the last complete sentence in ``words`` (seconds from their
+    audio's start): around the gap between its last word and the first word after it. None when no
+    sentence of at least ``SPLIT_MIN_S``, also in ``heard_before``, ends there with a word after it."""
+    for i in range(len(words) - 2, -1, -1):
+        end, following = words[i].end, words[i + 1].start
+        if end < SPLIT_MIN_S:
+            break
+        if following - end < SPLIT_MIN_GAP_S or not _ends_sentence(words[i].word):
+            continue
+        if _sentence_key([w.word for w in words[: i + 1]]) in heard_before:
+            return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S
+    return None
 
 
 def _tail_words(text: str, limit: int) -> str:

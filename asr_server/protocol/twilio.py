@@ -32,7 +32,7 @@ RATE = 8000
 SILENCE = 0xFF  # mu-law zero
 MAX_SKEW_MS = 1000  # a track further behind than this is filled with silence so the other flows
 # customParameters that are stream options of ours.
-_OPTIONS = ("interim_results", "interim_ms", "endpoint_ms", "language", "priority", "revisions", "prompt", "max_utterance_s", "word_timestamps")
+_OPTIONS = ("interim_results", "interim_ms", "endpoint_ms", "language", "priority", "revisions", "prompt", "max_utterance_s", "word_timestamps", "split_after_s")
 
 
 def twilio_options(channels: int = 2) -> StreamOptions:

@@ -113,3 +113,27 @@ def test_a_long_utterance_ends_at_a_shorter_pause():
 def test_an_endpoint_shorter_than_the_long_one_is_kept():
     options = ChunkerOptions(endpoint_ms=150, tail_ms=60, long_utterance_s=1.0, long_endpoint_ms=240)
     assert options.endpoint_after(10 * 16000) == options.endpoint_after(0) == 150 * 16
+
+
+def test_a_split_ends_the_utterance_at_the_quietest_frame_of_the_span_and_continues_it():
+    c = Chunker()
+    c.feed(frames("S" * 100, quiet_at={61}))
+    # The span holds frames 55-70 (the caller's guess at where a sentence ended): frame 61 is quietest.
+    events = c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES)
+    assert [type(e) for e in events] == [UtteranceEnded, UtteranceStarted]
+    ended, started = events
+    assert ended.utterance == 0 and ended.end == 61 * FRAME_SAMPLES and ended.reason is EndReason.SENTENCE
+    assert started.utterance == 1 and started.start == started.speech_at == ended.end and started.continuation
+    # The continuation goes on as any utterance: more speech, then the endpoint ends it.
+    later = c.feed(frames("SSSS" + "." * 20, start=100))
+    assert [e.utterance for e in later if isinstance(e, UtteranceEnded)] == [1]
+
+
+def test_a_split_that_is_stale_or_finds_no_frame_does_nothing():
+    c = Chunker()
+    c.feed(frames("S" * 50))
+    assert c.split(1, 0, 40 * FRAME_SAMPLES) == []  # not the open utterance
+    assert c.split(0, 60 * FRAME_SAMPLES, 70 * FRAME_SAMPLES) == []  # past the audio: no speech after it
+    assert c.split(0, 0, 0) == []  # the utterance's first frame: nothing before the cut
+    c.feed(frames("." * 30, start=50))  # the endpoint closed it
+    assert c.split(0, 10 * FRAME_SAMPLES, 40 * FRAME_SAMPLES) == []

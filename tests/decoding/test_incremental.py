@@ -2,7 +2,8 @@ import numpy as np
 
 from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from asr_server.decoding.incremental import ChannelDecoder
-from asr_server.events import Final, Interim, SpeechStart, SubmitJob, WithdrawJob
+from asr_server.events import DecodeJob, Final, Interim, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from asr_server.inference.types import Word
 from asr_server.inference.whisper import DecodeKind, Hypothesis
 from asr_server.options import StreamOptions
 
@@ -249,3 +250,77 @@ def test_a_vocabulary_prompt_goes_ahead_of_the_text_before_in_every_decode():
     d.job_done(job, Hypothesis("hello world"))
     job = only(d.feed([UtteranceStarted(1, SR, SR), audio(1, 0.6)]), SubmitJob)[0].job
     assert job.request.prompt == "Dashwood, Norland hello world"
+
+
+def _sentence_then_more() -> Hypothesis:
+    """An interim of 3.5 s that heard one sentence end at 2.1 s and the next begin at 2.4 s."""
+    words = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.1, 0.9), Word(" Next", 2.4, 2.8, 0.9), Word(" one", 2.8, 3.2, 0.9))
+    return Hypothesis("The end. Next one", words)
+
+
+def test_a_long_utterance_is_split_where_an_interim_hears_a_sentence_end():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.0)]), SubmitJob)]
+    assert not job.request.word_timestamps  # not long yet: no word timing asked for
+    d.job_done(job, Hypothesis("The end."))
+    (job,) = [e.job for e in only(d.feed([audio(0, 1.5)]), SubmitJob)]
+    assert job.request.kind is DecodeKind.INTERIM and job.request.word_timestamps
+    ev = d.job_done(job, _sentence_then_more())
+    (split,) = only(ev, SplitUtterance)
+    # Around the gap between "end." and "Next", 0.1 s either side.
+    assert (split.utterance, split.lo, split.hi) == (0, int(2.0 * SR), int(2.5 * SR))
+    assert not only(ev, SubmitJob)  # nothing more is decoded until the chunker has answered
+    cut = int(2.2 * SR)
+    ev = d.feed([audio(0, 0.3), UtteranceEnded(0, cut, EndReason.SENTENCE), UtteranceStarted(1, cut, cut, continuation=True)])
+    assert not only(ev, SpeechStart)  # the speaker did not start again: the utterance goes on
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.request.kind is DecodeKind.FINAL and len(job.request.audio) == cut
+    ev = d.job_done(job, Hypothesis("The end.", (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.1, 0.9))))
+    (final,) = only(ev, Final)
+    assert (final.utterance, final.reason, final.offset, final.text) == (0, EndReason.SENTENCE, 0, "The end.")
+    # The continuation holds the audio after the cut and goes on with interims at the next offset.
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.utterance == 1 and len(job.request.audio) == int(3.8 * SR) - cut
+    (interim,) = only(d.job_done(job, Hypothesis("Next one")), Interim)
+    assert (interim.utterance, interim.offset) == (1, len("The end.") + 1)
+
+
+def _long_interim(d: ChannelDecoder, before: str) -> DecodeJob:
+    """Start an utterance, answer its first interim with ``before``; the second interim (3.5 s) in flight."""
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.5)]), SubmitJob)]
+    d.job_done(job, Hypothesis(before))
+    (job,) = [e.job for e in only(d.feed([audio(0, 1.0)]), SubmitJob)]
+    return job
+
+
+def test_a_sentence_end_heard_by_one_interim_only_splits_nothing():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    # The interim before heard "The end next": the full stop is this interim's alone.
+    assert not only(d.job_done(_long_interim(d, "The end next"), _sentence_then_more()), SplitUtterance)
+    # Heard by two in a row, it splits (below, the chunker declines).
+
+
+def test_a_split_the_chunker_declines_leaves_the_utterance_going():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    ev = d.job_done(_long_interim(d, "The end."), _sentence_then_more())
+    assert only(ev, SplitUtterance) and not only(ev, SubmitJob)
+    assert d.feed([]) == []  # the chunker's answer, nothing, which the session feeds all the same
+    ev = d.feed([audio(0, 0.6)])
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.request.kind is DecodeKind.INTERIM and job.utterance == 0
+
+
+def test_no_split_when_turned_off_or_no_sentence_ends_before_more_words():
+    off = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=0))
+    job = _long_interim(off, "The end.")
+    assert not job.request.word_timestamps and not only(off.job_done(job, _sentence_then_more()), SplitUtterance)
+    for before, words in [
+        # "Mr." is no sentence end, and after "home." nothing has been said yet.
+        ("Mr. Smith came home.", (Word(" Mr.", 0.3, 1.2, 0.9), Word(" Smith", 1.3, 1.8, 0.9), Word(" came", 1.9, 2.4, 0.9), Word(" home.", 2.5, 3.2, 0.9))),
+        # Speech trailing off is no sentence end; nor is a full stop with no pause before the next word.
+        ("So then...", (Word(" So", 0.3, 0.9, 0.9), Word(" then...", 0.9, 1.6, 0.9), Word(" we", 1.9, 2.4, 0.9))),
+        ("It was 3000.", (Word(" It", 0.3, 0.5, 0.9), Word(" was", 0.5, 0.9, 0.9), Word(" 3000.", 0.9, 1.6, 0.9), Word(" 800", 1.62, 2.4, 0.9))),
+    ]:
+        on = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+        text = " ".join(w.word.strip() for w in words)
+        assert not only(on.job_done(_long_interim(on, before), Hypothesis(text, words)), SplitUtterance), text

@@ -24,6 +24,8 @@ def test_defaults():
     assert parse_stream_options(q(encoding="ogg"), ["en"]).sample_rate is None
     assert parse_stream_options({}, ["en"]).priority == "interactive"
     assert parse_stream_options(q(priority="batch"), ["en"]).priority == "batch"
+    assert parse_stream_options({}, ["en"]).split_after_s == 3.0
+    assert [parse_stream_options(q(split_after_s=v), ["en"]).split_after_s for v in ("0", "1", "12.5")] == [0.0, 1.0, 12.5]
 
 
 @pytest.mark.parametrize(
@@ -32,6 +34,7 @@ def test_defaults():
         q(encoding="aiff"), q(sample_rate=1234), q(sample_rate=96000), q(sample_rate="fast"), q(channels=0),
         q(channels=9), q(interim_ms=10), q(endpoint_ms="x"), q(max_utterance_s=31), q(max_utterance_s="nan"),
         q(interim_results="maybe"), q(word_timestamps=2), q(bogus=1), {"channels": ["1", "2"]}, q(priority="urgent"),
+        q(split_after_s=0.5), q(split_after_s=31), q(split_after_s=-1),
     ],
 )
 def test_bad_options_are_refused(query):
