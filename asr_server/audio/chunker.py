@@ -4,8 +4,9 @@ An utterance opens on the first speech frame (with up to ``preroll_ms`` of
 the audio before it, so a soft first syllable is not clipped) and ends when:
 
 * ``endpoint_ms`` of trailing silence has passed (reason ``endpoint``); the
-  utterance keeps ``tail_ms`` of that silence and drops the rest. Once it has
-  lasted ``long_utterance_s``, a pause of ``long_endpoint_ms`` is enough: in
+  utterance keeps ``tail_ms`` of that silence and drops the rest. Once the
+  talking has lasted ``long_utterance_s`` (counted across cuts into
+  continuations), a pause of ``long_endpoint_ms`` is enough: in
   continuous reading or a monologue the pauses between sentences are often
   shorter than the endpoint, and without this the final would wait for
   ``max_utterance_s``;
@@ -138,6 +139,7 @@ class Chunker:
         self._preroll: deque[VadFrame] = deque(maxlen=max(1, options.preroll_ms * MODEL_RATE // 1000 // FRAME_SAMPLES))
         self._utterance = 0
         self._start = 0
+        self._talk_start = 0  # where speech began after silence: a cut utterance's continuation keeps it
         self._position = 0
         self._last_speech_end = 0
         self._silence = 0
@@ -166,19 +168,20 @@ class Chunker:
         return [self._close(end, reason)]
 
     def split(self, utterance: int, lo: int, hi: int) -> list[ChunkEvent]:
-        """End the open ``utterance`` at its quietest frame starting in ``[lo, hi]`` (stream samples)
-        and continue it in the next one: a sentence ended there and the speaker went on.
+        """End the open ``utterance`` in the quietest stretch of frames starting in ``[lo, hi]``
+        (stream samples) and continue it in the next one: a sentence ended there and the
+        speaker went on.
 
-        Nothing happens (``[]``) when ``utterance`` is no longer open, or no frame of it
-        that has speech after it starts in the span.
+        The cut is in the middle of the stretch, so that each side keeps some of the pause
+        (a word that starts right at the cut is easily lost). Nothing happens (``[]``) when
+        ``utterance`` is no longer open, or no frame of it with speech after it starts in the span.
         """
         if self._state is _State.IDLE or utterance != self._utterance:
             return []
         frames = [f for f in self._energy if lo <= f[0] <= hi and self._start < f[0] < self._last_speech_end]
         if not frames:
             return []
-        cut = min(frames, key=lambda f: f[1])[0]
-        return self._continue_at(cut, EndReason.SENTENCE)
+        return self._continue_at(_middle_of_quietest(frames), EndReason.SENTENCE)
 
     def _idle_frame(self, frame: VadFrame, events: list[ChunkEvent]) -> None:
         if not frame.speech:
@@ -187,7 +190,7 @@ class Chunker:
         earlier = list(self._preroll)
         self._preroll.clear()
         self._state = _State.SPEECH
-        self._start = earlier[0].start if earlier else frame.start
+        self._start = self._talk_start = earlier[0].start if earlier else frame.start
         self._energy = [(f.start, f.rms, False) for f in earlier]
         self._last_speech_end = frame.end
         self._silence = 0
@@ -208,7 +211,8 @@ class Chunker:
             self._paused = False
         else:
             self._silence += len(frame.samples)
-        if self._silence >= opts.endpoint_after(self._last_speech_end - self._start):
+        # The shorter pause ends continuous speech, however it was cut into utterances.
+        if self._silence >= opts.endpoint_after(self._last_speech_end - self._talk_start):
             events.append(self._close(self._last_speech_end + opts.tail_samples, EndReason.ENDPOINT))
             return
         if self._silence >= opts.tail_samples and not self._paused:
@@ -257,3 +261,14 @@ class Chunker:
         self._energy = []
         return event
 
+
+def _middle_of_quietest(frames: list[tuple[int, float, bool]]) -> int:
+    """The start of the middle frame of the longest run within 6 dB of the quietest frame."""
+    floor = max(min(f[1] for f in frames), 1e-5) * 2.0
+    best: tuple[int, int] = (0, 0)  # (length, index of its middle frame)
+    run = 0
+    for i, f in enumerate(frames):
+        run = run + 1 if f[1] <= floor else 0
+        if run > best[0]:
+            best = (run, i - (run - 1) // 2)
+    return frames[best[1]][0]

@@ -561,6 +561,13 @@ def _ends_sentence(word: str) -> bool:
     return word.endswith(SENTENCE_ENDS) and not word.endswith(TRAILING_OFF) and word.lower() not in ABBREVIATIONS
 
 
+def _starts_sentence(word: str) -> bool:
+    """A capital letter: the model writes one after a full stop that ends a sentence, and
+    not after one it put inside a number ("as early as 3000. 800 BC")."""
+    word = word.strip().lstrip("\"'(\u201c\u2018")
+    return word[:1].isupper()
+
+
 def _sentence_key(words: list[str]) -> tuple[str, ...]:
     return tuple(normalize_word(w) for w in words)
 
@@ -574,12 +581,13 @@ def sentences_ended(hyp: Hypothesis) -> frozenset[tuple[str, ...]]:
 def sentence_gap(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]]) -> tuple[float, float] | None:
     """Where to look for the end of the last complete sentence in ``words`` (seconds from their
     audio's start): around the gap between its last word and the first word after it. None when no
-    sentence of at least ``SPLIT_MIN_S``, also in ``heard_before``, ends there with a word after it."""
+    sentence of at least ``SPLIT_MIN_S``, also in ``heard_before``, ends there with a capitalised
+    word after it."""
     for i in range(len(words) - 2, -1, -1):
         end, following = words[i].end, words[i + 1].start
         if end < SPLIT_MIN_S:
             break
-        if following - end < SPLIT_MIN_GAP_S or not _ends_sentence(words[i].word):
+        if following - end < SPLIT_MIN_GAP_S or not _ends_sentence(words[i].word) or not _starts_sentence(words[i + 1].word):
             continue
         if _sentence_key([w.word for w in words[: i + 1]]) in heard_before:
             return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S

@@ -137,3 +137,21 @@ def test_a_split_that_is_stale_or_finds_no_frame_does_nothing():
     assert c.split(0, 0, 0) == []  # the utterance's first frame: nothing before the cut
     c.feed(frames("." * 30, start=50))  # the endpoint closed it
     assert c.split(0, 10 * FRAME_SAMPLES, 40 * FRAME_SAMPLES) == []
+
+
+def test_the_shorter_pause_of_continuous_speech_counts_across_a_split():
+    """A continuation after a sentence split is still continuous speech: past long_utterance_s of
+    talking, the long-utterance pause ends it, however short the continuation is."""
+    options = ChunkerOptions(endpoint_ms=500, long_utterance_s=3.0, long_endpoint_ms=240)
+    c = Chunker(options)
+    c.feed(frames("S" * 100, quiet_at={90}))
+    assert [type(e) for e in c.split(0, 85 * FRAME_SAMPLES, 95 * FRAME_SAMPLES)] == [UtteranceEnded, UtteranceStarted]
+    late = c.feed(frames("S" * 20 + "." * 9 + "SSSS", start=100))  # the continuation is 1 s long, the talk 3.6 s
+    assert [(e.utterance, e.reason) for e in late if isinstance(e, UtteranceEnded)] == [(1, EndReason.ENDPOINT)]
+
+
+def test_a_split_cuts_in_the_middle_of_the_quiet_stretch():
+    c = Chunker()
+    c.feed(frames("S" * 100, quiet_at={58, 59, 60, 61, 62, 63, 64, 80}))
+    (ended, _) = c.split(0, 50 * FRAME_SAMPLES, 75 * FRAME_SAMPLES)
+    assert ended.end == 61 * FRAME_SAMPLES  # not at the stretch's first or last frame: each side keeps some pause

@@ -320,6 +320,8 @@ def test_no_split_when_turned_off_or_no_sentence_ends_before_more_words():
         # Speech trailing off is no sentence end; nor is a full stop with no pause before the next word.
         ("So then...", (Word(" So", 0.3, 0.9, 0.9), Word(" then...", 0.9, 1.6, 0.9), Word(" we", 1.9, 2.4, 0.9))),
         ("It was 3000.", (Word(" It", 0.3, 0.5, 0.9), Word(" was", 0.5, 0.9, 0.9), Word(" 3000.", 0.9, 1.6, 0.9), Word(" 800", 1.62, 2.4, 0.9))),
+        # A full stop with no capital after it is inside a sentence, whatever the pause.
+        ("Of the second.", (Word(" Of", 0.3, 0.5, 0.9), Word(" the", 0.5, 0.9, 0.9), Word(" second.", 0.9, 1.6, 0.9), Word(" of", 1.9, 2.4, 0.9))),
     ]:
         on = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
         text = " ".join(w.word.strip() for w in words)
