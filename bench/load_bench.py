@@ -44,6 +44,7 @@ from tests.harness import FIXTURES as FIXTURE_DIR, MANIFEST, Replay, bytes_per_s
 from tests.wer import edit_distance, normalize  # noqa: E402
 
 REVISIONS = ["true"]  # the streams' option, set from the command line
+EXTRA_OPTIONS: dict[str, str] = {}  # more stream options from the command line (--split-after-s)
 NOISE_DB: list[float | None] = [None]  # continuous pink noise this far below the speech (None: as recorded)
 FIXTURES = ["librivox_16k.s16le", "espeak_8k.mulaw", "cards_44k.f32le", "call_8k_stereo.s16le"]
 
@@ -121,7 +122,7 @@ async def one_client(url: str, name: str, turn: int, delay: float, rounds: int =
     await asyncio.sleep(delay)
     t0 = time.monotonic()
     r = Replay(name)
-    options = {"encoding": entry["encoding"], "channels": entry["channels"], "sample_rate": entry["sample_rate"], "revisions": REVISIONS[0]}
+    options = {"encoding": entry["encoding"], "channels": entry["channels"], "sample_rate": entry["sample_rate"], "revisions": REVISIONS[0], **EXTRA_OPTIONS}
     try:
         async for item in stream_bytes(url, data, bytes_per_second=source(name)[2], realtime=True, **options):
             r.messages.append(item)
@@ -247,12 +248,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=1, help="each client replays its fixture this many times (each from another pause): more finals per level, a steadier p95")
     ap.add_argument("--revisions", default="true", help="the streams' revisions option (true/false)")
+    ap.add_argument("--split-after-s", default=None, help="the streams' split_after_s option (default: the server's)")
     ap.add_argument("--noise-db", type=float, default=None, help="mix continuous pink noise this many dB below the speech into every stream (sent as raw 16 kHz)")
     ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control; auto: the server's measured capacity")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
     args = ap.parse_args()
     REVISIONS[0] = args.revisions
+    if args.split_after_s is not None:
+        EXTRA_OPTIONS["split_after_s"] = args.split_after_s
     NOISE_DB[0] = args.noise_db
     admission = [] if args.max_channels in ("", "auto") else ["--max-channels", args.max_channels]
     proc, port = start_server(args.compute_type, *admission, *args.server_arg)
