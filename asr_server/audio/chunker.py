@@ -14,8 +14,8 @@ the audio before it, so a soft first syllable is not clipped) and ends when:
   pause in its second half, or at its quietest frame, and the next utterance
   continues from there (reason ``max_length``);
 * the caller splits it (:meth:`Chunker.split`) where a sentence ends inside
-  it: cut at the quietest frame of the span it names, and the next utterance
-  continues from there (reason ``sentence``);
+  it: cut in the middle of the quietest stretch of the span it names, and the
+  next utterance continues from there (reason ``sentence``);
 * the caller ends it (``finalize`` or ``end_of_stream``).
 
 Before an endpoint there is always an :class:`UtterancePaused` once the
