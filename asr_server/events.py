@@ -96,8 +96,8 @@ class WithdrawJob:
 
 @dataclass(frozen=True)
 class SplitUtterance:
-    """A sentence ended inside the open ``utterance`` and the next one began: end it at the
-    quietest point of ``[lo, hi]`` (stream samples) and go on in a continuation.
+    """A sentence ended inside the open ``utterance`` and the next one began: end it in the
+    middle of the quietest stretch of ``[lo, hi]`` (stream samples) and go on in a continuation.
 
     The session passes it to the channel's chunker (:meth:`~asr_server.audio.chunker.Chunker.split`)
     and feeds what that returns, even nothing, back to the decoder, which waits for it

@@ -237,14 +237,9 @@ class Chunker:
         """Where to cut: the middle of the longest pause in the recent part, else its quietest frame."""
         frames = self._energy
         first = max(1, int(len(frames) * (1 - self.options.cut_search_fraction)))
-        best_run: tuple[int, int] = (0, 0)  # (length, index of its middle frame)
-        run = 0
-        for i in range(first, len(frames)):
-            run = 0 if frames[i][2] else run + 1
-            if run and run >= best_run[0]:
-                best_run = (run, i - (run - 1) // 2)
-        if best_run[0] >= 2:
-            return frames[best_run[1]][0]
+        length, middle = _longest_run([not f[2] for f in frames[first:]], latest=True)
+        if length >= 2:
+            return frames[first + middle][0]
         best_at, best = frames[-1][0], (float("inf"), float("inf"))
         for i in range(first, len(frames)):
             window = [e for _, e, _ in frames[max(0, i - 1) : i + 2]]
@@ -265,10 +260,16 @@ class Chunker:
 def _middle_of_quietest(frames: list[tuple[int, float, bool]]) -> int:
     """The start of the middle frame of the longest run within 6 dB of the quietest frame."""
     floor = max(min(f[1] for f in frames), 1e-5) * 2.0
-    best: tuple[int, int] = (0, 0)  # (length, index of its middle frame)
-    run = 0
-    for i, f in enumerate(frames):
-        run = run + 1 if f[1] <= floor else 0
-        if run > best[0]:
+    _, middle = _longest_run([f[1] <= floor for f in frames], latest=False)
+    return frames[middle][0]
+
+
+def _longest_run(flags: list[bool], latest: bool) -> tuple[int, int]:
+    """(length, index of its middle) of the longest run of True in ``flags``; among runs of
+    equal length the latest if ``latest``, else the first. (0, 0) when there is none."""
+    best, run = (0, 0), 0
+    for i, flag in enumerate(flags):
+        run = run + 1 if flag else 0
+        if run and (run >= best[0] if latest else run > best[0]):
             best = (run, i - (run - 1) // 2)
-    return frames[best[1]][0]
+    return best
