@@ -16,7 +16,7 @@ decides when to run one and applies the result.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
 import numpy as np
@@ -35,8 +35,11 @@ from .text import normalize_word
 CONFIDENCE_MARGIN = 0.0
 # ... and only if its words reach within this much of where the first pass's began and ended.
 COVER_MARGIN_S = 0.6
+# A word heard near a seam between two utterances goes to the one whose first pass heard it,
+# if it lies within this much of that utterance's audio (else to the one it lies in).
+SEAM_S = 1.0
 
-__all__ = ["CONFIDENCE_MARGIN", "ContextOptions", "Finalized", "Span", "plan_window", "window_request", "split_words", "merge_words", "revised_texts"]
+__all__ = ["CONFIDENCE_MARGIN", "ContextOptions", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words", "merge_words", "revised_texts"]
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,12 @@ class ContextOptions:
     # (0) a pass is cheaper and as accurate on clean audio, but worse under noise (pooled WER
     # 0.074 against 0.059 with pink noise 20 dB down; docs/benchmarks.md).
     back_s: float = 24.0
-    # Silence between joined utterances (the measurement above used 0.5 s).
+    # Silence between joined utterances (the measurement above used 0.5 s) ...
     gap_s: float = 0.5
+    # ... unless the pause between them was at most this long and the stream's own audio of
+    # it is at hand: then they are joined as they were spoken, room tone and all, as offline
+    # transcription hears them (a sentence cut from the next one mid-breath keeps its onset).
+    real_gap_s: float = 1.0
     # A pass runs once this much speech has been finalized since the last one ...
     min_new_s: float = 5.0
     # ... or once the channel has been silent this long after its last final (a pause in talk).
@@ -72,6 +79,9 @@ class Finalized:
     offset: int  # where its text starts in the channel's transcript
     text: str
     words: tuple[Word, ...]  # stream times
+    # The stream's audio right after ``audio`` that no utterance holds (the pause the
+    # chunker dropped before the endpoint), to join it to the next utterance as spoken.
+    trail: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
     @property
     def seconds(self) -> float:
@@ -96,7 +106,7 @@ def plan_window(done: Sequence[Finalized], options: ContextOptions, fresh: int |
     chosen: list[Finalized] = []
     total = back = 0.0
     for n, record in enumerate(reversed(done)):
-        need = record.seconds + (options.gap_s if chosen else 0.0)
+        need = record.seconds + (len(joint(record, chosen[-1], options)) / MODEL_RATE if chosen else 0.0)
         if chosen and total + need > options.window_s:
             break
         if fresh is not None and n >= fresh:
@@ -109,13 +119,13 @@ def plan_window(done: Sequence[Finalized], options: ContextOptions, fresh: int |
 
 
 def window_request(records: Sequence[Finalized], options: ContextOptions, language: str, prompt: str) -> tuple[DecodeRequest, list[Span]]:
-    """The records' audio joined with ``gap_s`` of silence, and each one's span in it."""
-    gap = np.zeros(int(options.gap_s * MODEL_RATE), np.float32)
+    """The records' audio, each :func:`joint` to the next, and each one's span in it."""
     pieces: list[np.ndarray] = []
     spans: list[Span] = []
     position = 0
-    for record in records:
-        if pieces:
+    for before, record in zip([None, *records], records):
+        if before is not None:
+            gap = joint(before, record, options)
             pieces.append(gap)
             position += len(gap)
         spans.append(Span(record.index, position / MODEL_RATE, (position + len(record.audio)) / MODEL_RATE))
@@ -125,13 +135,44 @@ def window_request(records: Sequence[Finalized], options: ContextOptions, langua
     return DecodeRequest(audio, DecodeKind.CONTEXT, language=language, prompt=prompt, word_timestamps=True, pack=False), spans
 
 
-def split_words(words: Sequence[Word], spans: Sequence[Span]) -> list[list[Word]]:
-    """Each word to the span holding its middle (in a gap: the nearer edge)."""
+def joint(before: Finalized, after: Finalized, options: ContextOptions) -> np.ndarray:
+    """What goes between two records in a window: the stream's audio between them when they
+    were at most ``real_gap_s`` apart and it is at hand, else ``gap_s`` of silence."""
+    pause = after.start - (before.start + len(before.audio))
+    if 0 <= pause <= min(len(before.trail), options.real_gap_s * MODEL_RATE):
+        return before.trail[:pause]
+    return np.zeros(int(options.gap_s * MODEL_RATE), np.float32)
+
+
+def split_words(words: Sequence[Word], spans: Sequence[Span], texts: Sequence[str] | None = None) -> list[list[Word]]:
+    """Each word to the span it belongs to: by its time (the span holding its middle, or in a
+    gap the nearer edge), or, given the spans' first-pass ``texts``, to the span whose
+    first-pass word it matches, when that span is near it (within ``SEAM_S``).
+
+    The match settles words at a seam: a word said in the pause between two utterances (or
+    cut in two by the boundary) goes to the utterance that already holds it, so it is neither
+    lost from one nor given to both.
+    """
+    by_time = [min(range(len(spans)), key=lambda j: _distance((w.start + w.end) / 2, spans[j])) for w in words]
+    if texts is not None:
+        for k, j in _matched_spans([normalize_word(w.word) for w in words], texts).items():
+            if _distance((words[k].start + words[k].end) / 2, spans[j]) <= SEAM_S:
+                by_time[k] = j
     out: list[list[Word]] = [[] for _ in spans]
-    for w in words:
-        middle = (w.start + w.end) / 2
-        best = min(range(len(spans)), key=lambda j: _distance(middle, spans[j]))
-        out[best].append(w)
+    for w, j in zip(words, by_time, strict=True):
+        out[j].append(w)
+    return out
+
+
+def _matched_spans(heard: list[str], texts: Sequence[str]) -> dict[int, int]:
+    """Heard word -> the span whose first-pass text has it at the aligned place (same words,
+    or a substitution of as many words)."""
+    labels = [(normalize_word(x), j) for j, text in enumerate(texts) for x in text.split()]
+    old = [word for word, _ in labels]
+    out: dict[int, int] = {}
+    for op, i1, i2, j1, j2 in SequenceMatcher(a=old, b=heard, autojunk=False).get_opcodes():
+        if op == "equal" or (op == "replace" and i2 - i1 == j2 - j1):
+            out.update({j1 + n: labels[i1 + n][1] for n in range(j2 - j1)})
     return out
 
 
@@ -155,7 +196,7 @@ def revised_texts(
     result is refused when it holds far fewer or far more words than the
     first pass (a loop, or a lost stretch).
     """
-    groups = split_words(hyp.words, spans)
+    groups = split_words(hyp.words, spans, [r.text for r in records])
     fresh = [(r, g) for r, g in zip(records, groups, strict=True) if fresh_from <= r.index <= decide_to]
     old_words = sum(len(r.text.split()) for r, _ in fresh)
     new_words = sum(len(g) for _, g in fresh)

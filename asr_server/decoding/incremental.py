@@ -456,8 +456,9 @@ class ChannelDecoder:
         assert utt.ended is not None
         if not self.context.enabled:
             return
-        audio = utt.audio.copy(0, utt.ended.end - utt.start)
-        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words))
+        keep = utt.ended.end - utt.start
+        audio, trail = utt.audio.copy(0, keep), utt.audio.copy(keep, keep + int(self.context.real_gap_s * MODEL_RATE))
+        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words, trail))
         self._unrevised += 1
         self._last_final_end = utt.ended.end
         self._trim()

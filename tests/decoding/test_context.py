@@ -336,3 +336,47 @@ def test_an_insertion_or_deletion_is_judged_against_the_other_pass_as_a_whole():
     assert "".join(w.word for w in merge_words(first, _words_of("the end of it uh", [0.8, 0.8, 0.8, 0.8, 0.2]))).endswith("it")
     doubtful = _words_of("the end um of it", [0.8, 0.8, 0.1, 0.8, 0.8])
     assert "".join(w.word for w in merge_words(doubtful, _words_of("the end of it", [0.8] * 4))) == " the end of it"
+
+
+def _at(index: int, start_s: float, seconds: float, trail_s: float, text: str = ""):
+    from asr_server.decoding.context import Finalized
+
+    audio = np.full(int(seconds * 16000), 0.1, np.float32)
+    trail = np.full(int(trail_s * 16000), 0.01, np.float32)
+    return Finalized(index, int(start_s * 16000), audio, 0, text or f"s{index}", (), trail)
+
+
+@pytest.mark.parametrize(
+    ("second_at", "trail_s", "joint_s", "real"),
+    [
+        (2.4, 0.4, 0.4, True),  # spoken 0.4 s apart, and the stream's audio of that pause kept: as spoken
+        (2.0, 0.4, 0.0, True),  # a continuation after a cut: nothing between them
+        (2.7, 0.4, 0.5, False),  # part of the pause missing: the usual silence
+        (4.0, 2.0, 0.5, False),  # a long pause (over real_gap_s): the usual silence
+    ],
+)
+def test_a_window_joins_utterances_as_spoken_when_the_pause_between_them_is_short(second_at, trail_s, joint_s, real):
+    from asr_server.decoding.context import window_request
+
+    records = [_at(0, 0.0, 2.0, trail_s), _at(1, second_at, 1.0, 0.0)]
+    request, spans = window_request(records, ContextOptions(gap_s=0.5, real_gap_s=1.0), "en", "")
+    gap = request.audio[32000 : 32000 + int(joint_s * 16000)]
+    assert len(request.audio) == int((3.0 + joint_s) * 16000)
+    assert (spans[1].start, spans[1].end) == pytest.approx((2.0 + joint_s, 3.0 + joint_s))
+    assert bool(len(gap)) == (joint_s > 0) and np.all(gap == (0.01 if real else 0.0))
+
+
+def test_a_word_said_at_a_seam_goes_to_the_utterance_whose_first_pass_heard_it():
+    from asr_server.decoding.context import Span, split_words
+
+    spans = [Span(0, 0.0, 2.0), Span(1, 2.2, 4.0)]
+    # "but" ended the first utterance in its first pass; in the window it is heard in the
+    # pause, nearer the second one. "The" began the second and is heard nearer the first.
+    heard = [Word(" cities", 1.2, 1.8, 0.9), Word(" but", 2.05, 2.2, 0.9), Word(" now", 2.3, 2.6, 0.9), Word(" we", 2.6, 2.8, 0.9)]
+    groups = split_words(heard, spans, ["all cities, but", "Now we"])
+    assert [[w.word.strip() for w in g] for g in groups] == [["cities", "but"], ["now", "we"]]
+    heard = [Word(" Babylon", 1.0, 1.9, 0.9), Word(" the", 1.9, 2.05, 0.9), Word(" gate", 2.3, 2.6, 0.9)]
+    groups = split_words(heard, spans, ["before you is Babylon.", "The Gate"])
+    assert [[w.word.strip() for w in g] for g in groups] == [["Babylon"], ["the", "gate"]]
+    # Without the first-pass texts, by time alone.
+    assert [[w.word.strip() for w in g] for g in split_words(heard, spans)] == [["Babylon", "the"], ["gate"]]
