@@ -6,10 +6,10 @@ the audio before it, so a soft first syllable is not clipped) and ends when:
 * ``endpoint_ms`` of trailing silence has passed (reason ``endpoint``); the
   utterance keeps ``tail_ms`` of that silence and drops the rest. Once the
   talking has lasted ``long_utterance_s`` (counted across cuts into
-  continuations), a pause of ``long_endpoint_ms`` is enough: in
-  continuous reading or a monologue the pauses between sentences are often
-  shorter than the endpoint, and without this the final would wait for
-  ``max_utterance_s``;
+  continuations, and across pauses shorter than ``talk_pause_ms``), a pause
+  of ``long_endpoint_ms`` is enough: in continuous reading or a monologue
+  the pauses between sentences are often shorter than the endpoint, and
+  without this the final would wait for ``max_utterance_s``;
 * it reaches ``max_utterance_s``: it is cut in the middle of the longest
   pause in its second half, or at its quietest frame, and the next utterance
   continues from there (reason ``max_length``);
@@ -69,8 +69,11 @@ class ChunkerOptions:
     # of its longest non-speech stretch, or failing that its quietest frame.
     cut_search_fraction: float = 0.5
     # An utterance this long ends at a pause this short (when shorter than endpoint_ms).
-    long_utterance_s: float = 6.0
+    long_utterance_s: float = 3.0
     long_endpoint_ms: int = 250
+    # The talking goes on across a pause shorter than this (one that ended an utterance):
+    # long_utterance_s counts from where it began.
+    talk_pause_ms: int = 1000
 
     @property
     def endpoint_samples(self) -> int:
@@ -139,7 +142,10 @@ class Chunker:
         self._preroll: deque[VadFrame] = deque(maxlen=max(1, options.preroll_ms * MODEL_RATE // 1000 // FRAME_SAMPLES))
         self._utterance = 0
         self._start = 0
-        self._talk_start = 0  # where speech began after silence: a cut utterance's continuation keeps it
+        # Where the talking began: a cut utterance's continuation keeps it, and so does an
+        # utterance that starts within ``talk_pause_ms`` of the last one's speech.
+        self._talk_start = 0
+        self._talked = False
         self._position = 0
         self._last_speech_end = 0
         self._silence = 0
@@ -190,7 +196,10 @@ class Chunker:
         earlier = list(self._preroll)
         self._preroll.clear()
         self._state = _State.SPEECH
-        self._start = self._talk_start = earlier[0].start if earlier else frame.start
+        self._start = earlier[0].start if earlier else frame.start
+        if not self._talked or frame.start - self._last_speech_end >= self.options.talk_pause_ms * MODEL_RATE // 1000:
+            self._talk_start = self._start
+        self._talked = True
         self._energy = [(f.start, f.rms, False) for f in earlier]
         self._last_speech_end = frame.end
         self._silence = 0

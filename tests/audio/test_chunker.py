@@ -150,6 +150,19 @@ def test_the_shorter_pause_of_continuous_speech_counts_across_a_split():
     assert [(e.utterance, e.reason) for e in late if isinstance(e, UtteranceEnded)] == [(1, EndReason.ENDPOINT)]
 
 
+@pytest.mark.parametrize(("between", "ends_at_short_pause"), [(20, True), (40, False)])
+def test_the_talking_goes_on_across_a_pause_that_ended_an_utterance_if_it_was_short(between, ends_at_short_pause):
+    """Reading aloud: a 0.6 s pause ends a sentence, the next one runs 1.2 s and pauses 0.27 s.
+    The talking began 3.6 s before: that pause ends it too. After a 1.2 s pause (over
+    talk_pause_ms) the talking begins again, and the short pause does not end it."""
+    options = ChunkerOptions(endpoint_ms=500, long_utterance_s=3.0, long_endpoint_ms=240, talk_pause_ms=1000)
+    c = Chunker(options)
+    first = c.feed(frames("S" * 60 + "." * between))
+    assert [e.reason for e in first if isinstance(e, UtteranceEnded)] == [EndReason.ENDPOINT]
+    later = c.feed(frames("S" * 40 + "." * 9 + "SSSS", start=60 + between))
+    assert [e.utterance for e in later if isinstance(e, UtteranceEnded)] == ([1] if ends_at_short_pause else [])
+
+
 def test_a_split_cuts_in_the_middle_of_the_quiet_stretch():
     c = Chunker()
     c.feed(frames("S" * 100, quiet_at={58, 59, 60, 61, 62, 63, 64, 80}))
