@@ -107,6 +107,9 @@ class SplitUtterance:
     utterance: int
     lo: int
     hi: int
+    # When only one interim heard the sentence end: the span must hold a pause the VAD heard,
+    # at least this long (the cut goes in its middle); 0: any quiet stretch will do.
+    pause_ms: int = 0
 
 
 PipelineEvent = SpeechStart | Interim | Final | Revision | SubmitJob | WithdrawJob | SplitUtterance

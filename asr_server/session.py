@@ -289,7 +289,7 @@ class Session:
                 out.append(event)
             elif isinstance(event, SplitUtterance):
                 c = event.channel
-                out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].split(event.utterance, event.lo, event.hi))))
+                out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].split(event.utterance, event.lo, event.hi, event.pause_ms))))
             else:
                 out.append(Send(self._writer.event(event), event))
         return out

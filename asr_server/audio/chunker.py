@@ -173,21 +173,28 @@ class Chunker:
         end = min(self._last_speech_end + self.options.tail_samples, self._position)
         return [self._close(end, reason)]
 
-    def split(self, utterance: int, lo: int, hi: int) -> list[ChunkEvent]:
+    def split(self, utterance: int, lo: int, hi: int, pause_ms: int = 0) -> list[ChunkEvent]:
         """End the open ``utterance`` in the quietest stretch of frames starting in ``[lo, hi]``
         (stream samples) and continue it in the next one: a sentence ended there and the
-        speaker went on.
+        speaker went on. With ``pause_ms``, only at a pause: the span must hold a run of
+        non-speech frames that long, and the cut goes in the middle of the longest.
 
         The cut is in the middle of the stretch, so that each side keeps some of the pause
         (a word that starts right at the cut is easily lost). Nothing happens (``[]``) when
-        ``utterance`` is no longer open, or no frame of it with speech after it starts in the span.
+        ``utterance`` is no longer open, or no frame of it with speech after it starts in the
+        span, or (with ``pause_ms``) the span holds no such pause.
         """
         if self._state is _State.IDLE or utterance != self._utterance:
             return []
         frames = [f for f in self._energy if lo <= f[0] <= hi and self._start < f[0] < self._last_speech_end]
         if not frames:
             return []
-        return self._continue_at(_middle_of_quietest(frames), EndReason.SENTENCE)
+        if pause_ms <= 0:
+            return self._continue_at(_middle_of_quietest(frames), EndReason.SENTENCE)
+        length, middle = _longest_run([not f[2] for f in frames], latest=False)
+        if length * FRAME_SAMPLES < pause_ms * MODEL_RATE // 1000:
+            return []
+        return self._continue_at(frames[middle][0], EndReason.SENTENCE)
 
     def _idle_frame(self, frame: VadFrame, events: list[ChunkEvent]) -> None:
         if not frame.speech:

@@ -66,6 +66,8 @@ PROMPT_MIN_WORD_PROBABILITY = 0.5
 SPLIT_MIN_S = 1.0
 SPLIT_MIN_GAP_S = 0.1
 SPLIT_MARGIN_S = 0.1
+# A sentence end one interim alone heard splits only where the VAD heard a pause this long.
+SPLIT_SOLO_PAUSE_MS = 120
 SENTENCE_ENDS = (".", "?", "!")
 # Not sentence ends, though they end with a full stop: titles, and speech trailing off.
 ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "st.", "jr.", "sr.", "vs.", "etc.", "e.g.", "i.e.", "no.", "mt."})
@@ -398,8 +400,9 @@ class ChannelDecoder:
         return after > 0 and length >= after * MODEL_RATE
 
     def _split(self, utt: _Utterance, hyp: Hypothesis, audio_end: int) -> list[PipelineEvent]:
-        """Ask for ``utt`` to end where the last sentence ends that this interim and the one before
-        both heard end (one alone often puts a full stop where its audio stops), if there is one."""
+        """Ask for ``utt`` to end where the last sentence in this interim ends, if there is one:
+        anywhere quiet around it when the interim before heard it end too, else only at a pause
+        the VAD heard there (one interim alone may put a full stop where the speaker only slowed)."""
         heard_before, utt.heard_ends = utt.heard_ends, sentences_ended(hyp)
         if utt.ended is not None or utt.paused_at is not None or not self._may_split(audio_end - utt.start):
             return []
@@ -407,8 +410,8 @@ class ChannelDecoder:
         if gap is None:
             return []
         utt.splitting = True
-        lo, hi = (utt.start + int(t * MODEL_RATE) for t in gap)
-        return [SplitUtterance(self.channel, utt.index, lo, hi)]
+        lo, hi = (utt.start + int(t * MODEL_RATE) for t in gap[:2])
+        return [SplitUtterance(self.channel, utt.index, lo, hi, 0 if gap[2] else SPLIT_SOLO_PAUSE_MS)]
 
     def _finalize(self, utt: _Utterance, hyp: Hypothesis) -> list[PipelineEvent]:
         assert utt.ended is not None
@@ -579,19 +582,19 @@ def sentences_ended(hyp: Hypothesis) -> frozenset[tuple[str, ...]]:
     return frozenset(_sentence_key(words[: i + 1]) for i, w in enumerate(words) if _ends_sentence(w))
 
 
-def sentence_gap(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]]) -> tuple[float, float] | None:
+def sentence_gap(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]]) -> tuple[float, float, bool] | None:
     """Where to look for the end of the last complete sentence in ``words`` (seconds from their
-    audio's start): around the gap between its last word and the first word after it. None when no
-    sentence of at least ``SPLIT_MIN_S``, also in ``heard_before``, ends there with a capitalised
-    word after it."""
+    audio's start): around the gap between its last word and the first word after it, and whether
+    ``heard_before`` has it too. None when no sentence of at least ``SPLIT_MIN_S`` ends with a
+    capitalised word after it."""
     for i in range(len(words) - 2, -1, -1):
         end, following = words[i].end, words[i + 1].start
         if end < SPLIT_MIN_S:
             break
         if following - end < SPLIT_MIN_GAP_S or not _ends_sentence(words[i].word) or not _starts_sentence(words[i + 1].word):
             continue
-        if _sentence_key([w.word for w in words[: i + 1]]) in heard_before:
-            return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S
+        agreed = _sentence_key([w.word for w in words[: i + 1]]) in heard_before
+        return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S, agreed
     return None
 
 

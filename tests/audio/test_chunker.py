@@ -168,3 +168,18 @@ def test_a_split_cuts_in_the_middle_of_the_quiet_stretch():
     c.feed(frames("S" * 100, quiet_at={58, 59, 60, 61, 62, 63, 64, 80}))
     (ended, _) = c.split(0, 50 * FRAME_SAMPLES, 75 * FRAME_SAMPLES)
     assert ended.end == 61 * FRAME_SAMPLES  # not at the stretch's first or last frame: each side keeps some pause
+
+
+def test_a_split_that_needs_a_pause_cuts_only_where_the_vad_heard_one():
+    speech = frames("S" * 100, quiet_at={60, 61, 62})  # quiet, but the VAD called it speech
+    c = Chunker()
+    c.feed(speech)
+    assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120) == []
+    assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES)  # without the condition: the quiet stretch
+    c = Chunker()
+    c.feed(frames("S" * 58 + "." * 5 + "S" * 37))  # a 150 ms pause at frames 58-62
+    (ended, _) = c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120)
+    assert ended.end == 60 * FRAME_SAMPLES and ended.reason is EndReason.SENTENCE
+    c = Chunker()
+    c.feed(frames("S" * 58 + "." * 3 + "S" * 39))  # 90 ms: too short
+    assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120) == []

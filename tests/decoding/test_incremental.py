@@ -1,7 +1,7 @@
 import numpy as np
 
 from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
-from asr_server.decoding.incremental import ChannelDecoder
+from asr_server.decoding.incremental import SPLIT_SOLO_PAUSE_MS, ChannelDecoder
 from asr_server.events import DecodeJob, Final, Interim, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from asr_server.inference.types import Word
 from asr_server.inference.whisper import DecodeKind, Hypothesis
@@ -293,11 +293,16 @@ def _long_interim(d: ChannelDecoder, before: str) -> DecodeJob:
     return job
 
 
-def test_a_sentence_end_heard_by_one_interim_only_splits_nothing():
+def test_a_sentence_end_heard_by_one_interim_only_splits_only_at_a_pause_the_vad_heard():
     d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
-    # The interim before heard "The end next": the full stop is this interim's alone.
-    assert not only(d.job_done(_long_interim(d, "The end next"), _sentence_then_more()), SplitUtterance)
-    # Heard by two in a row, it splits (below, the chunker declines).
+    # The interim before heard "The end next": the full stop is this interim's alone, so the
+    # chunker is to cut only where its VAD heard a pause around it.
+    (split,) = only(d.job_done(_long_interim(d, "The end next"), _sentence_then_more()), SplitUtterance)
+    assert split.pause_ms == SPLIT_SOLO_PAUSE_MS > 0
+    # Heard by two in a row, any quiet stretch will do.
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (split,) = only(d.job_done(_long_interim(d, "The end."), _sentence_then_more()), SplitUtterance)
+    assert split.pause_ms == 0
 
 
 def test_a_split_the_chunker_declines_leaves_the_utterance_going():
