@@ -20,9 +20,10 @@ Rules it keeps:
   the endpoint wait and the decode overlap instead of adding up. If speech
   resumes, the result was just another interim.
 * Sentences in continuous speech: once an utterance is ``split_after_s``
-  long its interims carry word timing, and when two in a row hear the same
-  sentence end (``.``, ``?``, ``!``) with the next sentence begun after it, the decoder
-  asks for the utterance to end there (:class:`~asr_server.events.SplitUtterance`):
+  long its interims carry word timing, and when one hears a sentence end
+  (``.``, ``?``, ``!``) with the next sentence begun after it, the decoder asks for
+  the utterance to end there (:class:`~asr_server.events.SplitUtterance`; heard by
+  that interim alone, only at a pause the VAD heard):
   that sentence gets its final now, not at the next pause long enough for
   the endpoint, and the rest goes on as a continuation.
 * Offsets: a channel's transcript is its non-empty final texts joined by
