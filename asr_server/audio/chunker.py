@@ -69,7 +69,7 @@ class ChunkerOptions:
     # of its longest non-speech stretch, or failing that its quietest frame.
     cut_search_fraction: float = 0.5
     # An utterance this long ends at a pause this short (when shorter than endpoint_ms).
-    long_utterance_s: float = 3.0
+    long_utterance_s: float = 6.0
     long_endpoint_ms: int = 250
     # The talking goes on across a pause shorter than this (one that ended an utterance):
     # long_utterance_s counts from where it began.
