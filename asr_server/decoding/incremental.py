@@ -469,9 +469,10 @@ class ChannelDecoder:
 
     def _trim(self) -> None:
         """Keep only the records a window (and its prompt) can use: bounded memory however long
-        passes wait (a pass in flight over a dropped record is not applied)."""
-        keep_s = self.context.window_s + PROMPT_CONTEXT_S
-        while len(self._done) > 1 and sum(r.seconds for r in self._done[1:]) >= keep_s:
+        passes wait (a pass in flight over a dropped record is not applied). The pauses kept
+        to join records count too."""
+        keep = (self.context.window_s + PROMPT_CONTEXT_S) * MODEL_RATE
+        while len(self._done) > 1 and sum(len(r.audio) + len(r.trail) for r in self._done[1:]) >= keep:
             self._done.pop(0)
         self._unrevised = min(self._unrevised, len(self._done))
 
