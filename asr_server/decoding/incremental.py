@@ -51,7 +51,7 @@ from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
 from .context import ContextOptions, Finalized, Span, plan_window, revised_texts, window_request
 from .stability import LocalAgreement
-from .text import guard, normalize_word
+from .text import guard, normalize_word, normalized_text
 
 __all__ = ["ChannelDecoder", "PROMPT_CHARS"]
 
@@ -61,6 +61,8 @@ __all__ = ["ChannelDecoder", "PROMPT_CHARS"]
 # into every later final; the last final alone keeps style and names.
 PROMPT_CHARS = 120
 PROMPT_MIN_WORD_PROBABILITY = 0.5
+# A final that repeats this many words or more of the end of its prompt is decoded again without it.
+ECHO_MIN_WORDS = 3
 # A sentence split: the sentence is at least SPLIT_MIN_S long, the next word starts at least
 # SPLIT_MIN_GAP_S after its last one (a pause, not a word run together with the next), and the
 # cut is looked for SPLIT_MARGIN_S around that gap (word timing is that rough).
@@ -97,6 +99,7 @@ class _Utterance:
     ended: UtteranceEnded | None = None
     splitting: bool = False  # a split was asked for: no new decode until the chunker's answer
     heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentences the last interim heard end (their words)
+    unprompted: bool = False  # its final is decoded without the text before it (that decode echoed it)
 
     @property
     def end(self) -> int:
@@ -259,7 +262,8 @@ class ChannelDecoder:
             audio_s = len(job.request.audio) / MODEL_RATE
             hyp = guard(hypothesis, audio_s, utt.voiced / MODEL_RATE)
             if job.request.kind is DecodeKind.FINAL and not job.speculative:
-                out.extend(self._finalize(utt, hyp))
+                if not self._echoed(utt, hyp):
+                    out.extend(self._finalize(utt, hyp))
             else:
                 if job.speculative:
                     utt.spec = (job.audio_end, hyp)
@@ -331,7 +335,7 @@ class ChannelDecoder:
             utt = next(iter(self._utterances.values()))
             if utt.ended is not None:
                 end = utt.ended.end
-                if utt.spec is not None and utt.spec[0] == end:
+                if utt.spec is not None and utt.spec[0] == end and not self._echoed(utt, utt.spec[1]):
                     out.extend(self._finalize(utt, utt.spec[1]))
                     continue
                 if utt.voiced == 0 or end <= utt.start:
@@ -360,7 +364,7 @@ class ChannelDecoder:
             audio=utt.audio.copy(0, end - utt.start),
             kind=kind,
             language=self.options.language,
-            prompt=_with_vocabulary(self.options.prompt, self._prompt),
+            prompt=_with_vocabulary(self.options.prompt, "" if utt.unprompted else self._prompt),
             prefix="" if final else utt.agreement.stable_text,
             # Finals are always aligned: the guards use word timing even when the client did not ask for it;
             # interims of a long utterance too, to find where a sentence in it ends.
@@ -373,6 +377,20 @@ class ChannelDecoder:
         return SubmitJob(job)
 
     # -- results --------------------------------------------------------------------
+
+    def _echoed(self, utt: _Utterance, hyp: Hypothesis) -> bool:
+        """Whether ``hyp``, a final of ``utt``, only repeats the end of its prompt (Whisper copies the
+        prompt when the audio is a fragment: measured live, a continuation holding "of the" came back
+        as the whole sentence before it). Then it is decoded again without the prompt (``unprompted``),
+        and what that decode hears is the final, repetition or not."""
+        if utt.unprompted:
+            return False
+        heard = normalized_text(hyp.text).split()
+        if len(heard) < ECHO_MIN_WORDS or normalized_text(self._prompt).split()[-len(heard) :] != heard:
+            return False
+        utt.unprompted = True
+        utt.spec = None
+        return True
 
     def _next_offset(self) -> int:
         return self._transcript_len + 1 if self._transcript_len else 0

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ..inference.types import Hypothesis, Word
 
-__all__ = ["normalize_word", "guard", "HALLUCINATIONS", "MAX_WORDS_PER_SECOND", "MAX_REPEATS"]
+__all__ = ["normalize_word", "normalized_text", "guard", "HALLUCINATIONS", "MAX_WORDS_PER_SECOND", "MAX_REPEATS"]
 
 _PUNCT = re.compile(r"[^\w']+")
 
@@ -47,7 +47,7 @@ def normalize_word(word: str) -> str:
     return _PUNCT.sub("", word.lower())
 
 
-def _normalized(text: str) -> str:
+def normalized_text(text: str) -> str:
     return " ".join(w for w in (normalize_word(x) for x in text.split()) if w)
 
 
@@ -144,7 +144,7 @@ def guard(hyp: Hypothesis, audio_s: float, voiced_s: float) -> Hypothesis:
         return hyp
     if hyp.no_speech_prob > 0.6 and hyp.avg_logprob < -1.0:
         return replace(hyp, text="", words=(), dropped=("no_speech",))
-    norm = _normalized(hyp.text)
+    norm = normalized_text(hyp.text)
     if norm in HALLUCINATIONS and (voiced_s < 0.5 or hyp.avg_logprob < -0.8 or hyp.no_speech_prob > 0.4):
         return replace(hyp, text="", words=(), dropped=("hallucination",))
     if hyp.words:

@@ -331,3 +331,36 @@ def test_no_split_when_turned_off_or_no_sentence_ends_before_more_words():
         on = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
         text = " ".join(w.word.strip() for w in words)
         assert not only(on.job_done(_long_interim(on, before), Hypothesis(text, words)), SplitUtterance), text
+
+
+def _second_final(d: ChannelDecoder, first: str) -> DecodeJob:
+    """Utterance 0 finalized as ``first`` (the prompt of the next); utterance 1 ended, its final in flight."""
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.0), UtteranceEnded(0, 2 * SR, EndReason.ENDPOINT)]), SubmitJob)]
+    d.job_done(job, Hypothesis(first))
+    ev = d.feed([UtteranceStarted(1, 2 * SR, 2 * SR, continuation=True), audio(1, 0.8), UtteranceEnded(1, int(2.8 * SR), EndReason.ENDPOINT)])
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.request.kind is DecodeKind.FINAL and job.request.prompt == first
+    return job
+
+
+def test_a_final_that_only_echoes_its_prompt_is_decoded_again_without_it():
+    d = ChannelDecoder(0, StreamOptions(interim_results=False, revisions=False))
+    job = _second_final(d, "This old ever means of the second.")
+    # A fragment ("of the"): Whisper gave back the sentence before it, from the prompt.
+    ev = d.job_done(job, Hypothesis("this old ever means of the second"))
+    assert not only(ev, Final)
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.request.kind is DecodeKind.FINAL and job.utterance == 1 and job.request.prompt == ""
+    (final,) = only(d.job_done(job, Hypothesis("of the")), Final)
+    assert (final.utterance, final.text) == (1, "of the")
+    # What the unprompted decode hears is the final, a repetition or not.
+    d = ChannelDecoder(0, StreamOptions(interim_results=False, revisions=False))
+    job = _second_final(d, "Thank you very much.")
+    (job,) = [e.job for e in only(d.job_done(job, Hypothesis("Thank you very much.")), SubmitJob)]
+    (final,) = only(d.job_done(job, Hypothesis("Thank you very much.")), Final)
+    assert final.text == "Thank you very much."
+    # Two words repeated ("Yes, yes.") are taken as said.
+    d = ChannelDecoder(0, StreamOptions(interim_results=False, revisions=False))
+    job = _second_final(d, "Oh yes.")
+    (final,) = only(d.job_done(job, Hypothesis("Oh yes.")), Final)
+    assert final.text == "Oh yes."
