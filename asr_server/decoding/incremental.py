@@ -262,7 +262,7 @@ class ChannelDecoder:
             audio_s = len(job.request.audio) / MODEL_RATE
             hyp = guard(hypothesis, audio_s, utt.voiced / MODEL_RATE)
             if job.request.kind is DecodeKind.FINAL and not job.speculative:
-                if not self._echoed(utt, hyp):
+                if not self._redo_if_echo(utt, hyp):
                     out.extend(self._finalize(utt, hyp))
             else:
                 if job.speculative:
@@ -335,7 +335,7 @@ class ChannelDecoder:
             utt = next(iter(self._utterances.values()))
             if utt.ended is not None:
                 end = utt.ended.end
-                if utt.spec is not None and utt.spec[0] == end and not self._echoed(utt, utt.spec[1]):
+                if utt.spec is not None and utt.spec[0] == end and not self._redo_if_echo(utt, utt.spec[1]):
                     out.extend(self._finalize(utt, utt.spec[1]))
                     continue
                 if utt.voiced == 0 or end <= utt.start:
@@ -378,11 +378,11 @@ class ChannelDecoder:
 
     # -- results --------------------------------------------------------------------
 
-    def _echoed(self, utt: _Utterance, hyp: Hypothesis) -> bool:
+    def _redo_if_echo(self, utt: _Utterance, hyp: Hypothesis) -> bool:
         """Whether ``hyp``, a final of ``utt``, only repeats the end of its prompt (Whisper copies the
         prompt when the audio is a fragment: measured live, a continuation holding "of the" came back
-        as the whole sentence before it). Then it is decoded again without the prompt (``unprompted``),
-        and what that decode hears is the final, repetition or not."""
+        as the whole sentence before it); if so, ``utt`` is marked to be decoded again without the
+        prompt (``unprompted``), and what that decode hears is the final, repetition or not."""
         if utt.unprompted:
             return False
         heard = normalized_text(hyp.text).split()
@@ -429,8 +429,9 @@ class ChannelDecoder:
         if gap is None:
             return []
         utt.splitting = True
-        lo, hi = (utt.start + int(t * MODEL_RATE) for t in gap[:2])
-        return [SplitUtterance(self.channel, utt.index, lo, hi, 0 if gap[2] else SPLIT_SOLO_PAUSE_MS)]
+        lo_s, hi_s, agreed = gap
+        lo, hi = (utt.start + int(t * MODEL_RATE) for t in (lo_s, hi_s))
+        return [SplitUtterance(self.channel, utt.index, lo, hi, 0 if agreed else SPLIT_SOLO_PAUSE_MS)]
 
     def _finalize(self, utt: _Utterance, hyp: Hypothesis) -> list[PipelineEvent]:
         assert utt.ended is not None

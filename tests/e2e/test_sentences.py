@@ -42,7 +42,8 @@ def _audio() -> np.ndarray:
         j = i
         while j < n and quiet[j]:
             j += 1
-        keep[i + 4 : j] = False if j - i > 4 else keep[i + 4 : j]  # 4 frames: 0.12 s of each pause stays
+        if j - i > 4:
+            keep[i + 4 : j] = False  # 4 frames: 0.12 s of each pause stays
         i = max(j, i + 1)
     return np.concatenate([audio[k * frame : (k + 1) * frame] for k in range(n) if keep[k]])
 
