@@ -39,7 +39,10 @@ COVER_MARGIN_S = 0.6
 # if it lies within this much of that utterance's audio (else to the one it lies in).
 SEAM_S = 1.0
 
-__all__ = ["CONFIDENCE_MARGIN", "ContextOptions", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words", "merge_words", "revised_texts"]
+__all__ = [
+    "CONFIDENCE_MARGIN", "ContextOptions", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words", "merge_words",
+    "revised_texts", "count_votes", "heard_in", "reached", "trusted", "word_key",
+]
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,13 @@ class Finalized:
     # The stream's audio right after ``audio`` that no utterance holds (the pause the
     # chunker dropped before the endpoint), to join it to the next utterance as spoken.
     trail: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    # Wordings heard for it (:func:`word_key`) and by how many decodes: the first pass's, then
+    # each context decode's that covered it (as context, decided, or lookahead).
+    votes: dict[tuple[str, ...], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.votes and self.text:
+            self.votes[word_key(self.text)] = 1
 
     @property
     def seconds(self) -> float:
@@ -181,45 +191,88 @@ def _distance(t: float, span: Span) -> float:
 
 
 def revised_texts(
-    records: Sequence[Finalized], hyp: Hypothesis, spans: Sequence[Span], fresh_from: int, decide_to: int
-) -> list[tuple[str, tuple[Word, ...]]] | None:
-    """Per record, its text and words (window times) after the context decode; None if it is not to be trusted.
+    records: Sequence[Finalized], groups: Sequence[Sequence[Word]], spans: Sequence[Span], fresh_from: int, decide_to: int
+) -> list[tuple[str, tuple[Word, ...]]]:
+    """Per record, its text and words (window times) after a context decode (``groups``: the
+    decode's words per record, :func:`split_words`; check :func:`trusted` first).
 
-    Only records with index from ``fresh_from`` to ``decide_to`` may change:
-    the ones before are in the window as context (a pass already refined
-    them; deciding them again would make the transcript flip), the ones after
-    as lookahead (decided by a later pass, with context after them too). A
-    record keeps what it had when the decode gave it no words or a very
-    different number of them, or words that stop short of its audio (Whisper
-    can skip or cut an utterance at a window's edge). Otherwise its words
-    are :func:`merge_words` of the first pass's and the pass's. The whole
-    result is refused when it holds far fewer or far more words than the
-    first pass (a loop, or a lost stretch).
+    Only records with index from ``fresh_from`` to ``decide_to`` are decided
+    now: the ones before are in the window as context (a pass already decided
+    them), the ones after as lookahead (decided by a later pass, with context
+    after them too). What the decode heard in each record's span
+    (:func:`heard_in`) counts as one vote for that wording in the record's
+    :attr:`Finalized.votes` (the first pass's text holds one from the start);
+    count them with :func:`count_votes` before calling this.
+
+    A record being decided takes the decode's words where another decode heard
+    the same, else :func:`merge_words` of the first pass's and the pass's. A
+    record decided before changes only to a wording at least two decodes heard
+    and more decodes than its present one (one unlucky window can decide a
+    record wrong: the next ones, which hear it in the middle of their window,
+    outvote it). A record keeps what it had when the decode gave it no words
+    or a very different number of them, or words that stop short of its audio
+    (Whisper can skip or cut an utterance at a window's edge).
     """
-    groups = split_words(hyp.words, spans, [r.text for r in records])
+    out: list[tuple[str, tuple[Word, ...]]] = []
+    for record, group, span in zip(records, groups, spans, strict=True):
+        heard = heard_in(record, group, span)
+        if heard is None or record.index > decide_to:
+            out.append((record.text, ()))
+        elif record.index < fresh_from:
+            votes = record.votes.get(word_key(heard), 0)
+            outvoted = votes >= 2 and votes > record.votes.get(word_key(record.text), 0)
+            out.append((heard, tuple(group)) if outvoted else (record.text, ()))
+        elif record.votes.get(word_key(heard), 0) >= 2 or not record.words:
+            out.append((heard, tuple(group)))
+        else:
+            shift = span.start - record.start / MODEL_RATE  # the first pass's words, in window time
+            merged = merge_words([replace(w, start=w.start + shift, end=w.end + shift) for w in record.words], group)
+            out.append((" ".join("".join(w.word for w in merged).split()), merged))
+    return out
+
+
+def count_votes(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], spans: Sequence[Span]) -> None:
+    """Add to each record's votes what a context decode heard in its span, where that is to be
+    trusted (:func:`heard_in`). Call once per decode, and only for a :func:`trusted` one."""
+    for record, group, span in zip(records, groups, spans, strict=True):
+        heard = heard_in(record, group, span)
+        if heard is not None:
+            key = word_key(heard)
+            record.votes[key] = record.votes.get(key, 0) + 1
+
+
+def reached(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fresh_from: int, decide_to: int) -> int:
+    """The last record a decode may decide: ``decide_to``, but none of the records after the
+    last one it gave words to (Whisper can stop before the end of a window: the records it
+    never reached are left to the next pass), and always ``fresh_from`` (each pass decides
+    at least one record, so passes cannot repeat themselves)."""
+    heard = [r.index for r, g in zip(records, groups, strict=True) if g]
+    return max(fresh_from, min(decide_to, heard[-1] if heard else fresh_from))
+
+
+def trusted(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fresh_from: int, decide_to: int) -> bool:
+    """Whether a decode holds about as many words as the first pass over the records it decides
+    (far fewer or far more: a loop, or a lost stretch)."""
     fresh = [(r, g) for r, g in zip(records, groups, strict=True) if fresh_from <= r.index <= decide_to]
     old_words = sum(len(r.text.split()) for r, _ in fresh)
     new_words = sum(len(g) for _, g in fresh)
-    if not hyp.words or new_words < 0.6 * old_words or new_words > 1.6 * old_words + 2:
+    return new_words > 0 and 0.6 * old_words <= new_words <= 1.6 * old_words + 2
+
+
+def heard_in(record: Finalized, group: Sequence[Word], span: Span) -> str | None:
+    """The text a decode heard in ``record``'s span (``group``: its words there), or None where it
+    is not to be trusted: no words, a very different number of words than the first pass, or
+    words that stop short of the audio the first pass's words reached."""
+    text = " ".join("".join(w.word for w in group).split())
+    old = len(record.text.split())
+    if not group or not 0.8 * old - 1 <= len(_words(text)) <= 1.5 * old + 2 or not _covers(group, span, record):
         return None
-    out: list[tuple[str, tuple[Word, ...]]] = []
-    for record, group, span in zip(records, groups, spans, strict=True):
-        text = " ".join("".join(w.word for w in group).split())
-        old = len(record.text.split())
-        keep = (
-            not fresh_from <= record.index <= decide_to
-            or not 0.8 * old - 1 <= len(_words(text)) <= 1.5 * old + 2
-            or not _covers(group, span, record)
-        )
-        if keep:
-            out.append((record.text, ()))
-            continue
-        if record.words:
-            shift = span.start - record.start / MODEL_RATE  # the first pass's words, in window time
-            group = list(merge_words([replace(w, start=w.start + shift, end=w.end + shift) for w in record.words], group))
-            text = " ".join("".join(w.word for w in group).split())
-        out.append((text, tuple(group)))
-    return out
+    return text
+
+
+def word_key(text: str) -> tuple[str, ...]:
+    """A wording as votes count it: the words, without case or punctuation."""
+    return tuple(_words(text))
 
 
 def merge_words(first: Sequence[Word], second: Sequence[Word]) -> tuple[Word, ...]:

@@ -49,7 +49,7 @@ from ..audio.decode import MODEL_RATE
 from ..events import DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import ContextOptions, Finalized, Span, plan_window, revised_texts, window_request
+from .context import ContextOptions, Finalized, Span, count_votes, plan_window, reached, revised_texts, split_words, trusted, window_request
 from .stability import LocalAgreement
 from .text import guard, normalize_word, normalized_text
 
@@ -118,6 +118,7 @@ class ChannelDecoder:
         self._context_fresh = 0  # the first utterance the pass in flight may revise (earlier ones: context only)
         self._context_decide_to = 0  # the last one it may revise (later ones: lookahead only)
         self._context_closed = False  # no more context passes (given up at close)
+        self._last_pass: tuple[tuple, int, Hypothesis] | None = None  # the latest pass's window (its key), last utterance decided, result
         self._draining = False  # no more audio: one last pass over what is unrevised
         self._position = 0  # stream samples received
         self._last_final_end = 0  # stream sample where the latest final's audio ends
@@ -505,6 +506,11 @@ class ChannelDecoder:
         if not decidable or not (enough or quiet or (self._draining and not self._utterances)):
             return []
         job = self._context_job = self._context_window()
+        key = (_window_key(job.request, self._context_spans), self._context_decide_to)
+        if self._last_pass is not None and self._last_pass[0] == key[0] and self._last_pass[1] < key[1]:
+            # The same window as the last pass (the speaker stopped after it, and now its newest
+            # utterance may be decided): the same decode, so its result serves again, at no cost.
+            return self._context_ended(job, self._last_pass[2], repeat=True)
         return [SubmitJob(job)]
 
     def _context_window(self) -> DecodeJob:
@@ -533,20 +539,28 @@ class ChannelDecoder:
         fresh = self._context_job = self._context_window()
         return fresh
 
-    def _context_ended(self, job: DecodeJob, hypothesis: Hypothesis | None) -> list[PipelineEvent]:
-        """A context pass came back (None: skipped or failed); a revision where its words differ."""
+    def _context_ended(self, job: DecodeJob, hypothesis: Hypothesis | None, repeat: bool = False) -> list[PipelineEvent]:
+        """A context pass came back (None: skipped or failed); a revision where its words differ.
+
+        ``repeat``: ``hypothesis`` is the last pass's, whose window was the same (its
+        words are not counted as votes again)."""
         if job is not self._context_job:
             raise ValueError("context result for a job that is not in flight on this channel")
         self._context_job = None
         spans = self._context_spans
         covered = [r for r in self._done if spans[0].index <= r.index <= spans[-1].index]
-        self._unrevised = sum(1 for r in self._done if r.index > self._context_decide_to)
-        out: list[PipelineEvent] = []
+        groups = None
         if hypothesis is not None and [r.index for r in covered] == [s.index for s in spans]:
             hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered))
-            texts = revised_texts(covered, hyp, spans, self._context_fresh, self._context_decide_to)
-            if texts is not None:
-                out.extend(self._revise(covered, spans, texts))
+            groups = split_words(hyp.words, spans, [r.text for r in covered])
+            intended, self._context_decide_to = self._context_decide_to, reached(covered, groups, self._context_fresh, self._context_decide_to)
+            self._last_pass = (_window_key(job.request, spans), intended, hypothesis)
+        self._unrevised = sum(1 for r in self._done if r.index > self._context_decide_to)
+        out: list[PipelineEvent] = []
+        if groups is not None and trusted(covered, groups, self._context_fresh, self._context_decide_to):
+            if not repeat:
+                count_votes(covered, groups, spans)
+            out.extend(self._revise(covered, spans, revised_texts(covered, groups, spans, self._context_fresh, self._context_decide_to)))
         self._trim()
         return out + self._dispatch_context()
 
@@ -579,6 +593,11 @@ class ChannelDecoder:
             return []
         text, stable = utt.last_interim
         return [Interim(self.channel, utt.index, self._next_offset(), text, stable, round(utt.speech_at / MODEL_RATE, 3), round(utt.end / MODEL_RATE, 3))]
+
+
+def _window_key(request: DecodeRequest, spans: list[Span]) -> tuple:
+    """What makes two context decodes the same: the utterances in the window, where they sit, the prompt."""
+    return tuple(spans), len(request.audio), request.prompt, request.language
 
 
 def _ends_sentence(word: str) -> bool:

@@ -380,3 +380,101 @@ def test_a_word_said_at_a_seam_goes_to_the_utterance_whose_first_pass_heard_it()
     assert [[w.word.strip() for w in g] for g in groups] == [["Babylon"], ["the", "gate"]]
     # Without the first-pass texts, by time alone.
     assert [[w.word.strip() for w in g] for g in split_words(heard, spans)] == [["Babylon", "the"], ["gate"]]
+
+
+class VaryingModel(TwoPassModel):
+    """As :class:`TwoPassModel`, but what a context window hears of sentence n may depend on the
+    window: ``heard(n, call)`` (call: 0 for the first context request), None for no words."""
+
+    def __init__(self, alone: list[str], heard) -> None:
+        super().__init__(alone, list(alone))
+        self.heard = heard
+
+    def context(self, request) -> Hypothesis:
+        call = self.context_requests
+        self.context_requests += 1
+        spans = _spans(request.audio)
+        self.windows.append([self.lengths[end - start] for start, end in spans])
+        words: list[Word] = []
+        for start, end in spans:
+            text = self.heard(self.lengths[end - start], call)
+            if text is not None:
+                words += _hyp(text, start / 16000, end / 16000).words
+        return Hypothesis(" ".join("".join(w.word for w in words).split()), tuple(words), avg_logprob=-0.1)
+
+
+def _pass_after_every_final(model: TwoPassModel) -> Driver:
+    """Every sentence fed, with a context pass run as soon as one is asked for (each final
+    starts one: min_new_s 0.1), then the end of the stream and the last pass."""
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
+    audio = speech()
+    for i in range(0, len(audio), 1600):
+        d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
+        d.run_context()
+        check_rules(d)
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    return d
+
+
+def test_a_wording_two_later_windows_agree_on_outvotes_the_one_window_that_decided_it():
+    """One unlucky window decides a sentence wrong; the next windows, which hold it with context
+    on both sides, hear it right twice, and a revision puts that in (offline transcription,
+    one window, would have heard it right: the measured case was "ill-disposed")."""
+    wrong, right = "he was not an old supposed young man", "he was not an ill-disposed young man"
+
+    def heard(n: int, call: int) -> str:
+        if n == 0:
+            return wrong if call == 0 else right
+        return ALONE[n]
+
+    d = _pass_after_every_final(VaryingModel(ALONE, heard))
+    texts = [m["text"] for m in d.of_type("revision")]
+    assert texts[0].startswith(wrong)  # the first window decided sentence 0 ...
+    assert sum(1 for t in texts if t.startswith(right)) == 1  # ... and two later ones outvoted it, once
+    assert d.client.final_text() == " ".join([right, *ALONE[1:]]) == server_transcript(d)
+
+
+def test_one_window_alone_never_overturns_what_the_decodes_before_it_agreed_on():
+    right = "he was not an ill-disposed young man"
+
+    def heard(n: int, call: int) -> str:
+        if n == 0:
+            return "he was not an old supposed young man" if call == 2 else right
+        return ALONE[n]
+
+    d = _pass_after_every_final(VaryingModel(ALONE, heard))
+    assert all(m["utterances"][0] != 0 or m["text"].startswith(right) for m in d.of_type("revision"))
+    assert d.client.final_text() == " ".join([right, *ALONE[1:]]) == server_transcript(d)
+
+
+def test_a_decode_that_stops_early_leaves_what_it_never_reached_to_the_next_pass():
+    """Whisper can end a window's transcript before its audio ends: the utterances it never
+    reached are not taken as decided (they keep no stale first-pass text for good)."""
+    together = [t + " too" for t in ALONE]
+    model = VaryingModel(ALONE, lambda n, call: None if call == 0 and n >= 2 else together[n])
+    d = Driver(model)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert model.context_requests == 2 and model.windows[1][-1] == 4  # the second pass took up the rest
+    assert d.client.final_text() == " ".join(together) == server_transcript(d)
+
+
+def test_the_newest_final_is_decided_from_the_last_window_when_the_speaker_stops_after_it():
+    """The last pass held the newest final as lookahead; once it may be decided (the speaker
+    stopped), the same window would be decoded again: its result is used, with no new decode."""
+    together = [t + " too" for t in ALONE]
+    model = TwoPassModel(ALONE, together)
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=2.0))
+    d.feed(speech())
+    d.run_context()
+    calls = model.context_requests
+    assert not d.client.final_text().endswith("too")  # the newest is lookahead so far
+    d.feed(np.zeros(3 * 16000, np.float32))  # the speaker stopped: after settle_s it may be decided
+    assert model.context_requests == calls and not d.context_jobs
+    assert d.client.final_text() == " ".join(together) == server_transcript(d)
+    d.apply(d.session.end_of_stream())
+    assert d.messages[-1]["type"] == "closed" and model.context_requests == calls
