@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stream_bench import cpu_seconds, noisy_pcm, pct, speech_ends, start_server  # noqa: E402
+from stream_bench import cpu_seconds, noisy_pcm, pct, revision_delays, speech_ends, start_server  # noqa: E402
 
 from asr_client import stream_bytes  # noqa: E402
 
@@ -185,7 +185,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     lags: list[float] = []  # per utterance: from its speech start (as the server found it) to its first interim
     finals_sent = 0
     refined_errors = 0
-    delays: list[float] = []
+    delays: list[float] = []  # revisions of an utterance no revision had changed before
+    redone: list[float] = []  # revisions of one a revision had changed (an earlier pass outvoted)
     refusal_s: list[float] = []
     broken = 0
     per_fixture: dict[str, list[int]] = {}
@@ -218,13 +219,15 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
             errors, refined_errors, words = errors + e1, refined_errors + e2, words + len(ref)
             tally = per_fixture.setdefault(f"{r.fixture} ch{ch}", [0, 0, 0])
             tally[0], tally[1], tally[2] = tally[0] + e1, tally[1] + e2, tally[2] + len(ref)
-            shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
-            delays += [t.at - shown[t.message["utterances"][0]] for t in r.of_type("revision") if t.message["channel"] == ch]
+            first_delays, again = revision_delays(r, ch)
+            delays += first_delays
+            redone += again
     print(f"N={n} WER first pass / after revisions by fixture: "
           + ", ".join(f"{k} {a / w:.3f} / {b / w:.3f}" for k, (a, b, w) in sorted(per_fixture.items())), file=sys.stderr, flush=True)
     return {
         "refined_wer": refined_errors / words if words else float("nan"),
         "revision_p95": pct(delays, 0.95) if delays else float("nan"), "revisions": len(delays),
+        "redone": len(redone), "redone_p50": pct(redone, 0.5) if redone else float("nan"),
         "model_context": model.get("context", 0.0) / stream_s if stream_s else 0.0,
         "n": n, "finals": len(latencies), "p50": pct(latencies, 0.5) if latencies else float("nan"), "p95": pct(latencies, 0.95) if latencies else float("nan"),
         "first": pct(first, 0.5) if first else float("nan"),
@@ -275,12 +278,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s) | server CPU (cores) | model s/audio s (interim + final + context) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s), again (delay p50, s) | server CPU (cores) | model s/audio s (interim + final + context) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
         broken = f" ({r['broken']} broken)" if r["broken"] else ""
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}) | {r['cpu']:.2f} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['cpu']:.2f} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 

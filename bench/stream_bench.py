@@ -195,10 +195,23 @@ def final_latencies(r: Replay, ch: int, ends: list[float]) -> list[float]:
     return out
 
 
-def revision_delays(r: Replay, ch: int) -> list[float]:
-    """Per revision: how long the first utterance it changed had shown its first-pass text."""
-    finals = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
-    return [t.at - finals[t.message["utterances"][0]] for t in r.of_type("revision") if t.message["channel"] == ch]
+def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float]]:
+    """Per revision, how long the first utterance it changed had shown its text: for revisions
+    of an utterance no revision had changed before (its first-pass text: how far the context
+    pass lags), and apart, for those of one a revision had changed before (a later pass
+    outvoted an earlier one). Only the first utterance of a revision is known to have changed,
+    so a revision counts as "again" only when its first utterance was another's first."""
+    shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
+    first: list[float] = []
+    again: list[float] = []
+    revised: set[int] = set()
+    for t in r.of_type("revision"):
+        if t.message["channel"] != ch:
+            continue
+        lo = t.message["utterances"][0]  # changed for sure (the ones after it may be as they were)
+        (again if lo in revised else first).append(t.at - shown[lo])
+        revised.add(lo)
+    return first, again
 
 
 def model_seconds(port: int) -> dict[str, float]:
@@ -229,7 +242,7 @@ def main() -> None:
 
     proc, port = start_server(args.compute_type, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
-    rows, latencies, first_interims, delays = [], [], [], []
+    rows, latencies, first_interims, delays, again = [], [], [], [], []
     by_fixture: dict[str, list[float]] = {}
     texts: dict[str, dict[str, str]] = {}  # per fixture channel: the reference and what the client held
     totals = {"first": 0, "refined": 0, "offline": 0, "words": 0, "finals": 0, "revisions": 0}
@@ -251,7 +264,9 @@ def main() -> None:
                     found = final_latencies(r, ch, speech_ends(dry[ch], entry["spans"][ch]))
                     latencies.extend(found)
                     by_fixture.setdefault(f"{name} ch{ch}", []).extend(found)
-                    delays.extend(revision_delays(r, ch))
+                    first_delays, again_delays = revision_delays(r, ch)
+                    delays.extend(first_delays)
+                    again.extend(again_delays)
                     if run:
                         continue
                     ref = normalize(" ".join(entry["references"][ch]))
@@ -273,10 +288,11 @@ def main() -> None:
         proc.terminate()
         proc.wait(10)
     rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
-    report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts)
+    report(args, rows, totals, latencies, first_interims, (delays, again), cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts)
 
 
-def report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, model, texts) -> None:
+def report(args, rows, totals, latencies, first_interims, revision_delays, cpu, audio_s, model, texts) -> None:
+    delays, again = revision_delays
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
     print(f"# single stream, real-time pace{noise}, revisions={args.revisions}, {args.runs} run(s) per fixture, tiny.en {args.compute_type}, {os.cpu_count()} cores")
@@ -290,11 +306,12 @@ def report(args, rows, totals, latencies, first_interims, delays, cpu, audio_s, 
     print()
     print(f"final latency from the end of speech found in the audio (s): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} (n={len(latencies)})")
     print(f"time to first interim (s): median {statistics.median(first_interims):.2f}, max {max(first_interims):.2f} (n={len(first_interims)})")
-    print(f"revisions: {totals['revisions']} for {totals['finals']} finals; delay from the first changed final (s): p50 {pct(delays, 0.5):.2f}, p95 {pct(delays, 0.95):.2f} (n={len(delays)})")
+    print(f"revisions: {totals['revisions']} for {totals['finals']} finals; delay from the first changed final (s): p50 {pct(delays, 0.5):.2f}, p95 {pct(delays, 0.95):.2f} (n={len(delays)}); "
+          f"of an utterance revised before (outvoted): p50 {pct(again, 0.5):.2f} (n={len(again)})")
     kinds = ", ".join(f"{k} {v / audio_s:.3f}" for k, v in sorted(model.items()))
     print(f"compute per audio second: server CPU {cpu / audio_s:.3f} s/s; model time by kind: {kinds} ({audio_s:.0f} s of audio)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "totals": totals, "latencies": latencies, "delays": delays,
+        Path(args.json).write_text(json.dumps({"rows": rows, "totals": totals, "latencies": latencies, "delays": delays, "again": again,
                                                 "first_interims": first_interims, "cpu_per_audio_s": cpu / audio_s,
                                                 "model_per_audio_s": {k: v / audio_s for k, v in model.items()}, "texts": texts}, indent=1))
 
