@@ -95,7 +95,7 @@ class _Utterance:
     paused_at: int | None = None
     in_silence: bool = False  # the newest audio was not speech
     spec_requested: int | None = None
-    spec: tuple[int, Hypothesis] | None = None
+    spec: tuple[int, Hypothesis, str] | None = None  # a pause decode's (audio end, result, prompt)
     ended: UtteranceEnded | None = None
     splitting: bool = False  # a split was asked for: no new decode until the chunker's answer
     heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentences the last interim heard end (their words)
@@ -263,11 +263,11 @@ class ChannelDecoder:
             audio_s = len(job.request.audio) / MODEL_RATE
             hyp = guard(hypothesis, audio_s, utt.voiced / MODEL_RATE)
             if job.request.kind is DecodeKind.FINAL and not job.speculative:
-                if not self._redo_if_echo(utt, hyp):
+                if not self._redo_if_echo(utt, hyp, job.request.prompt):
                     out.extend(self._finalize(utt, hyp))
             else:
                 if job.speculative:
-                    utt.spec = (job.audio_end, hyp)
+                    utt.spec = (job.audio_end, hyp, job.request.prompt)
                 out.extend(self._interim(utt, hyp, job.audio_end))
                 if job.request.kind is DecodeKind.INTERIM:
                     out.extend(self._split(utt, hyp, job.audio_end))
@@ -336,7 +336,7 @@ class ChannelDecoder:
             utt = next(iter(self._utterances.values()))
             if utt.ended is not None:
                 end = utt.ended.end
-                if utt.spec is not None and utt.spec[0] == end and not self._redo_if_echo(utt, utt.spec[1]):
+                if utt.spec is not None and utt.spec[0] == end and not self._redo_if_echo(utt, utt.spec[1], utt.spec[2]):
                     out.extend(self._finalize(utt, utt.spec[1]))
                     continue
                 if utt.voiced == 0 or end <= utt.start:
@@ -379,15 +379,16 @@ class ChannelDecoder:
 
     # -- results --------------------------------------------------------------------
 
-    def _redo_if_echo(self, utt: _Utterance, hyp: Hypothesis) -> bool:
-        """Whether ``hyp``, a final of ``utt``, only repeats the end of its prompt (Whisper copies the
+    def _redo_if_echo(self, utt: _Utterance, hyp: Hypothesis, prompt: str) -> bool:
+        """Whether ``hyp``, a final of ``utt``, only repeats the end of ``prompt``, the one its decode was
+        given (a revision may have changed the channel's since it was asked for; Whisper copies the
         prompt when the audio is a fragment: measured live, a continuation holding "of the" came back
         as the whole sentence before it); if so, ``utt`` is marked to be decoded again without the
         prompt (``unprompted``), and what that decode hears is the final, repetition or not."""
         if utt.unprompted:
             return False
         heard = normalized_text(hyp.text).split()
-        if len(heard) < ECHO_MIN_WORDS or normalized_text(self._prompt).split()[-len(heard) :] != heard:
+        if len(heard) < ECHO_MIN_WORDS or normalized_text(prompt).split()[-len(heard) :] != heard:
             return False
         utt.unprompted = True
         utt.spec = None

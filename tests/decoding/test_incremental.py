@@ -364,3 +364,15 @@ def test_a_final_that_only_echoes_its_prompt_is_decoded_again_without_it():
     job = _second_final(d, "Oh yes.")
     (final,) = only(d.job_done(job, Hypothesis("Oh yes.")), Final)
     assert final.text == "Oh yes."
+
+
+def test_an_echo_is_judged_against_the_prompt_its_decode_was_given():
+    """A context pass may revise the text before an utterance while its final is being decoded
+    (the channel's prompt changes): the echo is of the prompt the decode had, and still caught."""
+    d = ChannelDecoder(0, StreamOptions(interim_results=False, revisions=False))
+    job = _second_final(d, "This old ever means of the second.")
+    d._prompt = "is all that remains of the second"  # as a revision of utterance 0 would leave it
+    ev = d.job_done(job, Hypothesis("This old ever means of the second."))
+    assert not only(ev, Final)
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.utterance == 1 and job.request.prompt == ""
