@@ -28,7 +28,7 @@ CLIPS = 2  # 13.6 s: "Your journey is at an end. Before you is Babylon, ... mean
 
 def _audio() -> np.ndarray:
     """The clips as a faster reader says them: every pause cut to 0.12 s (shorter than the
-    250 ms that ends an utterance in continuous speech, so only a split can end a sentence)."""
+    200 ms that ends an utterance in continuous speech, so only a split can end a sentence)."""
     end_s = MANIFEST[NAME]["spans"][0][CLIPS - 1][1] + 0.8
     data = (FIXTURES / NAME).read_bytes()[: int(end_s * 16000) * 2]
     audio = np.frombuffer(data, "<i2").astype(np.float32) / 32768

@@ -164,7 +164,7 @@ def test_words_can_be_turned_off(live_server):
 
 def test_speech_without_pauses_is_cut_at_max_length(live_server):
     # With a 3 s endpoint the 1.2 s gaps between sentences do not end an utterance
-    # (until the talking has run 6 s: then a 250 ms pause does), so max_utterance_s
+    # (until the talking has run 6 s: then a 200 ms pause does), so max_utterance_s
     # bounds them (sentence splits are off).
     name = "librivox_16k.s16le"
     r = asyncio.run(replay(live_server.url, name, endpoint_ms=3000, max_utterance_s=8, split_after_s=0))
