@@ -22,7 +22,7 @@ from difflib import SequenceMatcher
 import numpy as np
 
 from ..audio.decode import MODEL_RATE
-from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
+from ..inference.types import DecodeKind, DecodeRequest, Word
 from .text import normalize_word
 
 # Where the context decode and the first pass disagree on some words, the pass's words are
