@@ -161,13 +161,17 @@ def split_words(words: Sequence[Word], spans: Sequence[Span], texts: Sequence[st
 
     The match settles words at a seam: a word said in the pause between two utterances (or
     cut in two by the boundary) goes to the utterance that already holds it, so it is neither
-    lost from one nor given to both.
+    lost from one nor given to both. A word the model wrote in pieces (" 3" and ",800": a
+    piece without a space before it) stays whole, with its first piece.
     """
     by_time = [min(range(len(spans)), key=lambda j: _distance((w.start + w.end) / 2, spans[j])) for w in words]
     if texts is not None:
         for k, j in _matched_spans([normalize_word(w.word) for w in words], texts).items():
             if _distance((words[k].start + words[k].end) / 2, spans[j]) <= SEAM_S:
                 by_time[k] = j
+    for k in range(1, len(words)):
+        if not words[k].word[:1].isspace():  # the rest of the word before (",800" after " 3")
+            by_time[k] = by_time[k - 1]
     out: list[list[Word]] = [[] for _ in spans]
     for w, j in zip(words, by_time, strict=True):
         out[j].append(w)

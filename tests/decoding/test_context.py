@@ -382,6 +382,19 @@ def test_a_word_said_at_a_seam_goes_to_the_utterance_whose_first_pass_heard_it()
     assert [[w.word.strip() for w in g] for g in split_words(heard, spans)] == [["Babylon", "the"], ["gate"]]
 
 
+def test_a_word_the_model_wrote_as_two_pieces_stays_in_one_utterance_at_a_seam():
+    from asr_server.decoding.context import Span, split_words
+
+    # The first pass cut "as early as three... thousand eight hundred BC" in two; the pass
+    # hears "3,800", which comes as two words, " 3" and ",800" (no space before it). Each
+    # piece matches a different first pass; the number must not be cut in two ("3 ,800").
+    spans = [Span(0, 0.0, 2.0), Span(1, 2.3, 4.0)]
+    heard = [Word(" as", 1.2, 1.5, 0.9), Word(" 3", 1.6, 2.0, 0.9), Word(",800", 2.2, 2.9, 0.9), Word(" BC", 3.0, 3.4, 0.9)]
+    groups = split_words(heard, spans, ["as early as three?", "1800 B.C."])
+    assert ["".join(w.word for w in g).strip() for g in groups] == ["as 3,800", "BC"]
+    assert [["".join(w.word for w in g).strip() for g in split_words(heard, spans)]] == [["as 3,800", "BC"]]
+
+
 class VaryingModel(TwoPassModel):
     """As :class:`TwoPassModel`, but what a context window hears of sentence n may depend on the
     window: ``heard(n, call)`` (call: 0 for the first context request), None for no words."""
