@@ -9,7 +9,8 @@ recording rotated at a pause, so that streams carry different speech at any
 moment, as independent callers do), and reports per N: final latency p50/p95 (from where each
 sentence's speech ends, found in the recording's energy, to its final), time to first interim, interim lag (per
 utterance, from its speech start as the server found it to its first interim) p50/p95, interims per stream-second, word error rate of
-the finals, server CPU (cores busy) and peak memory, refused streams and how
+the finals, server CPU (cores busy), the share of the run the server spent at load
+level 1 or higher (where context passes are lean), peak memory, refused streams and how
 long the slowest refusal took from connecting. Between levels it waits for the
 server's load level to return to 0.
 With ``--noise-db N`` every stream carries continuous pink noise N dB below its
@@ -164,10 +165,12 @@ def wait_calm(port: int, limit_s: float = 60.0) -> None:
 async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: int = 1, sync: bool = False) -> dict:
     rng = random.Random(seed)
     peak = [rss_mib(pid)]
+    levels: list[int] = []  # the server's load level, sampled every half second
 
     async def watch() -> None:
         while True:
             peak.append(rss_mib(pid))
+            levels.append(int((await asyncio.to_thread(health, port)).get("load_level", 0)))
             await asyncio.sleep(0.5)
 
     watcher = asyncio.create_task(watch())
@@ -233,6 +236,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         "first": pct(first, 0.5) if first else float("nan"),
         "lag50": pct(lags, 0.5) if lags else float("nan"), "lag95": pct(lags, 0.95) if lags else float("nan"), "interim_rate": interims / stream_s if stream_s else 0.0,
         "wer": errors / words if words else float("nan"), "cpu": cpu / wall, "rss": max(peak), "refused": refused,
+        # Share of the run at load level 1 or higher (fewer interims, lean context passes).
+        "degraded": sum(1 for v in levels if v >= 1) / len(levels) if levels else 0.0,
         "refusal": max(refusal_s) if refusal_s else float("nan"), "broken": broken,
         # Model seconds per second of audio streamed, by decode kind.
         "model_interim": model.get("interim", 0.0) / stream_s if stream_s else 0.0,
@@ -278,12 +283,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s), again (delay p50, s) | server CPU (cores) | model s/audio s (interim + final + context) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s), again (delay p50, s) | server CPU (cores) | time at load level 1+ | model s/audio s (interim + final + context) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
         broken = f" ({r['broken']} broken)" if r["broken"] else ""
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['cpu']:.2f} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['cpu']:.2f} | {r['degraded']:.0%} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 
