@@ -108,3 +108,38 @@ def test_mic_captions_live_and_ctrl_c_keeps_the_last_sentence(live_server, tmp_p
     lines = [m["text"] for m in messages if m["type"] == "final" and m["text"]]
     assert len(lines) == 3, lines
     assert "dashwood" in lines[0].lower() and "young man" in lines[1].lower() and "cold" in lines[2].lower()
+
+
+def test_client_cli_transcript_prints_the_revised_text_when_the_stream_ends(live_server):
+    from ..harness import MANIFEST
+    from ..wer import wer
+
+    cmd = [sys.executable, "-m", "asr_client", "--url", live_server.url, "file", str(FIXTURES / "librivox_16k.wav"), "--fast", "--transcript"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    # stdout: the transcript, one line, the context pass's revisions applied ("ill-disposed"
+    # is misheard when its sentence is decoded alone); stderr: the live finals as they came.
+    (text,) = done.stdout.splitlines()
+    live = done.stderr.strip().splitlines()
+    assert len(live) >= 4 and "not an ill-disposed young man" in text.lower()
+    reference = " ".join(MANIFEST["librivox_16k.wav"]["references"][0])
+    assert wer(reference, text) < wer(reference, " ".join(live))
+
+
+def test_client_cli_transcript_has_a_line_per_channel(live_server, tmp_path):
+    import wave
+
+    path = tmp_path / "call.wav"
+    with wave.open(str(path), "wb") as w:  # the two-channel call as a WAV file
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes((FIXTURES / "call_8k_stereo.s16le").read_bytes())
+    cmd = [sys.executable, "-m", "asr_client", "--url", live_server.url, "--transcript", "file", str(path), "--fast"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    agent, caller = done.stdout.splitlines()
+    assert agent.startswith("[ch0] ") and "customer support" in agent.lower()
+    assert caller.startswith("[ch1] ") and "lost my" in caller.lower()
+    both = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "choose one" in both.stderr

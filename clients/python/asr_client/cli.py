@@ -1,10 +1,13 @@
 """``asr-client``: caption a file or the microphone from a terminal.
 
-    asr-client file PATH [--fast] [--json]
-    asr-client mic [--device N] [--json]
+    asr-client file PATH [--fast] [--json | --transcript]
+    asr-client mic [--device N] [--json | --transcript]
 
-Options that apply to both (``--url``, ``--json``, ``--no-interim``,
-``--language``, ``--endpoint-ms``) may come before or after the command.
+Options that apply to both (``--url``, ``--json``, ``--transcript``,
+``--no-interim``, ``--language``, ``--endpoint-ms``) may come before or after
+the command. ``--transcript`` prints the transcript as the stream left it
+(the server's revisions applied) when it ends, and shows the live captions
+on stderr meanwhile: ``asr-client file talk.wav --fast --transcript > talk.txt``.
 Exit status: 0 when the server finished the transcript (``closed``), 1 when
 it ended the stream early or with an error, 2 when the file or the server
 could not be reached.
@@ -21,7 +24,7 @@ import signal
 import sys
 from typing import Any, TextIO
 
-from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, connect, read_pcm, stream_bytes
+from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, Transcript, connect, read_pcm, stream_bytes
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -33,7 +36,8 @@ class Display:
     ``revision`` (the server's second pass) redraws the final lines it
     changes, as far up as the screen still shows them. When the output is a
     pipe or file only first-pass finals are printed, one per line (``--json``
-    gives every message, revisions included).
+    gives every message, revisions included; ``--transcript`` the revised
+    transcript when the stream ends).
     """
 
     def __init__(self, out: TextIO, channels: int = 1) -> None:
@@ -123,8 +127,8 @@ async def run_file(args: argparse.Namespace) -> int:
     except AudioFileError as exc:
         print(f"asr-client: {exc}", file=sys.stderr)
         return 2
-    display = Display(sys.stdout)
-    outcome = Outcome()
+    display = Display(sys.stderr if args.transcript else sys.stdout)
+    outcome, transcript = Outcome(), Transcript()
     async for item in stream_bytes(args.url, pcm, bytes_per_second=MODEL_RATE * 2 * channels, realtime=not args.fast,
                                    encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=channels, **_options(args)):
         message = item.message
@@ -134,8 +138,19 @@ async def run_file(args: argparse.Namespace) -> int:
             print(json.dumps(message), flush=True)
         else:
             display.show(message)
+        transcript.apply(message)
         outcome.see(message)
     display.clear()
+    return finish(args, transcript, outcome, display.channels)
+
+
+def finish(args: argparse.Namespace, transcript: Transcript, outcome: Outcome, channels: int) -> int:
+    """With ``--transcript``, print each channel's transcript as the stream left it
+    (revisions applied), one line per channel; then the exit status."""
+    if args.transcript:
+        for ch in range(channels):
+            label = f"[ch{ch}] " if channels > 1 else ""
+            print(label + transcript.final_text(ch), flush=True)
     return outcome.status()
 
 
@@ -179,8 +194,8 @@ async def run_mic(args: argparse.Namespace) -> int:
     def on_audio(indata: Any, frames: int, time_info: Any, status: Any) -> None:  # PortAudio's thread
         loop.call_soon_threadsafe(enqueue, bytes(indata))
 
-    display = Display(sys.stdout)
-    outcome = Outcome()
+    display = Display(sys.stderr if args.transcript else sys.stdout)
+    outcome, transcript = Outcome(), Transcript()
     async with connect(args.url, encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=1, **_options(args)) as stream:
 
         async def pump() -> None:
@@ -202,15 +217,18 @@ async def run_mic(args: argparse.Namespace) -> int:
 
         sender = asyncio.create_task(pump())
         async for message in stream:
+            if message["type"] == "session":
+                display.channels = message["config"]["channels"]
             if args.json:
                 print(json.dumps(message), flush=True)
             else:
                 display.show(message)
+            transcript.apply(message)
             outcome.see(message)
         sender.cancel()
         await asyncio.gather(sender, return_exceptions=True)
     display.clear()
-    return outcome.status()
+    return finish(args, transcript, outcome, display.channels)
 
 
 def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -224,6 +242,9 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--endpoint-ms", type=int, default=d(500))
     p.add_argument("--no-interim", action="store_true", default=d(False), help="finals only")
     p.add_argument("--json", action="store_true", default=d(False), help="print every server message as JSON")
+    p.add_argument("--transcript", action="store_true", default=d(False),
+                   help="when the stream ends, print the transcript with the server's revisions applied, one line per "
+                        "channel (the live captions go to stderr meanwhile)")
     p.add_argument("--api-key", default=d(os.environ.get("ASR_API_KEY")), help="the server's API key (default: $ASR_API_KEY)")
 
 
@@ -243,7 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.json and args.transcript:
+        parser.error("--json and --transcript both write to stdout: choose one")
     runner = run_file if args.command == "file" else run_mic
     try:
         return asyncio.run(runner(args))
