@@ -68,12 +68,6 @@ class ContextOptions:
     # The newest final is decided only with a later one in the window (context on both sides,
     # as offline transcription has), unless the channel has been silent this long, or ended.
     settle_s: float = 3.0
-    # ... or once the utterance after it, still open, holds this much speech: its audio so far is
-    # the lookahead (0: only a later final is), so a revision need not wait for the whole next
-    # utterance to end (in continuous reading, 6 to 10 s).
-    live_s: float = 2.0
-    # Of the open utterance, a window takes at most this much audio.
-    live_max_s: float = 6.0
     # First-pass finals are quick (a shorter window) while the pass is on.
     quick_finals: bool = True
 

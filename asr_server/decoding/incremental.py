@@ -115,7 +115,6 @@ class ChannelDecoder:
         self._unrevised = 0  # how many of the latest records no context pass has covered yet
         self._context_job: DecodeJob | None = None
         self._context_spans: list[Span] = []
-        self._context_live: Finalized | None = None  # the open utterance, as the pass in flight's lookahead
         self._context_fresh = 0  # the first utterance the pass in flight may revise (earlier ones: context only)
         self._context_decide_to = 0  # the last one it may revise (later ones: lookahead only)
         self._context_closed = False  # no more context passes (given up at close)
@@ -502,7 +501,7 @@ class ChannelDecoder:
         if not self.context.enabled or self._context_closed or self._context_job is not None or not self._unrevised:
             return []
         fresh = self._done[-self._unrevised :]
-        decidable = fresh if self._settled() or self._lookahead() is not None else fresh[:-1]
+        decidable = fresh if self._settled() else fresh[:-1]
         quiet = not self._utterances and self._position - self._last_final_end >= self.context.idle_s * MODEL_RATE
         enough = sum(r.seconds for r in fresh) >= self.context.min_new_s
         if not decidable or not (enough or quiet or (self._draining and not self._utterances)):
@@ -517,38 +516,14 @@ class ChannelDecoder:
 
     def _context_window(self) -> DecodeJob:
         options = replace(self.context, back_s=0.0) if self.lean_context else self.context
-        live = self._live_record()
-        done = self._done + [live] if live is not None else self._done
-        records = plan_window(done, options, self._unrevised + (live is not None))
-        if live is not None and len(records) < 2:  # the newest final alone fills a window
-            live, done = None, self._done
-            records = plan_window(done, options, self._unrevised)
-        self._context_live = live
-        before = done[: len(done) - len(records)]
+        records = plan_window(self._done, options, self._unrevised)
+        before = self._done[: len(self._done) - len(records)]
         prompt = _with_vocabulary(self.options.prompt, _tail_words(" ".join(r.text for r in before), PROMPT_CHARS))
         request, self._context_spans = window_request(records, self.context, self.options.language, prompt)
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
         self._context_decide_to = records[-1].index if self._settled() or len(records) < 2 else records[-2].index
         last = records[-1]
         return DecodeJob(self.channel, last.index, request, False, last.start + len(last.audio))
-
-    def _lookahead(self) -> _Utterance | None:
-        """The open utterance after the newest final, once it holds ``live_s`` of speech: lookahead for a
-        window that decides that final (None when the speaker stopped: the final is settled alone)."""
-        utt = next(iter(self._utterances.values()), None)
-        if utt is None or self.context.live_s <= 0 or utt.voiced < self.context.live_s * MODEL_RATE:
-            return None
-        return utt
-
-    def _live_record(self) -> Finalized | None:
-        """The :meth:`_lookahead` utterance as a window's last record: its audio so far (at most
-        ``live_max_s``) and its last interim's text (to place the words at the seam)."""
-        utt = self._lookahead()
-        if utt is None:
-            return None
-        end = utt.ended.end if utt.ended is not None else utt.end
-        audio = utt.audio.copy(0, min(end - utt.start, int(self.context.live_max_s * MODEL_RATE)))
-        return Finalized(utt.index, utt.start, audio, -1, utt.last_interim[0] if utt.last_interim else "", ())
 
     def _settled(self) -> bool:
         """Whether the newest final may be decided without a later one (the speaker stopped, or the stream ended)."""
@@ -560,10 +535,8 @@ class ChannelDecoder:
         """A waiting pass takes the newest finals when its turn comes (pull model, as interims)."""
         if job is not self._context_job or self._context_closed:
             return None
-        if job.utterance == self._done[-1].index and self._context_live is None and self._lookahead() is None:
+        if job.utterance == self._done[-1].index:
             return job
-        # (a window with the open utterance as lookahead takes its newest audio; one that
-        # left the newest final undecided takes the open utterance once it may serve)
         fresh = self._context_job = self._context_window()
         return fresh
 
@@ -575,23 +548,20 @@ class ChannelDecoder:
         if job is not self._context_job:
             raise ValueError("context result for a job that is not in flight on this channel")
         self._context_job = None
-        spans, live = self._context_spans, self._context_live
-        done_spans = spans[:-1] if live is not None else spans  # (the open utterance: lookahead only)
-        covered = [r for r in self._done if done_spans[0].index <= r.index <= done_spans[-1].index]
-        window = covered + [live] if live is not None else covered
+        spans = self._context_spans
+        covered = [r for r in self._done if spans[0].index <= r.index <= spans[-1].index]
         groups = None
-        if hypothesis is not None and [r.index for r in covered] == [s.index for s in done_spans]:
-            hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in window))
-            groups = split_words(hyp.words, spans, [r.text for r in window])
-            intended, self._context_decide_to = self._context_decide_to, reached(window, groups, self._context_fresh, self._context_decide_to)
+        if hypothesis is not None and [r.index for r in covered] == [s.index for s in spans]:
+            hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered))
+            groups = split_words(hyp.words, spans, [r.text for r in covered])
+            intended, self._context_decide_to = self._context_decide_to, reached(covered, groups, self._context_fresh, self._context_decide_to)
             self._last_pass = (_window_key(job.request, spans), intended, hypothesis)
         self._unrevised = sum(1 for r in self._done if r.index > self._context_decide_to)
         out: list[PipelineEvent] = []
-        if groups is not None and trusted(window, groups, self._context_fresh, self._context_decide_to):
+        if groups is not None and trusted(covered, groups, self._context_fresh, self._context_decide_to):
             if not repeat:
-                count_votes(covered, groups[: len(covered)], done_spans)
-            texts = revised_texts(covered, groups[: len(covered)], done_spans, self._context_fresh, self._context_decide_to)
-            out.extend(self._revise(covered, done_spans, texts))
+                count_votes(covered, groups, spans)
+            out.extend(self._revise(covered, spans, revised_texts(covered, groups, spans, self._context_fresh, self._context_decide_to)))
         self._trim()
         return out + self._dispatch_context()
 

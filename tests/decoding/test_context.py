@@ -15,7 +15,6 @@ from asr_server.session import Close, Send, Session
 from ..harness import load_mono
 
 GAP = 8000  # ContextOptions.gap_s at 16 kHz: context windows join utterances with exact zeros
-LIVE = "what is said now"  # the open utterance, as a window's lookahead hears it
 
 
 class TwoPassModel:
@@ -35,11 +34,10 @@ class TwoPassModel:
     def context(self, request) -> Hypothesis:
         self.context_requests += 1
         words: list[Word] = []
-        # A span of no final's length is the open utterance (lookahead): "live", heard as LIVE.
-        self.windows.append([self.lengths.get(end - start, "live") for start, end in _spans(request.audio)])
+        self.windows.append([self.lengths[end - start] for start, end in _spans(request.audio)])
         for start, end in _spans(request.audio):
-            n = self.lengths.get(end - start)
-            words += _hyp(LIVE if n is None else self.together[n], start / 16000, end / 16000).words
+            n = self.lengths[end - start]
+            words += _hyp(self.together[n], start / 16000, end / 16000).words
         return Hypothesis(" ".join("".join(w.word for w in words).split()), tuple(words), avg_logprob=-0.1)
 
     def interim(self, request) -> Hypothesis:
@@ -258,58 +256,6 @@ def test_the_newest_final_waits_for_a_later_one_or_for_the_speaker_to_stop():
     assert d.client.final_text() == " ".join(t + " too" for t in ALONE)
 
 
-@pytest.mark.parametrize("live_s", [1.0, 0.0])
-def test_the_newest_final_is_decided_with_the_open_utterance_after_it_as_lookahead(live_s):
-    """Once the utterance after the newest final has live_s of speech, a pass decides that final
-    with the open utterance's audio so far as lookahead (its words are not sent): the revision
-    does not wait for the next utterance to end. With live_s 0 it waits."""
-    model = TwoPassModel(ALONE, [t + " too" for t in ALONE])
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, live_s=live_s))
-    audio = speech()
-    for i in range(0, len(audio), 1600):
-        d.feed(audio[i : i + 1600])
-        if d.context_jobs:
-            break
-    finals = d.of_type("final")
-    if live_s == 0:
-        assert len(finals) == 2  # the pass waited for the second final
-        return
-    assert len(finals) == 1  # the second utterance is still open ...
-    d.run_context()
-    assert model.windows == [[0, "live"]]  # ... and was the first final's lookahead
-    assert d.of_type("revision")[-1]["utterances"] == [0, 0]
-    assert d.client.final_text() == ALONE[0] + " too" and LIVE not in d.client.text()
-    check_rules(d)
-    d.feed(audio[i + 1600 :])
-    d.apply(d.session.end_of_stream())
-    d.run_context()
-    check_rules(d)
-    assert d.client.final_text() == " ".join(t + " too" for t in ALONE) == server_transcript(d)
-
-
-def test_a_pass_that_waited_takes_the_newest_finals_and_open_utterance_at_its_turn():
-    """Under load a pass waits in the queue while the speaker goes on: when its turn comes it
-    decides every final so far, with the utterance now open as lookahead."""
-    model = TwoPassModel(ALONE, [t + " too" for t in ALONE])
-    # The sentences are 3.0-3.6 s long: a pass is asked for at the second final, to decide the first.
-    d = Driver(model, context=ContextOptions(min_new_s=5.0, idle_s=30.0, settle_s=30.0, live_s=1.0))
-    audio = speech()
-    decoder = d.session._decoders[0]
-    asked_at = None
-    for i in range(0, len(audio), 1600):
-        d.feed(audio[i : i + 1600])
-        if asked_at is None and d.context_jobs:
-            asked_at = len(d.of_type("final"))
-        if len(d.of_type("final")) == 2 and decoder._lookahead() is not None:
-            break
-    assert asked_at == 2 and len(d.context_jobs) == 1
-    d.run_context()
-    assert model.windows == [[0, 1, "live"]]
-    assert [m["utterances"] for m in d.of_type("revision")] == [[0, 1]]
-    assert d.client.final_text() == " ".join(t + " too" for t in ALONE[:2])
-    check_rules(d)
-
-
 @pytest.mark.parametrize("loaded", [False, True])
 def test_under_load_a_pass_decodes_only_the_utterances_it_decides(loaded):
     """Quiet, a pass takes decided utterances before the new ones as acoustic context; once
@@ -461,11 +407,10 @@ class VaryingModel(TwoPassModel):
         call = self.context_requests
         self.context_requests += 1
         spans = _spans(request.audio)
-        self.windows.append([self.lengths.get(end - start, "live") for start, end in spans])
+        self.windows.append([self.lengths[end - start] for start, end in spans])
         words: list[Word] = []
         for start, end in spans:
-            n = self.lengths.get(end - start)
-            text = LIVE if n is None else self.heard(n, call)
+            text = self.heard(self.lengths[end - start], call)
             if text is not None:
                 words += _hyp(text, start / 16000, end / 16000).words
         return Hypothesis(" ".join("".join(w.word for w in words).split()), tuple(words), avg_logprob=-0.1)
