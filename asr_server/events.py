@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .audio.chunker import EndReason
 from .inference.types import DecodeRequest, Word
 
-__all__ = ["SpeechStart", "Interim", "Final", "Revision", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
+__all__ = ["SpeechStart", "Interim", "Final", "Revision", "ContextDecided", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,16 @@ class Revision:
     words: tuple[Word, ...]
 
 
+@dataclass(frozen=True)
+class ContextDecided:
+    """A context pass has decided these finalized ``utterances`` of the channel (whether or not
+    it changed their text): the pass has caught up with them. Not sent to the client; the
+    transport times it against each final (``asr_context_lag_seconds``)."""
+
+    channel: int
+    utterances: tuple[int, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class DecodeJob:
     """A decode the channel wants. Identity matters: results come back with it."""
@@ -112,4 +122,4 @@ class SplitUtterance:
     pause_ms: int = 0
 
 
-PipelineEvent = SpeechStart | Interim | Final | Revision | SubmitJob | WithdrawJob | SplitUtterance
+PipelineEvent = SpeechStart | Interim | Final | Revision | ContextDecided | SubmitJob | WithdrawJob | SplitUtterance

@@ -68,6 +68,12 @@ class Metrics:
         self.revisions = Counter(
             "asr_revisions_total", "Revisions sent: the context pass changed finals the client held", registry=r
         )
+        self.context_lag = Histogram(
+            "asr_context_lag_seconds",
+            "From a final to the context pass that decided it, changed or not: how far passes lag (by design a few s: "
+            "a pass waits for about 5 s of new speech and decides a final with a later one in its window)",
+            buckets=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 30, 45, 60, 120), registry=r,
+        )
         self.decode_failures = Counter(
             "asr_decode_failures_total",
             "Decodes given up after the model raised: interims are dropped, finals sent empty with decode_failed",

@@ -30,7 +30,7 @@ from .audio.vad import VadGate, VadOptions
 from .decoding.context import ContextOptions
 from .decoding.incremental import ChannelDecoder
 from .errors import AsrError, DecodeFailed, ServerError, wire_info
-from .events import DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from .events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from .inference.types import DecodeKind, Hypothesis
 from .options import Limits, StreamOptions
 from .protocol.messages import MessageWriter
@@ -60,7 +60,7 @@ class Close:
     reason: str
 
 
-SessionOutput = Send | SubmitJob | WithdrawJob | Close
+SessionOutput = Send | SubmitJob | WithdrawJob | ContextDecided | Close
 
 
 class Session:
@@ -285,7 +285,7 @@ class Session:
     def _pipeline(self, events: list[PipelineEvent]) -> list[SessionOutput]:
         out: list[SessionOutput] = []
         for event in events:
-            if isinstance(event, SubmitJob | WithdrawJob):
+            if isinstance(event, SubmitJob | WithdrawJob | ContextDecided):
                 out.append(event)
             elif isinstance(event, SplitUtterance):
                 c = event.channel

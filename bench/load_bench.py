@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stream_bench import cpu_seconds, noisy_pcm, pct, revision_delays, speech_ends, start_server  # noqa: E402
+from stream_bench import bucket_quantile, cpu_seconds, lag_buckets, noisy_pcm, pct, revision_delays, speech_ends, start_server  # noqa: E402
 
 from asr_client import stream_bytes  # noqa: E402
 
@@ -174,14 +174,14 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
             await asyncio.sleep(0.5)
 
     watcher = asyncio.create_task(watch())
-    cpu0, t0, model0 = cpu_seconds(pid), time.monotonic(), model_seconds(port)
+    cpu0, t0, model0, lag0 = cpu_seconds(pid), time.monotonic(), model_seconds(port), lag_buckets(port)
     if sync:  # every stream at once with the same recording: their finals come due together
         clients = [one_client(url, FIXTURES[0], 0, 0.0, rounds) for _ in range(n)]
     else:
         clients = [one_client(url, FIXTURES[i % len(FIXTURES)], i // len(FIXTURES), rng.random(), rounds) for i in range(n)]
     results = await asyncio.gather(*clients)
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
-    model1 = model_seconds(port)
+    model1, lag1 = model_seconds(port), lag_buckets(port)
     model = {k: model1[k] - model0.get(k, 0.0) for k in model1}
     watcher.cancel()
     latencies, first, interims, errors, words, refused, stream_s = [], [], 0, 0, 0, 0, 0.0
@@ -231,6 +231,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         "refined_wer": refined_errors / words if words else float("nan"),
         "revision_p95": pct(delays, 0.95) if delays else float("nan"), "revisions": len(delays),
         "redone": len(redone), "redone_p50": pct(redone, 0.5) if redone else float("nan"),
+        # From a final to the pass that decided it, changed or not (the server's histogram).
+        "context_lag50": bucket_quantile(lag0, lag1, 0.5), "context_lag95": bucket_quantile(lag0, lag1, 0.95),
         "model_context": model.get("context", 0.0) / stream_s if stream_s else 0.0,
         "n": n, "finals": len(latencies), "p50": pct(latencies, 0.5) if latencies else float("nan"), "p95": pct(latencies, 0.95) if latencies else float("nan"),
         "first": pct(first, 0.5) if first else float("nan"),
@@ -283,12 +285,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s), again (delay p50, s) | server CPU (cores) | time at load level 1+ | model s/audio s (interim + final + context) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s), again (delay p50, s) | context lag p50 / p95 (s) | server CPU (cores) | time at load level 1+ | model s/audio s (interim + final + context) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
         broken = f" ({r['broken']} broken)" if r["broken"] else ""
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['cpu']:.2f} | {r['degraded']:.0%} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['context_lag50']:.1f} / {r['context_lag95']:.1f} | {r['cpu']:.2f} | {r['degraded']:.0%} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 

@@ -214,6 +214,29 @@ def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float]]:
     return first, again
 
 
+def lag_buckets(port: int) -> dict[float, float]:
+    """The server's asr_context_lag_seconds histogram so far: upper bound -> cumulative count."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {float(m.group(1)): float(m.group(2)) for m in re.finditer(r'^asr_context_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """Quantile ``q`` of what a histogram counted between two reads, interpolated within a
+    bucket as Prometheus's histogram_quantile does (nan when it counted nothing)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return float("nan")
+    rank, low, below = q * counts[-1], 0.0, 0.0
+    for bound, count in zip(bounds, counts):
+        if count >= rank:
+            if bound == float("inf"):
+                return low
+            return low + (bound - low) * (rank - below) / (count - below) if count > below else bound
+        low, below = bound, count
+    return bounds[-2] if len(bounds) > 1 else float("nan")
+
+
 def model_seconds(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {}
@@ -247,7 +270,7 @@ def main() -> None:
     texts: dict[str, dict[str, str]] = {}  # per fixture channel: the reference and what the client held
     totals = {"first": 0, "refined": 0, "offline": 0, "words": 0, "finals": 0, "revisions": 0}
     audio_s = 0.0
-    cpu0, model0 = cpu_seconds(proc.pid), model_seconds(port)
+    cpu0, model0, lag0 = cpu_seconds(proc.pid), model_seconds(port), lag_buckets(port)
     try:
         for name in names:
             entry = MANIFEST[name]
@@ -283,16 +306,17 @@ def main() -> None:
                 if interims:
                     first_interims.append(interims[0].at - min(s for spans in entry["spans"] for s, _ in spans))
         cpu = cpu_seconds(proc.pid) - cpu0
-        model1 = model_seconds(port)
+        model1, lag1 = model_seconds(port), lag_buckets(port)
     finally:
         proc.terminate()
         proc.wait(10)
     rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
-    report(args, rows, totals, latencies, first_interims, (delays, again), cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts)
+    lag = (bucket_quantile(lag0, lag1, 0.5), bucket_quantile(lag0, lag1, 0.95))
+    report(args, rows, totals, latencies, first_interims, (delays, again, lag), cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts)
 
 
 def report(args, rows, totals, latencies, first_interims, revision_delays, cpu, audio_s, model, texts) -> None:
-    delays, again = revision_delays
+    delays, again, lag = revision_delays
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
     print(f"# single stream, real-time pace{noise}, revisions={args.revisions}, {args.runs} run(s) per fixture, tiny.en {args.compute_type}, {os.cpu_count()} cores")
@@ -308,6 +332,7 @@ def report(args, rows, totals, latencies, first_interims, revision_delays, cpu, 
     print(f"time to first interim (s): median {statistics.median(first_interims):.2f}, max {max(first_interims):.2f} (n={len(first_interims)})")
     print(f"revisions: {totals['revisions']} for {totals['finals']} finals; delay from the first changed final (s): p50 {pct(delays, 0.5):.2f}, p95 {pct(delays, 0.95):.2f} (n={len(delays)}); "
           f"of an utterance revised before (outvoted): p50 {pct(again, 0.5):.2f} (n={len(again)})")
+    print(f"context lag, from a final to the pass that decided it, changed or not (server histogram, s): p50 {lag[0]:.1f}, p95 {lag[1]:.1f}")
     kinds = ", ".join(f"{k} {v / audio_s:.3f}" for k, v in sorted(model.items()))
     print(f"compute per audio second: server CPU {cpu / audio_s:.3f} s/s; model time by kind: {kinds} ({audio_s:.0f} s of audio)")
     if args.json:

@@ -46,7 +46,7 @@ import numpy as np
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
-from ..events import DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
 from .context import ContextOptions, Finalized, Span, count_votes, plan_window, reached, revised_texts, split_words, trusted, window_request
@@ -556,8 +556,10 @@ class ChannelDecoder:
             groups = split_words(hyp.words, spans, [r.text for r in covered])
             intended, self._context_decide_to = self._context_decide_to, reached(covered, groups, self._context_fresh, self._context_decide_to)
             self._last_pass = (_window_key(job.request, spans), intended, hypothesis)
+        waiting = self._done[-self._unrevised :] if self._unrevised else []
         self._unrevised = sum(1 for r in self._done if r.index > self._context_decide_to)
-        out: list[PipelineEvent] = []
+        decided = tuple(r.index for r in waiting if r.index <= self._context_decide_to)
+        out: list[PipelineEvent] = [ContextDecided(self.channel, decided)] if decided else []
         if groups is not None and trusted(covered, groups, self._context_fresh, self._context_decide_to):
             if not repeat:
                 count_votes(covered, groups, spans)

@@ -42,7 +42,7 @@ from ..errors import (
     ShuttingDown,
     wire_info,
 )
-from ..events import Final, Interim, Revision, SpeechStart, SubmitJob, WithdrawJob
+from ..events import ContextDecided, Final, Interim, Revision, SpeechStart, SubmitJob, WithdrawJob
 from ..options import Limits, StreamOptions
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, NativeDialect, WebRtcOffer, parse_client_message
 from ..protocol.openai_realtime import Reconfigure
@@ -76,6 +76,7 @@ __all__ = ["Connection"]
 log = logging.getLogger("asr_server.session")
 
 _ARRIVALS_KEPT = 8192  # (samples, time) pairs kept for latency metrics
+_FINALS_SHOWN_MAX = 256  # finals awaiting their context pass, kept for asr_context_lag_seconds
 IDLE_PING_S = 5.0  # an idle resumable client that does not answer a ping this soon is taken as gone
 
 
@@ -105,6 +106,7 @@ class Connection:
         self._first_interim_seen = False
         self._chunks = 0  # audio chunks taken, for their trace spans
         self._speech_arrivals: dict[tuple[int, int], float] = {}  # utterances with no result yet: their speech's arrival
+        self._finals_shown: dict[tuple[int, int], float] = {}  # finals no context pass has decided yet: when sent (bounded)
         self._pcm = _pcm_decoder(self.options)
         self._container: ContainerDecoder | None = None
         self._container_task: asyncio.Task[None] | None = None
@@ -620,6 +622,8 @@ class Connection:
                             await self._send(json.dumps(message, separators=(",", ":")))
                 case SubmitJob():
                     self._spawn(self._decode(output))
+                case ContextDecided():
+                    self._observe_context(output)
                 case WithdrawJob():
                     # If it was still waiting, its _decode task now gets the skip.
                     if self.server.scheduler is not None:
@@ -714,12 +718,24 @@ class Connection:
             arrived = self._arrival_of(int(event.speech_end * MODEL_RATE))
             if arrived is not None and event.text:
                 self.metrics.final_latency.observe(max(0.0, now - arrived), exemplar=self._exemplar())
+            if event.text and self.options.revisions:
+                self._finals_shown[(event.channel, event.utterance)] = now
+                if len(self._finals_shown) > _FINALS_SHOWN_MAX:  # passes given up at the close, or records trimmed unseen
+                    del self._finals_shown[next(iter(self._finals_shown))]
             for guard in event.dropped:
                 self.metrics.guard_drops.labels(guard).inc()
             log.info(
                 "session=%s event=final channel=%d utterance=%d reason=%s chars=%d dropped=%s",
                 self.sid, event.channel, event.utterance, event.reason.value, len(event.text), ",".join(event.dropped) or "-",
             )
+
+    def _observe_context(self, event: ContextDecided) -> None:
+        """How long each final the pass decided had shown its first-pass text: how far passes lag."""
+        now = time.monotonic()
+        for utterance in event.utterances:
+            shown = self._finals_shown.pop((event.channel, utterance), None)
+            if shown is not None:
+                self.metrics.context_lag.observe(max(0.0, now - shown), exemplar=self._exemplar())
 
     def _observe_timing(self, event: SpeechStart | Interim | Final, now: float) -> None:
         """Time from an utterance's first speech to its first result, and how fresh an interim is."""

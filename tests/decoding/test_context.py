@@ -7,7 +7,7 @@ import pytest
 
 from asr_client import Transcript
 from asr_server.decoding.context import ContextOptions
-from asr_server.events import SubmitJob
+from asr_server.events import ContextDecided, SubmitJob
 from asr_server.inference.types import DecodeKind, Hypothesis, Word
 from asr_server.options import StreamOptions
 from asr_server.session import Close, Send, Session
@@ -74,6 +74,7 @@ class Driver:
         self.messages: list[dict] = []
         self.client = Transcript()
         self.context_jobs: list = []
+        self.decided: list[int] = []  # utterances, as each ContextDecided told them
         self.close = None
         self.apply(self.session.start())
 
@@ -85,6 +86,8 @@ class Driver:
                 self.client.apply(out.message)
             elif isinstance(out, SubmitJob):
                 (self.context_jobs if out.job.request.kind is DecodeKind.CONTEXT else first_pass).append(out.job)
+            elif isinstance(out, ContextDecided):
+                self.decided.extend(out.utterances)
             elif isinstance(out, Close):
                 self.close = out
         for job in first_pass:
@@ -153,6 +156,24 @@ def test_a_revision_replaces_from_the_first_changed_utterance_to_the_latest_fina
     assert revisions[0]["utterances"][1] == latest  # covers every final up to the latest
     assert d.client.final_text() == " ".join(together) == server_transcript(d)
     assert d.messages[-1]["type"] == "closed" and d.close.code == 1000
+
+
+def test_every_final_is_reported_decided_once_whether_or_not_its_pass_changed_it():
+    """The transport times each final against the pass that decided it (asr_context_lag_seconds):
+    every non-empty final is reported once, when its pass is done, changed or not."""
+    together = list(ALONE)
+    together[3] = "is to be ill-disposed"  # the one change
+    model = TwoPassModel(ALONE, together)
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
+    audio = speech()
+    d.feed(audio[: int(12.0 * 16000)])  # three finals: the pass decides the first two
+    assert not d.decided
+    d.run_context()
+    assert d.decided == [0, 1] and not d.of_type("revision")  # decided, unchanged: no revision
+    d.feed(audio[int(12.0 * 16000) :])
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    assert d.decided == [0, 1, 2, 3, 4] and [m["utterances"] for m in d.of_type("revision")] == [[3, 4]]
 
 
 def test_nothing_is_sent_when_the_context_pass_agrees():

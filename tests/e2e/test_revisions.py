@@ -6,6 +6,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,13 @@ JS = Path(__file__).resolve().parents[2] / "clients" / "js"
 NAME = "librivox_16k.s16le"  # "He was not an ill-disposed young man": alone, tiny.en mishears it
 
 
+def _context_lags_counted(server) -> float:
+    text = urllib.request.urlopen(server.http + "/metrics", timeout=10).read().decode()
+    return float(next(line for line in text.splitlines() if line.startswith("asr_context_lag_seconds_count")).split()[-1])
+
+
 def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(live_server):
+    lags_before = _context_lags_counted(live_server)
     r = asyncio.run(replay(live_server.url, NAME))
     reference = " ".join(MANIFEST[NAME]["references"][0])
     first_pass = r.final_text()
@@ -33,6 +40,9 @@ def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(live_serv
     refined = r.transcript().final_text(0)
     assert "not an ill-disposed young man" in refined
     assert wer(reference, refined) < wer(reference, first_pass)
+    # The pass that fixed it decided that final: operators see how far passes lag.
+    shown = sum(1 for m in r.of_type("final") if m.message["text"])
+    assert 1 <= _context_lags_counted(live_server) - lags_before <= shown
 
 
 def test_revisions_false_never_sends_one(live_server):
