@@ -88,9 +88,6 @@ class Finalized:
     # Wordings heard for it (:func:`word_key`) and by how many decodes: the first pass's, then
     # each context decode's that covered it (as context, decided, or lookahead).
     votes: dict[tuple[str, ...], int] = field(default_factory=dict)
-    # The prompt its first pass was decoded with, where a window of this utterance alone with
-    # that prompt would decode it the same way again (beam search, its own window); else None.
-    alone: str | None = None
 
     def __post_init__(self) -> None:
         if not self.votes and self.text:

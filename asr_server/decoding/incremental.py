@@ -264,7 +264,7 @@ class ChannelDecoder:
             hyp = guard(hypothesis, audio_s, utt.voiced / MODEL_RATE)
             if job.request.kind is DecodeKind.FINAL and not job.speculative:
                 if not self._redo_if_echo(utt, hyp, job.request.prompt):
-                    out.extend(self._finalize(utt, hyp, job.request.prompt))
+                    out.extend(self._finalize(utt, hyp))
             else:
                 if job.speculative:
                     utt.spec = (job.audio_end, hyp, job.request.prompt)
@@ -337,7 +337,7 @@ class ChannelDecoder:
             if utt.ended is not None:
                 end = utt.ended.end
                 if utt.spec is not None and utt.spec[0] == end and not self._redo_if_echo(utt, utt.spec[1], utt.spec[2]):
-                    out.extend(self._finalize(utt, utt.spec[1], utt.spec[2]))
+                    out.extend(self._finalize(utt, utt.spec[1]))
                     continue
                 if utt.voiced == 0 or end <= utt.start:
                     out.extend(self._finalize(utt, Hypothesis(text="")))
@@ -435,8 +435,7 @@ class ChannelDecoder:
         lo, hi = (utt.start + int(t * MODEL_RATE) for t in (lo_s, hi_s))
         return [SplitUtterance(self.channel, utt.index, lo, hi, 0 if agreed else SPLIT_SOLO_PAUSE_MS)]
 
-    def _finalize(self, utt: _Utterance, hyp: Hypothesis, prompt: str | None = None) -> list[PipelineEvent]:
-        """The utterance's final is ``hyp``, decoded with ``prompt`` (None: not decoded)."""
+    def _finalize(self, utt: _Utterance, hyp: Hypothesis) -> list[PipelineEvent]:
         assert utt.ended is not None
         del self._utterances[utt.index]
         offset = self._next_offset()
@@ -453,7 +452,7 @@ class ChannelDecoder:
             # prompt is copied into the next final (measured: "old-sposed" twice).
             confident = all(w.probability >= PROMPT_MIN_WORD_PROBABILITY for w in hyp.words)
             self._prompt = _tail_words(text, PROMPT_CHARS) if confident else ""
-            self._remember(utt, offset, text, words, None if hyp.greedy or hyp.packed else prompt)
+            self._remember(utt, offset, text, words)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []
         if self.options.interim_results and text and utt.last_interim is None:
@@ -478,13 +477,13 @@ class ChannelDecoder:
 
     # -- the context pass -----------------------------------------------------------
 
-    def _remember(self, utt: _Utterance, offset: int, text: str, words: tuple[Word, ...], alone: str | None) -> None:
+    def _remember(self, utt: _Utterance, offset: int, text: str, words: tuple[Word, ...]) -> None:
         assert utt.ended is not None
         if not self.context.enabled:
             return
         keep = utt.ended.end - utt.start
         audio, trail = utt.audio.copy(0, keep), utt.audio.copy(keep, keep + int(self.context.real_gap_s * MODEL_RATE))
-        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words, trail, alone=alone))
+        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words, trail))
         self._unrevised += 1
         self._last_final_end = utt.ended.end
         self._trim()
@@ -508,14 +507,6 @@ class ChannelDecoder:
         if not decidable or not (enough or quiet or (self._draining and not self._utterances)):
             return []
         job = self._context_job = self._context_window()
-        if self._repeats_first_pass(job):
-            # The newest utterance alone (no other in the window: a lean pass, or the channel's
-            # first words before a pause) with the prompt its first pass had: a decode would hear
-            # it as the first pass did, and count as a second, not independent, vote for that
-            # wording. It is decided as it stands, with no model call. (Measured: a call's
-            # "How can I help you to make?" held two votes so, and the next two passes, which
-            # heard "today" with the sentences after it, could not outvote it.)
-            return self._context_ended(job, None)
         key = (_window_key(job.request, self._context_spans), self._context_decide_to)
         if self._last_pass is not None and self._last_pass[0] == key[0] and self._last_pass[1] < key[1]:
             # The same window as the last pass (the speaker stopped after it, and now its newest
@@ -533,11 +524,6 @@ class ChannelDecoder:
         self._context_decide_to = records[-1].index if self._settled() or len(records) < 2 else records[-2].index
         last = records[-1]
         return DecodeJob(self.channel, last.index, request, False, last.start + len(last.audio))
-
-    def _repeats_first_pass(self, job: DecodeJob) -> bool:
-        """Whether ``job`` decodes one utterance alone, as its first pass did (same audio and prompt)."""
-        spans, record = self._context_spans, self._done[-1]
-        return len(spans) == 1 and spans[0].index == record.index and record.alone == job.request.prompt
 
     def _settled(self) -> bool:
         """Whether the newest final may be decided without a later one (the speaker stopped, or the stream ended)."""

@@ -71,7 +71,6 @@ class Hypothesis:
     decode_s: float = 0.0
     dropped: tuple[str, ...] = field(default=())  # guards that removed text, for logs
     packed: bool = False  # decoded in a window shared with other finals (see plan_packs)
-    greedy: bool = False  # decoded without beam search (interims, finals in a burst)
 
 
 class Runner(Protocol):

@@ -239,7 +239,7 @@ class WhisperRunner(Runner):
         out = []
         for it, attempt, tokens, w in zip(items, results, texts, words, strict=True):
             text = " ".join(tokenizer.decode(tokens).split())
-            out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio, greedy=beam == 1))
+            out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio))
             log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", kind.value, it.request.duration, it.request.prompt, it.request.prefix, text)
         return out
 

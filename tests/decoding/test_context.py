@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -514,43 +512,3 @@ def test_the_newest_final_is_decided_from_the_last_window_when_the_speaker_stops
     assert d.client.final_text() == " ".join(together) == server_transcript(d)
     d.apply(d.session.end_of_stream())
     assert d.messages[-1]["type"] == "closed" and model.context_requests == calls
-
-
-class HowDecoded(TwoPassModel):
-    """As :class:`TwoPassModel`, its finals marked as decoded greedily (a burst) or packed."""
-
-    def __init__(self, alone: list[str], together: list[str], **how: bool) -> None:
-        super().__init__(alone, together)
-        self.how = how
-
-    def final(self, request) -> Hypothesis:
-        return replace(super().final(request), **self.how)
-
-
-@pytest.mark.parametrize("how", [{}, {"greedy": True}, {"packed": True}])
-def test_one_utterance_alone_is_not_decoded_again_as_its_first_pass_was(how):
-    """The channel's first words, then a pause: a window of that utterance alone, with the
-    prompt its first pass had, would hear it the same way and count that as a second vote. It
-    is decided as it stands with no model call, unless its first pass was a cheaper decode
-    (greedy in a burst, or shared with other finals). Later windows, with context, still revise it."""
-    together = [t + " too" for t in ALONE]
-    model = HowDecoded(ALONE, together, **how)
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=1.0, settle_s=1.0))
-    audio = speech()
-    d.feed(audio[: int(4.5 * 16000)])
-    d.feed(np.zeros(2 * 16000, np.float32))  # the speaker stops after the first sentence
-    d.run_context()
-    assert d.decided == [0]
-    if how:
-        assert model.windows == [[0]] and d.client.final_text() == together[0]
-    else:
-        assert model.windows == [] and d.client.final_text() == ALONE[0]
-    for i in range(int(4.5 * 16000), len(audio), 1600):  # the rest, each pass run when asked for
-        d.feed(audio[i : i + 1600])
-        d.run_context()
-    d.apply(d.session.end_of_stream())
-    d.run_context()
-    check_rules(d)
-    assert sorted(d.decided) == [0, 1, 2, 3, 4]
-    assert sum(1 for w in model.windows if 0 in w) >= 2  # two windows heard it with context after it
-    assert d.client.final_text() == " ".join(together) == server_transcript(d)
