@@ -512,3 +512,32 @@ def test_the_newest_final_is_decided_from_the_last_window_when_the_speaker_stops
     assert d.client.final_text() == " ".join(together) == server_transcript(d)
     d.apply(d.session.end_of_stream())
     assert d.messages[-1]["type"] == "closed" and model.context_requests == calls
+
+
+def test_a_window_of_one_utterance_alone_is_not_a_second_vote_for_its_first_pass():
+    """The channel's first words, then a pause: a window of that utterance alone decides it (here
+    agreeing with its first pass) but adds no vote, since it hears the same audio with nothing
+    around it. So the next two windows, which hear it with the sentences after it, outvote the
+    first pass (measured: a call's "How can I help you to make?" stayed so against two windows
+    that heard "today")."""
+    right = "he was not an ill-disposed young man"
+
+    def heard(n: int, call: int) -> str:
+        return right if n == 0 and call in (1, 2) else ALONE[n]
+
+    model = VaryingModel(ALONE, heard)
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=1.0, settle_s=1.0))
+    audio = speech()
+    d.feed(audio[: int(4.5 * 16000)])
+    d.feed(np.zeros(2 * 16000, np.float32))  # the speaker stops after the first sentence
+    d.run_context()
+    assert model.windows == [[0]] and d.decided == [0] and d.client.final_text() == ALONE[0]
+    for i in range(int(4.5 * 16000), len(audio), 1600):  # the rest, each pass run when asked for
+        d.feed(audio[i : i + 1600])
+        d.run_context()
+        check_rules(d)
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert 0 in model.windows[1] and 0 in model.windows[2] and sorted(d.decided) == [0, 1, 2, 3, 4]
+    assert d.client.final_text() == " ".join([right, *ALONE[1:]]) == server_transcript(d)
