@@ -206,7 +206,7 @@ def revised_texts(
     after them too). What the decode heard in each record's span
     (:func:`heard_in`) counts as one vote for that wording in the record's
     :attr:`Finalized.votes` (the first pass's text holds one from the start; a
-    window of one record alone counts none); count them with
+    window of one record alone does not count its present wording); count them with
     :func:`count_votes` before calling this.
 
     A record being decided takes the decode's words where another decode heard
@@ -240,17 +240,16 @@ def count_votes(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], 
     """Add to each record's votes what a context decode heard in its span, where that is to be
     trusted (:func:`heard_in`). Call once per decode, and only for a :func:`trusted` one.
 
-    A window that holds one utterance alone adds no vote: it hears the audio the first pass
-    heard, cut at the same places, with nothing around it, so where it agrees with the first
-    pass that is not a second hearing (measured on the call under noise: "How can I help you
-    to make?" held two votes so, and the two later windows that heard "today" with the
-    sentences after it could not outvote it). Its words still decide the utterance, as any
-    pass's do (:func:`revised_texts`)."""
-    if len(spans) < 2:
-        return
+    A window that holds one utterance alone adds no vote for the wording the utterance holds
+    now: it hears the audio the first pass heard, cut at the same places, with nothing around
+    it, so its agreement is not a second hearing (measured on the call under noise: "How can I
+    help you to make?" held two votes so, and the two later windows that heard "today" with
+    the sentences after it could not outvote it). A different wording it hears does count,
+    as before (dropping that too delayed revisions: a later window then had to wait for the
+    other party's turn before two windows could outvote)."""
     for record, group, span in zip(records, groups, spans, strict=True):
         heard = heard_in(record, group, span)
-        if heard is not None:
+        if heard is not None and (len(spans) > 1 or word_key(heard) != word_key(record.text)):
             key = word_key(heard)
             record.votes[key] = record.votes.get(key, 0) + 1
 
