@@ -249,8 +249,10 @@ def count_votes(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], 
     other party's turn before two windows could outvote)."""
     for record, group, span in zip(records, groups, spans, strict=True):
         heard = heard_in(record, group, span)
-        if heard is not None and (len(spans) > 1 or word_key(heard) != word_key(record.text)):
-            key = word_key(heard)
+        if heard is None:
+            continue
+        key = word_key(heard)
+        if len(spans) > 1 or key != word_key(record.text):
             record.votes[key] = record.votes.get(key, 0) + 1
 
 
