@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -541,3 +543,41 @@ def test_a_window_of_one_utterance_alone_is_not_a_second_vote_for_its_first_pass
     check_rules(d)
     assert 0 in model.windows[1] and 0 in model.windows[2] and sorted(d.decided) == [0, 1, 2, 3, 4]
     assert d.client.final_text() == " ".join([right, *ALONE[1:]]) == server_transcript(d)
+
+
+def test_a_pass_prompt_leaves_out_text_heard_doubtfully():
+    """The text before a window is its prompt, but not from a final that holds a doubtful word
+    (as for first-pass finals: Whisper copies a prompt's misheard word into what it decodes next;
+    measured under load, "clothes" spread so through a stream of card names)."""
+    from asr_server.scheduler.governor import LoadSettings
+
+    class DoubtfulModel(TwoPassModel):
+        def __init__(self) -> None:
+            super().__init__(ALONE, list(ALONE))
+            self.prompts: list[str] = []
+
+        def final(self, request) -> Hypothesis:
+            hyp = super().final(request)
+            if self.lengths[len(request.audio)] != 0:
+                return hyp
+            words = tuple(replace(w, probability=0.3) if w.word == " old-sposed" else w for w in hyp.words)
+            return replace(hyp, words=words)
+
+        def context(self, request) -> Hypothesis:
+            self.prompts.append(request.prompt)
+            return super().context(request)
+
+    model = DoubtfulModel()
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
+    audio = speech()
+    cut = int(12.0 * 16000)
+    d.feed(audio[:cut])
+    d.run_context()  # decides sentences 0 and 1, as heard first: sentence 0 keeps its doubtful word
+    d.apply(d.session.set_load(LoadSettings(level=1, scale=2, short_window=True, lean_context=True)))
+    d.feed(audio[cut:])
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    assert model.windows == [[0, 1, 2], [2, 3, 4]]
+    assert model.prompts == ["", ALONE[1]]  # not "he was not an old-sposed young man unless to be ..."
+    check_rules(d)
+    assert d.client.final_text() == " ".join(ALONE) == server_transcript(d)
