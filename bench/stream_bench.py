@@ -19,7 +19,8 @@ reports per fixture and overall:
   seconds by kind (interim, final, context; from /metrics).
 
 ``--noise-db N`` replays the audio with continuous pink noise N dB below its speech
-level, so that pauses are not digital silence; ``--room`` reverberates it (RT60 0.5 s,
+level, so that pauses are not digital silence (on an 8 kHz recording, noise up to 4 kHz
+only, as a phone line carries it); ``--room`` reverberates it (RT60 0.5 s,
 as much reverberant as direct energy) over room tone 35 dB below the speech. Either
 way, the end of speech is found in the dry recording, so a reverberant tail or noise
 counts as latency, as a user would feel it. Sentence spans come from
@@ -124,8 +125,9 @@ def speech_ends(audio: np.ndarray, spans: list[list[float]], floor_db: float = 3
     return ends
 
 
-def pink_noise(n: int, seed: int) -> np.ndarray:
-    """Pink (1/f) noise, unit RMS (Voss-McCartney-like sum of held random rows)."""
+def pink_noise(n: int, seed: int, band_hz: float | None = None) -> np.ndarray:
+    """Pink (1/f) noise at 16 kHz, unit RMS (Voss-McCartney-like sum of held random rows); with
+    ``band_hz``, nothing above that frequency, as a channel sampled at twice it carries noise."""
     rng = np.random.default_rng(seed)
     rows = 16
     out = np.zeros(n)
@@ -134,6 +136,10 @@ def pink_noise(n: int, seed: int) -> np.ndarray:
         held = np.repeat(rng.standard_normal(n // step + 2), step)[:n]
         out += held
     out += rng.standard_normal(n)
+    if band_hz is not None and band_hz < 8000:
+        spectrum = np.fft.rfft(out)
+        spectrum[np.fft.rfftfreq(n, 1 / 16000) > band_hz] = 0
+        out = np.fft.irfft(spectrum, n)
     return (out / np.sqrt(np.mean(out**2))).astype(np.float32)
 
 
@@ -161,14 +167,19 @@ ROOM_TONE_DB = 35.0  # a quiet meeting room's hum and air, below the talker's sp
 
 def noisy_pcm(name: str, snr_db: float | None, room: bool = False) -> tuple[bytes, list[np.ndarray]]:
     """The fixture at 16 kHz as s16le: with ``room``, reverberated (RT60 0.5 s) over room tone
-    ``ROOM_TONE_DB`` below its speech level; with ``snr_db``, continuous pink noise that far below it."""
+    ``ROOM_TONE_DB`` below its speech level; with ``snr_db``, continuous pink noise that far below it.
+
+    The noise and room tone of a recording sampled below 16 kHz (the 8 kHz telephone ones) stop
+    at half its rate, as its speech does: a caller's noise reaches the server through the same
+    line. (Until 2026-11-24 they were full band: noise at 4-8 kHz that no phone line carries.)"""
     mixed = []
+    band = MANIFEST[name]["sample_rate"] / 2
     for ch, audio in enumerate(load_channels(name)):
         level = speech_level(audio, MANIFEST[name]["spans"][ch])
         if room:
-            audio = reverberate(audio, 0.5, 5 + ch) + pink_noise(len(audio), 21 + ch) * level * 10 ** (-ROOM_TONE_DB / 20)
+            audio = reverberate(audio, 0.5, 5 + ch) + pink_noise(len(audio), 21 + ch, band) * level * 10 ** (-ROOM_TONE_DB / 20)
         if snr_db is not None:
-            audio = audio + pink_noise(len(audio), 11 + ch) * level * 10 ** (-snr_db / 20)
+            audio = audio + pink_noise(len(audio), 11 + ch, band) * level * 10 ** (-snr_db / 20)
         mixed.append(np.clip(audio, -1, 1).astype(np.float32))
     planar = np.stack(mixed)
     return (planar.T.reshape(-1) * 32767).astype("<i2").tobytes(), mixed
