@@ -76,6 +76,18 @@ def speech_end_shifts(name: str) -> list[list[float]]:
     return [[e - b for e, (_, b) in zip(speech_ends(dry[ch], spans), spans)] for ch, spans in enumerate(entry["spans"])]
 
 
+def rotation_cut(entry: dict, turn: int) -> float:
+    """Where the ``turn``-th rotation of a recording starts (s): 0, or the middle of one of its pauses
+    (the gaps where no channel speaks), in turn."""
+    spans = sorted(span for channel in entry["spans"] for span in channel)
+    gaps, reach = [], spans[0][1]
+    for start, end in spans[1:]:
+        if start > reach:
+            gaps.append((reach + start) / 2)
+        reach = max(reach, end)
+    return 0.0 if turn % (len(gaps) + 1) == 0 else gaps[turn % (len(gaps) + 1) - 1]
+
+
 def rotated(name: str, turn: int) -> tuple[bytes, dict]:
     """The fixture's bytes starting at its ``turn``-th pause (0: as recorded), and its manifest entry to match
     (``ends``: where each sentence's speech ends, found in the audio).
@@ -85,13 +97,7 @@ def rotated(name: str, turn: int) -> tuple[bytes, dict]:
     """
     data, entry, rate = source(name)
     frame = int(rate // entry["sample_rate"])
-    spans = sorted(span for channel in entry["spans"] for span in channel)
-    gaps, reach = [], spans[0][1]
-    for start, end in spans[1:]:
-        if start > reach:
-            gaps.append((reach + start) / 2)
-        reach = max(reach, end)
-    cut = 0.0 if turn % (len(gaps) + 1) == 0 else gaps[turn % (len(gaps) + 1) - 1]
+    cut = rotation_cut(entry, turn)
     at = int(cut * rate) // frame * frame
     length = len(data) / rate
     out = dict(entry, spans=[], references=[], ends=[])
@@ -103,9 +109,14 @@ def rotated(name: str, turn: int) -> tuple[bytes, dict]:
     return data[at:] + data[:at], out
 
 
+def round_turns(turn: int, rounds: int) -> list[int]:
+    """The rotation each round of a copy starts at (each from another pause)."""
+    return [turn + 5 * k for k in range(rounds)]
+
+
 def replayed(name: str, turn: int, rounds: int) -> tuple[bytes, dict]:
     """``rounds`` rotations of the fixture one after another (each starting at another pause), and their manifest."""
-    parts = [rotated(name, turn + 5 * k) for k in range(rounds)]
+    parts = [rotated(name, t) for t in round_turns(turn, rounds)]
     length = len(parts[0][0]) / source(name)[2]
     channels = range(len(parts[0][1]["spans"]))
     out = dict(parts[0][1], spans=[[] for _ in channels], references=[[] for _ in channels], ends=[[] for _ in channels])

@@ -1,7 +1,7 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
     python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--context-back-s 24]
-                                 [--interims] [--split-after-s 3] [--json out.json]
+                                 [--interims] [--split-after-s 3] [--load-streams] [--json out.json]
 
 Feeds each fixture channel, 100 ms at a time, into a :class:`~asr_server.session.Session`
 (the server's own VAD, chunker and decoder) and runs every decode it asks for at once on
@@ -10,6 +10,11 @@ first-pass finals and of the transcript after revisions, per channel and pooled.
 ``--interims`` interims are decoded too (not scored), and long utterances may be split at
 sentence ends (``--split-after-s``, the stream option): slower, but the finals are those a
 client with interims gets.
+
+With ``--load-streams`` it replays, instead of the fixtures, the streams ``load_bench.py``
+sends (its recordings, each as its first two copies get it: rotated at a pause, two rounds),
+longer than the fixtures alone, so that the prompt and the decided audio before a window
+matter; ``--context-back-s 0`` then decodes them as passes run under load (lean).
 
 Nothing waits, so the result is the same on every run and takes about a minute on two
 cores: use it to compare decoding rules (a revision rule, a window, a prompt) without the
@@ -33,6 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
 from asr_client import Transcript  # noqa: E402
+from load_bench import FIXTURES as LOAD_FIXTURES, replayed, rotation_cut, round_turns  # noqa: E402
 from stream_bench import DEFAULT_FIXTURES, noisy_pcm  # noqa: E402
 
 from asr_server.decoding.context import ContextOptions  # noqa: E402
@@ -88,6 +94,21 @@ class Replayer:
                     self._apply(self.session.job_done(out.job, self.runner.transcribe(out.job.request)))
 
 
+def streams(args: argparse.Namespace):
+    """(label, each channel's 16 kHz audio, each channel's reference sentences) per stream to replay."""
+    if not args.load_streams:
+        for name in args.fixtures.split(","):
+            yield name, noisy_pcm(name, args.noise_db, args.room)[1], MANIFEST[name]["references"]
+        return
+    rounds = 2
+    for name in LOAD_FIXTURES:
+        channels = noisy_pcm(name, args.noise_db, args.room)[1]
+        for turn in (0, 1):  # as load_bench.py deals the first two copies of a recording
+            cuts = [int(rotation_cut(MANIFEST[name], t) * 16000) for t in round_turns(turn, rounds)]
+            audio = [np.concatenate([np.concatenate([a[at:], a[:at]]) for at in cuts]) for a in channels]
+            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
@@ -97,6 +118,7 @@ def main() -> None:
     ap.add_argument("--interims", action="store_true", help="decode interims too (sentence splits need them)")
     ap.add_argument("--split-after-s", type=float, default=StreamOptions().split_after_s)
     ap.add_argument("--compute-type", default="auto")
+    ap.add_argument("--load-streams", action="store_true", help="replay load_bench.py's rotated two-round streams instead of the fixtures")
     ap.add_argument("--json", help="write the texts here")
     args = ap.parse_args()
     runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type)
@@ -107,10 +129,9 @@ def main() -> None:
     words = 0
     texts = {}
     print("| fixture | WER first-pass finals | WER after revisions | finals by reason |\n|---|---|---|---|")
-    for name in args.fixtures.split(","):
-        _, channels = noisy_pcm(name, args.noise_db, args.room)
+    for name, channels, references in streams(args):
         for ch, audio in enumerate(channels):
-            reference = normalize(" ".join(MANIFEST[name]["references"][ch]))
+            reference = normalize(" ".join(references[ch]))
             replayer = Replayer(runner, context, options)
             first, revised = replayer.run(audio)
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]
