@@ -450,8 +450,7 @@ class ChannelDecoder:
             self._transcript_len = offset + len(text)
             # Only a confidently heard final becomes context: a doubtful word in the
             # prompt is copied into the next final (measured: "old-sposed" twice).
-            confident = all(w.probability >= PROMPT_MIN_WORD_PROBABILITY for w in hyp.words)
-            self._prompt = _tail_words(text, PROMPT_CHARS) if confident else ""
+            self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) else ""
             self._remember(utt, offset, text, words)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []
@@ -604,8 +603,13 @@ def _trusted_tail(records: list[Finalized]) -> list[Finalized]:
     load_bench's streams with lean passes (no decided audio in the window, as under load), the
     prompt of the text before turned "four queen of clubs" into "clothes" and carried it on
     (pooled WER after revisions 0.120 with it, 0.108 without doubtful text; docs/benchmarks.md)."""
-    cut = max((k + 1 for k, r in enumerate(records) if any(w.probability < PROMPT_MIN_WORD_PROBABILITY for w in r.words)), default=0)
+    cut = max((k + 1 for k, r in enumerate(records) if not _confident(r.words)), default=0)
     return records[cut:]
+
+
+def _confident(words: tuple[Word, ...]) -> bool:
+    """Whether every word was heard with probability at least ``PROMPT_MIN_WORD_PROBABILITY``: text fit to be a prompt."""
+    return all(w.probability >= PROMPT_MIN_WORD_PROBABILITY for w in words)
 
 
 def _window_key(request: DecodeRequest, spans: list[Span]) -> tuple:
