@@ -85,6 +85,10 @@ class Finalized:
     # The stream's audio right after ``audio`` that no utterance holds (the pause the
     # chunker dropped before the endpoint), to join it to the next utterance as spoken.
     trail: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    # Its first pass was sampled (:attr:`Hypothesis.sampled`): the beam decode failed Whisper's
+    # checks, and a sampled text can be a hallucination (a loop of words the audio does not hold),
+    # so its number of words is no yardstick for a context decode's.
+    sampled: bool = False
     # Wordings heard for it (:func:`word_key`) and by how many decodes: the first pass's, then
     # each context decode's that covered it (as context, decided, or lookahead).
     votes: dict[tuple[str, ...], int] = field(default_factory=dict)
@@ -210,7 +214,9 @@ def revised_texts(
     :func:`count_votes` before calling this.
 
     A record being decided takes the decode's words where another decode heard
-    the same, else :func:`merge_words` of the first pass's and the pass's. A
+    the same or its first pass was sampled (:attr:`Finalized.sampled`: a text
+    that failed Whisper's checks at beam search, as likely a loop as a
+    hearing), else :func:`merge_words` of the first pass's and the pass's. A
     record decided before changes only to a wording at least two decodes heard
     and more decodes than its present one (one unlucky window can decide a
     record wrong: the next ones, which hear it in the middle of their window,
@@ -227,7 +233,7 @@ def revised_texts(
             votes = record.votes.get(word_key(heard), 0)
             outvoted = votes >= 2 and votes > record.votes.get(word_key(record.text), 0)
             out.append((heard, tuple(group)) if outvoted else (record.text, ()))
-        elif record.votes.get(word_key(heard), 0) >= 2 or not record.words:
+        elif record.votes.get(word_key(heard), 0) >= 2 or not record.words or record.sampled:
             out.append((heard, tuple(group)))
         else:
             shift = span.start - record.start / MODEL_RATE  # the first pass's words, in window time
@@ -269,7 +275,8 @@ def trusted(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fres
     """Whether a decode holds about as many words as the first pass over the records it decides
     (far fewer or far more: a loop, or a lost stretch)."""
     fresh = [(r, g) for r, g in zip(records, groups, strict=True) if fresh_from <= r.index <= decide_to]
-    old_words = sum(len(r.text.split()) for r, _ in fresh)
+    # A sampled first pass is no yardstick (a loop can triple its words): the decode's count stands in.
+    old_words = sum(min(len(r.text.split()), len(g)) if r.sampled else len(r.text.split()) for r, g in fresh)
     new_words = sum(len(g) for _, g in fresh)
     return new_words > 0 and 0.6 * old_words <= new_words <= 1.6 * old_words + 2
 
@@ -280,7 +287,8 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span) -> str | None
     words that stop short of the audio the first pass's words reached."""
     text = " ".join("".join(w.word for w in group).split())
     old = len(record.text.split())
-    if not group or not 0.8 * old - 1 <= len(_words(text)) <= 1.5 * old + 2 or not _covers(group, span, record):
+    fewest = 1 if record.sampled else 0.8 * old - 1
+    if not group or not fewest <= len(_words(text)) <= 1.5 * old + 2 or not _covers(group, span, record):
         return None
     return text
 

@@ -450,8 +450,9 @@ class ChannelDecoder:
             self._transcript_len = offset + len(text)
             # Only a confidently heard final becomes context: a doubtful word in the
             # prompt is copied into the next final (measured: "old-sposed" twice).
-            self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) else ""
-            self._remember(utt, offset, text, words)
+            # Nor does a sampled one (its beam decode failed Whisper's checks).
+            self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) and not hyp.sampled else ""
+            self._remember(utt, offset, text, words, hyp.sampled)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []
         if self.options.interim_results and text and utt.last_interim is None:
@@ -476,13 +477,13 @@ class ChannelDecoder:
 
     # -- the context pass -----------------------------------------------------------
 
-    def _remember(self, utt: _Utterance, offset: int, text: str, words: tuple[Word, ...]) -> None:
+    def _remember(self, utt: _Utterance, offset: int, text: str, words: tuple[Word, ...], sampled: bool) -> None:
         assert utt.ended is not None
         if not self.context.enabled:
             return
         keep = utt.ended.end - utt.start
         audio, trail = utt.audio.copy(0, keep), utt.audio.copy(keep, keep + int(self.context.real_gap_s * MODEL_RATE))
-        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words, trail))
+        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words, trail, sampled))
         self._unrevised += 1
         self._last_final_end = utt.ended.end
         self._trim()

@@ -32,6 +32,7 @@ class Attempt(NamedTuple):
     avg_logprob: float
     no_speech_prob: float
     compression_ratio: float
+    temperature: float = 0.0  # above 0: sampled, after the attempts before it failed the checks
 
 
 def needs_fallback(a: Attempt) -> bool:

@@ -71,6 +71,9 @@ class Hypothesis:
     decode_s: float = 0.0
     dropped: tuple[str, ...] = field(default=())  # guards that removed text, for logs
     packed: bool = False  # decoded in a window shared with other finals (see plan_packs)
+    # Kept from a sampled attempt (temperature above 0): the greedy or beam decode failed
+    # Whisper's checks (too unlikely or too repetitive), and sampling can hallucinate.
+    sampled: bool = False
 
 
 class Runner(Protocol):

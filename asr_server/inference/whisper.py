@@ -239,7 +239,7 @@ class WhisperRunner(Runner):
         out = []
         for it, attempt, tokens, w in zip(items, results, texts, words, strict=True):
             text = " ".join(tokenizer.decode(tokens).split())
-            out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio))
+            out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio, sampled=attempt.temperature > 0))
             log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", kind.value, it.request.duration, it.request.prompt, it.request.prefix, text)
         return out
 
@@ -413,7 +413,7 @@ class WhisperRunner(Runner):
         for it, res in zip(items, generated, strict=True):
             tokens = list(res.sequences_ids[0])[: it.prefix_len + it.max_new]
             avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)
-            out.append(Attempt(tokens, avg_logprob, res.no_speech_prob, compression_ratio(tokenizer.decode(tokens).strip())))
+            out.append(Attempt(tokens, avg_logprob, res.no_speech_prob, compression_ratio(tokenizer.decode(tokens).strip()), temperature))
         return out
 
     def _align(self, tokenizer: Any, items: list[_Item], tokens: list[list[int]], encoded: Any) -> list[list[dict]]:

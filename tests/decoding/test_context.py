@@ -581,3 +581,32 @@ def test_a_pass_prompt_leaves_out_text_heard_doubtfully():
     assert model.prompts == ["", ALONE[1]]  # not "he was not an old-sposed young man unless to be ..."
     check_rules(d)
     assert d.client.final_text() == " ".join(ALONE) == server_transcript(d)
+
+
+@pytest.mark.parametrize("sampled", [True, False])
+def test_a_sampled_first_pass_that_looped_is_replaced_by_what_the_pass_heard(sampled):
+    """Whisper's fallback can keep a sampled text that loops (measured on the espeak voice: "I'll
+    be right now, and" three times for "the quick brown fox jumps over the lazy dog"). Its word
+    count is no yardstick: the pass's fewer words replace it. A first pass kept from beam search
+    still guards against a pass that lost words (the loop stays, as a lost stretch would)."""
+    loop = "I'll be right now, and I'll be right now, and I'll be right now, and"
+
+    class LoopingModel(TwoPassModel):
+        def __init__(self) -> None:
+            super().__init__([loop, *ALONE[1:]], list(ALONE))
+            self.prompts: list[str] = []
+
+        def final(self, request) -> Hypothesis:
+            self.prompts.append(request.prompt)
+            hyp = super().final(request)
+            return replace(hyp, sampled=sampled) if hyp.text == loop else hyp
+
+    model = LoopingModel()
+    d = Driver(model)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert model.prompts[1] == ("" if sampled else loop)  # a sampled text is no prompt for the next final
+    first = ALONE[0] if sampled else loop
+    assert d.client.final_text() == " ".join([first, *ALONE[1:]]) == server_transcript(d)
