@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 from .audio.vad import DETECTORS, VadOptions
 from .decoding.context import ContextOptions
 from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, QUICK_FINAL_PAD_S, BURST_FINAL_PAD_S, SHORT_INTERIM_PAD_S,
-                                ModelNotFound, WhisperRunner, resolve_model)
+                                LEAN_CONTEXT_PAD_S, ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.capacity import CapacityModel
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
@@ -108,6 +108,9 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick-final-beam-size", type=_beam_size, default=FINAL_BEAM_SIZE, help=f"beam width of quick finals (default {FINAL_BEAM_SIZE})")
     p.add_argument("--burst-final-encoder-pad-s", type=float, default=BURST_FINAL_PAD_S,
                    help=f"the same for finals in a burst (more finals waiting than workers), decoded greedily (default {BURST_FINAL_PAD_S:g})")
+    p.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S,
+                   help="under load a context pass decodes only the utterances it decides, on their audio plus this many seconds "
+                        f"(default {LEAN_CONTEXT_PAD_S:g}; 30: the full window, as at rest)")
     defaults = ContextOptions()
     p.add_argument("--context-window-s", type=_seconds, default=defaults.window_s,
                    help=f"audio one context pass decodes at most, utterances and gaps (default {defaults.window_s:g}; at most 30)")
@@ -283,7 +286,7 @@ def _load(
     baseline = process_rss()
     runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, final_beam_size=args.final_beam_size,
                            quick_final_pad_s=args.quick_final_encoder_pad_s, quick_final_beam_size=args.quick_final_beam_size,
-                           burst_final_pad_s=args.burst_final_encoder_pad_s, **common)
+                           burst_final_pad_s=args.burst_final_encoder_pad_s, lean_context_pad_s=args.lean_context_encoder_pad_s, **common)
     interim = None
     if interim_path is not None:
         interim = WhisperRunner(interim_path, **common)

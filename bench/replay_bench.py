@@ -1,7 +1,8 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
     python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--context-back-s 24]
-                                 [--interims] [--split-after-s 3] [--load-streams] [--json out.json]
+                                 [--lean [--lean-context-encoder-pad-s 10]] [--interims]
+                                 [--split-after-s 3] [--load-streams] [--json out.json]
 
 Feeds each fixture channel, 100 ms at a time, into a :class:`~asr_server.session.Session`
 (the server's own VAD, chunker and decoder) and runs every decode it asks for at once on
@@ -14,7 +15,9 @@ client with interims gets.
 With ``--load-streams`` it replays, instead of the fixtures, the streams ``load_bench.py``
 sends (its recordings, each as its first two copies get it: rotated at a pause, two rounds),
 longer than the fixtures alone, so that the prompt and the decided audio before a window
-matter; ``--context-back-s 0`` then decodes them as passes run under load (lean).
+matter; ``--lean`` then decodes them as passes run under load (only the utterances they
+decide, on the audio plus ``--lean-context-encoder-pad-s``; ``--context-back-s 0`` leaves
+the decided ones out too, but keeps the full window).
 
 It also prints how many context passes ran and their model time per audio second (the
 runner's own decode times). Nothing waits, and Whisper's fallback samples with a fixed seed,
@@ -46,7 +49,9 @@ from asr_server.decoding.context import ContextOptions  # noqa: E402
 from asr_server.events import SubmitJob  # noqa: E402
 from asr_server.inference.types import DecodeKind  # noqa: E402
 from asr_server.inference.whisper import DEFAULT_MODEL, WhisperRunner, resolve_model  # noqa: E402
+from asr_server.inference.windows import LEAN_CONTEXT_PAD_S  # noqa: E402
 from asr_server.options import StreamOptions  # noqa: E402
+from asr_server.scheduler.governor import LoadSettings  # noqa: E402
 from asr_server.session import Send, Session  # noqa: E402
 from tests.harness import MANIFEST  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
@@ -57,7 +62,7 @@ PIECE = 1600  # 100 ms at 16 kHz
 class Replayer:
     """One channel through a session; every decode runs as soon as it is asked for."""
 
-    def __init__(self, runner: WhisperRunner, context: ContextOptions, options: StreamOptions) -> None:
+    def __init__(self, runner: WhisperRunner, context: ContextOptions, options: StreamOptions, lean: bool = False) -> None:
         self.runner = runner
         self.session = Session("replay", options, context=context)
         self.transcript = Transcript()
@@ -67,6 +72,8 @@ class Replayer:
         self.pass_count = 0
         self.pass_model_s = 0.0  # model time of the context passes (the runner's decode_s)
         self._apply(self.session.start())
+        if lean:  # as the governor sets it under load (level 1 and up)
+            self._apply(self.session.set_load(LoadSettings(level=1, lean_context=True)))
 
     def run(self, audio: np.ndarray) -> tuple[str, str]:
         """(first-pass finals, transcript after revisions) of ``audio`` (16 kHz float)."""
@@ -121,6 +128,8 @@ def main() -> None:
     ap.add_argument("--noise-db", type=float, default=None, help="continuous pink noise this many dB below the speech")
     ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
+    ap.add_argument("--lean", action="store_true", help="passes as under load: only the utterances they decide, on the lean window")
+    ap.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S, help="the lean window: the audio plus this (30: the full window)")
     ap.add_argument("--interims", action="store_true", help="decode interims too (sentence splits need them)")
     ap.add_argument("--split-after-s", type=float, default=StreamOptions().split_after_s)
     ap.add_argument("--compute-type", default="auto")
@@ -131,7 +140,7 @@ def main() -> None:
 
     # Whisper's fallback samples when a decode fails its checks: a fixed seed keeps the replay the same on every run.
     ctranslate2.set_random_seed(1)
-    runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type)
+    runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type, lean_context_pad_s=args.lean_context_encoder_pad_s)
     runner.warm_up()
     context = ContextOptions(back_s=args.context_back_s)
     options = StreamOptions(encoding="pcm_s16le", sample_rate=16000, interim_results=args.interims, split_after_s=args.split_after_s)
@@ -143,7 +152,7 @@ def main() -> None:
     for name, channels, references in streams(args):
         for ch, audio in enumerate(channels):
             reference = normalize(" ".join(references[ch]))
-            replayer = Replayer(runner, context, options)
+            replayer = Replayer(runner, context, options, args.lean)
             first, revised = replayer.run(audio)
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]

@@ -43,7 +43,8 @@ class DecodeRequest:
     word_timestamps: bool = False
     model: str = ""  # "" for the main model, "interim" for the optional smaller interim model
     # An interim on the runner's short encoder window (under load); a final on its quick
-    # window (a first pass that the context pass will refine).
+    # window (a first pass that the context pass will refine); a lean context pass (under
+    # load) on the audio plus the runner's lean-context pad.
     short_window: bool = False
     burst: bool = False  # a final in a burst: greedy, on the audio plus the runner's burst pad
     pack: bool = True  # a final that may share a window with other finals (see plan_packs)

@@ -30,8 +30,8 @@ from .models import DEFAULT_MODEL, ModelNotFound, resolve_model
 from .packing import PACK_CONTENT_S, PACK_GAP_S, PACK_MAX_ITEM_S, packed_frames, plan_packs, split_pack, text_tokens, usable_pack
 from .types import SAMPLE_RATE, BatchKey, DecodeKind, DecodeRequest, Hypothesis, Runner, Word
 from .windows import (
-    FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, MAX_INITIAL_TIMESTAMP_INDEX, BURST_FINAL_PAD_S, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S, Pads,
-    max_new_tokens, prompt_bucket, window_frames,
+    FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, MAX_INITIAL_TIMESTAMP_INDEX, BURST_FINAL_PAD_S, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S, LEAN_CONTEXT_PAD_S,
+    Pads, max_new_tokens, prompt_bucket, window_frames,
 )
 
 __all__ = [
@@ -84,6 +84,7 @@ class WhisperRunner(Runner):
         quick_final_pad_s: float = QUICK_FINAL_PAD_S,
         quick_final_beam_size: int = FINAL_BEAM_SIZE,
         burst_final_pad_s: float = BURST_FINAL_PAD_S,
+        lean_context_pad_s: float = LEAN_CONTEXT_PAD_S,
     ) -> None:
         """``*_encoder_pad_s``: seconds of silence after the audio in the encoder window (30: Whisper's full window).
 
@@ -98,13 +99,16 @@ class WhisperRunner(Runner):
         context pass, which gives the transcript that stays, always uses
         ``FINAL_BEAM_SIZE``. ``quick_final_pad_s``: the padding of quick finals
         (``short_window``), ``quick_final_beam_size`` their beam; ``burst_final_pad_s``:
-        the padding of finals in a burst (``burst``), which decode greedily.
+        the padding of finals in a burst (``burst``), which decode greedily;
+        ``lean_context_pad_s``: the padding of lean context passes (``short_window``; 30:
+        the full window, as every other pass).
         """
         if final_beam_size < 1 or quick_final_beam_size < 1:
             raise ValueError("beam sizes must be at least 1")
         self.quick_final_beam_size = quick_final_beam_size
         self.final_beam_size = final_beam_size
-        self.pads = Pads.from_seconds(interim_encoder_pad_s, short_interim_pad_s, final_encoder_pad_s, pack_finals, quick_final_pad_s, burst_final_pad_s)
+        self.pads = Pads.from_seconds(interim_encoder_pad_s, short_interim_pad_s, final_encoder_pad_s, pack_finals, quick_final_pad_s, burst_final_pad_s,
+                                      lean_context_pad_s)
         self.max_windows = max(0, max_windows)
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()

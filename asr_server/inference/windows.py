@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from .types import DecodeKind, DecodeRequest
 
 __all__ = [
-    "INTERIM_ENCODER_PAD_S", "SHORT_INTERIM_PAD_S", "FINAL_ENCODER_PAD_S", "QUICK_FINAL_PAD_S", "BURST_FINAL_PAD_S", "FULL_WINDOW_FRAMES", "WINDOW_STEP_FRAMES",
+    "INTERIM_ENCODER_PAD_S", "SHORT_INTERIM_PAD_S", "FINAL_ENCODER_PAD_S", "QUICK_FINAL_PAD_S", "BURST_FINAL_PAD_S", "LEAN_CONTEXT_PAD_S",
+    "FULL_WINDOW_FRAMES", "WINDOW_STEP_FRAMES",
     "HOP_SAMPLES", "PROMPT_TOKEN_LIMIT", "MAX_INITIAL_TIMESTAMP_INDEX", "Pads", "window_frames", "max_new_tokens", "prompt_bucket",
 ]
 
@@ -43,6 +44,13 @@ FINAL_ENCODER_PAD_S = 30.0
 # every first pass gave first-pass WER 0.17-0.18 against 0.14 for these (README).
 QUICK_FINAL_PAD_S = 10.0
 BURST_FINAL_PAD_S = 5.0
+# A context pass takes the full window, as offline transcription does, except a lean one
+# (under load, only the utterances it decides: 5-10 s of audio): the audio plus 10 s. On the
+# load bench's streams (replay_bench.py --load-streams --lean) the passes' model time went
+# 0.105 -> 0.072 s per audio second for WER after revisions 0.108 -> 0.111 (under noise
+# 20 dB: 0.110 -> 0.087, WER 0.142 -> 0.143), and at 8 streams revisions came p95 11-13 s
+# after their final instead of 19-21 s (docs/benchmarks.md, 2026-11-25).
+LEAN_CONTEXT_PAD_S = 10.0
 FULL_WINDOW_FRAMES = 3000
 WINDOW_STEP_FRAMES = 500
 HOP_SAMPLES = 160  # one feature frame
@@ -60,11 +68,12 @@ class Pads:
     pack_finals: bool  # packable finals count their share of a shared window
     quick_final: int = int(QUICK_FINAL_PAD_S * 100)
     burst_final: int = int(BURST_FINAL_PAD_S * 100)
+    lean_context: int = int(LEAN_CONTEXT_PAD_S * 100)
 
     @staticmethod
     def from_seconds(
         interim_s: float, short_interim_s: float, final_s: float, pack_finals: bool,
-        quick_final_s: float = QUICK_FINAL_PAD_S, burst_final_s: float = BURST_FINAL_PAD_S,
+        quick_final_s: float = QUICK_FINAL_PAD_S, burst_final_s: float = BURST_FINAL_PAD_S, lean_context_s: float = LEAN_CONTEXT_PAD_S,
     ) -> "Pads":
         def frames(seconds: float) -> int:
             return int(min(30.0, max(1.0, seconds)) * 100)
@@ -72,7 +81,7 @@ class Pads:
         final = frames(final_s)
         # Packing needs full windows: an item's words are told apart by where they sit in it.
         return Pads(frames(interim_s), frames(short_interim_s), final, pack_finals and final >= FULL_WINDOW_FRAMES,
-                    frames(quick_final_s), frames(burst_final_s))
+                    frames(quick_final_s), frames(burst_final_s), frames(lean_context_s))
 
 
 def window_frames(request: DecodeRequest, pads: Pads) -> int:
@@ -80,8 +89,10 @@ def window_frames(request: DecodeRequest, pads: Pads) -> int:
     from .packing import PACK_MAX_ITEM_S, packed_frames
 
     if request.kind is DecodeKind.CONTEXT:
-        return FULL_WINDOW_FRAMES  # as offline transcription: the whole 30 s window
-    if request.kind is DecodeKind.FINAL:
+        if not request.short_window:
+            return FULL_WINDOW_FRAMES  # as offline transcription: the whole 30 s window
+        pad = pads.lean_context
+    elif request.kind is DecodeKind.FINAL:
         if request.burst:
             pad = pads.burst_final
         elif request.short_window:

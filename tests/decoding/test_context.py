@@ -28,6 +28,7 @@ class TwoPassModel:
         self.lengths: dict[int, int] = {}  # final audio length -> sentence
         self.context_requests = 0
         self.windows: list[list[int]] = []  # per context request, the sentences it holds
+        self.short_windows: list[bool] = []  # per context request, whether it asked for the lean window
 
     def final(self, request) -> Hypothesis:
         n = self.lengths.setdefault(len(request.audio), len(self.lengths))
@@ -37,6 +38,7 @@ class TwoPassModel:
         self.context_requests += 1
         words: list[Word] = []
         self.windows.append([self.lengths[end - start] for start, end in _spans(request.audio)])
+        self.short_windows.append(request.short_window)
         for start, end in _spans(request.audio):
             n = self.lengths[end - start]
             words += _hyp(self.together[n], start / 16000, end / 16000).words
@@ -298,6 +300,7 @@ def test_under_load_a_pass_decodes_only_the_utterances_it_decides(loaded):
     d.apply(d.session.end_of_stream())
     d.run_context()
     assert model.windows[1] == ([2, 3, 4] if loaded else [0, 1, 2, 3, 4])
+    assert model.short_windows == [False, loaded]  # a lean pass asks for the runner's lean window
     check_rules(d)
     assert d.client.final_text() == " ".join(t + " too" for t in ALONE) == server_transcript(d)
 

@@ -220,3 +220,14 @@ def test_quick_and_burst_finals_take_their_audio_plus_their_pad_and_are_never_pa
     assert window_frames(burst, pads) == 1000  # 3 s + 5 s
     long_quick = DecodeRequest(np.zeros(28 * 16000, np.float32), DecodeKind.FINAL, short_window=True)
     assert window_frames(long_quick, pads) == 3000
+
+
+def test_a_context_pass_takes_the_full_window_unless_it_is_lean():
+    from asr_server.inference.types import DecodeKind, DecodeRequest
+    from asr_server.inference.windows import Pads, window_frames
+
+    pads = Pads.from_seconds(10.0, 2.0, 30.0, True, lean_context_s=10.0)
+    seven_s = np.zeros(7 * 16000, np.float32)
+    assert window_frames(DecodeRequest(seven_s, DecodeKind.CONTEXT), pads) == 3000  # as offline transcription
+    assert window_frames(DecodeRequest(seven_s, DecodeKind.CONTEXT, short_window=True), pads) == 2000  # 7 s + 10 s, to the next 5 s step
+    assert window_frames(DecodeRequest(seven_s, DecodeKind.CONTEXT, short_window=True), Pads.from_seconds(10.0, 2.0, 30.0, True, lean_context_s=30.0)) == 3000
