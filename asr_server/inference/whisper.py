@@ -91,17 +91,14 @@ class WhisperRunner(Runner):
         ``short_interim_pad_s``: the same for interims asking for the short window (under load).
 
         ``pack_finals``: finals decoded in one batch share 30 s windows (see :func:`plan_packs`).
-        ``max_windows``: encoder windows per model call (0: no limit); a batch
-        of finals that needs more (packs, and members decoded alone after
-        all) runs in several calls, so working memory stays that of
-        ``max_windows`` windows.
-        ``final_beam_size``: beam width of full first-pass finals (1: greedy); the
-        context pass, which gives the transcript that stays, always uses
-        ``FINAL_BEAM_SIZE``. ``quick_final_pad_s``: the padding of quick finals
-        (``short_window``), ``quick_final_beam_size`` their beam; ``burst_final_pad_s``:
-        the padding of finals in a burst (``burst``), which decode greedily;
-        ``lean_context_pad_s``: the padding of lean context passes (``short_window``; 30:
-        the full window, as every other pass).
+        ``max_windows``: encoder windows per model call (0: no limit); a batch of finals that
+        needs more (packs, and members decoded alone after all) runs in several calls, so
+        working memory stays that of ``max_windows`` windows. ``final_beam_size``: beam width
+        of full first-pass finals (1: greedy); the context pass always uses ``FINAL_BEAM_SIZE``.
+        ``quick_final_pad_s``: the padding of quick finals (``short_window``),
+        ``quick_final_beam_size`` their beam; ``burst_final_pad_s``: the padding of finals in a
+        burst (``burst``), which decode greedily; ``lean_context_pad_s``: the padding of lean
+        context passes (``short_window``; 30: the full window, as every other pass).
         """
         if final_beam_size < 1 or quick_final_beam_size < 1:
             raise ValueError("beam sizes must be at least 1")
