@@ -20,9 +20,10 @@ decide, on the audio plus ``--lean-context-encoder-pad-s``; ``--context-back-s 0
 the decided ones out too, but keeps the full window).
 
 It also prints how many context passes ran and their model time per audio second (the
-runner's own decode times). Nothing waits, and Whisper's fallback samples with a fixed seed,
-so the result is the same on every run and takes about two minutes on two cores: use it to compare decoding rules (a revision rule, a window, a prompt) without the
-one-word swings of real-time runs. It is not what a user sees: in a real-time run a
+runner's own decode times). Nothing waits, and Whisper's fallback samples with a fixed
+seed, so the result is the same on every run and takes about two minutes on two cores: use
+it to compare decoding rules (a revision rule, a window, a prompt) without the one-word
+swings of real-time runs. It is not what a user sees: in a real-time run a
 context pass waits its turn and takes in the finals that came meanwhile, so its windows
 differ (measured under pink noise 20 dB down: 0.071 after revisions here against 0.059 in
 ``stream_bench.py``). Latency and capacity figures come from ``stream_bench.py`` and
@@ -40,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import ctranslate2  # noqa: E402
 import numpy as np  # noqa: E402
 from asr_client import Transcript  # noqa: E402
 from load_bench import FIXTURES as LOAD_FIXTURES, replayed, rotation_cut, round_turns  # noqa: E402
@@ -136,8 +138,6 @@ def main() -> None:
     ap.add_argument("--load-streams", action="store_true", help="replay load_bench.py's rotated two-round streams instead of the fixtures")
     ap.add_argument("--json", help="write the texts here")
     args = ap.parse_args()
-    import ctranslate2
-
     # Whisper's fallback samples when a decode fails its checks: a fixed seed keeps the replay the same on every run.
     ctranslate2.set_random_seed(1)
     runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type, lean_context_pad_s=args.lean_context_encoder_pad_s)

@@ -132,8 +132,11 @@ def plan_window(done: Sequence[Finalized], options: ContextOptions, fresh: int |
     return chosen[::-1]
 
 
-def window_request(records: Sequence[Finalized], options: ContextOptions, language: str, prompt: str) -> tuple[DecodeRequest, list[Span]]:
-    """The records' audio, each :func:`joint` to the next, and each one's span in it."""
+def window_request(
+    records: Sequence[Finalized], options: ContextOptions, language: str, prompt: str, lean: bool = False
+) -> tuple[DecodeRequest, list[Span]]:
+    """The records' audio, each :func:`joint` to the next, and each one's span in it (``lean``:
+    a pass under load, on the runner's lean window, the audio plus a pad)."""
     pieces: list[np.ndarray] = []
     spans: list[Span] = []
     position = 0
@@ -146,7 +149,7 @@ def window_request(records: Sequence[Finalized], options: ContextOptions, langua
         pieces.append(record.audio)
         position += len(record.audio)
     audio = np.concatenate(pieces).astype(np.float32, copy=False)
-    return DecodeRequest(audio, DecodeKind.CONTEXT, language=language, prompt=prompt, word_timestamps=True, pack=False), spans
+    return DecodeRequest(audio, DecodeKind.CONTEXT, language=language, prompt=prompt, word_timestamps=True, short_window=lean, pack=False), spans
 
 
 def joint(before: Finalized, after: Finalized, options: ContextOptions) -> np.ndarray:

@@ -519,9 +519,7 @@ class ChannelDecoder:
         records = plan_window(self._done, options, self._unrevised)
         before = _trusted_tail(self._done[: len(self._done) - len(records)])
         prompt = _with_vocabulary(self.options.prompt, _tail_words(" ".join(r.text for r in before), PROMPT_CHARS))
-        request, self._context_spans = window_request(records, self.context, self.options.language, prompt)
-        if self.lean_context:
-            request = replace(request, short_window=True)  # the runner's lean window: the audio plus a pad
+        request, self._context_spans = window_request(records, self.context, self.options.language, prompt, self.lean_context)
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
         self._context_decide_to = records[-1].index if self._settled() or len(records) < 2 else records[-2].index
         last = records[-1]
