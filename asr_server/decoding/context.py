@@ -169,11 +169,17 @@ def split_words(words: Sequence[Word], spans: Sequence[Span], texts: Sequence[st
     The match settles words at a seam: a word said in the pause between two utterances (or
     cut in two by the boundary) goes to the utterance that already holds it, so it is neither
     lost from one nor given to both. A word the model wrote in pieces (" 3" and ",800": a
-    piece without a space before it) stays whole, with its first piece.
+    piece without a space before it) stays whole, with its first piece, and is matched whole
+    ("3,800" against a first pass's "3,800"; piece by piece, " 3" matched nothing, went by
+    time to the next utterance, and the two utterances each held "3,800" in the long-form
+    reading's revised transcript).
     """
     by_time = [min(range(len(spans)), key=lambda j: _distance((w.start + w.end) / 2, spans[j])) for w in words]
     if texts is not None:
-        for k, j in _matched_spans([normalize_word(w.word) for w in words], texts).items():
+        starts = [k for k, w in enumerate(words) if k == 0 or w.word[:1].isspace()]  # each whole word's first piece
+        wholes = ["".join(w.word for w in words[a:b]) for a, b in zip(starts, [*starts[1:], len(words)], strict=True)]
+        for n, j in _matched_spans([normalize_word(w) for w in wholes], texts).items():
+            k = starts[n]
             if _distance((words[k].start + words[k].end) / 2, spans[j]) <= SEAM_S:
                 by_time[k] = j
     for k in range(1, len(words)):
@@ -228,8 +234,8 @@ def revised_texts(
     (Whisper can skip or cut an utterance at a window's edge).
     """
     out: list[tuple[str, tuple[Word, ...]]] = []
-    for record, group, span in zip(records, groups, spans, strict=True):
-        heard = heard_in(record, group, span)
+    for record, group, span, around in zip(records, groups, spans, _neighbours(groups), strict=True):
+        heard = heard_in(record, group, span, around)
         if heard is None or record.index > decide_to:
             out.append((record.text, ()))
         elif record.index < fresh_from:
@@ -256,8 +262,8 @@ def count_votes(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], 
     the sentences after it could not outvote it). A different wording it hears does count,
     as before (dropping that too delayed revisions: a later window then had to wait for the
     other party's turn before two windows could outvote)."""
-    for record, group, span in zip(records, groups, spans, strict=True):
-        heard = heard_in(record, group, span)
+    for record, group, span, around in zip(records, groups, spans, _neighbours(groups), strict=True):
+        heard = heard_in(record, group, span, around)
         if heard is None:
             continue
         key = word_key(heard)
@@ -284,16 +290,32 @@ def trusted(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fres
     return new_words > 0 and 0.6 * old_words <= new_words <= 1.6 * old_words + 2
 
 
-def heard_in(record: Finalized, group: Sequence[Word], span: Span) -> str | None:
+def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Sequence[Word] = ()) -> str | None:
     """The text a decode heard in ``record``'s span (``group``: its words there), or None where it
     is not to be trusted: no words, a very different number of words than the first pass, or
-    words that stop short of the audio the first pass's words reached."""
+    words that stop short of the audio the first pass's words reached.
+
+    ``around``: the decode's words given to the other records. One of them that lies in this
+    span (a word said across the seam, given to the record whose first pass holds it or to
+    the word it continues) shows that the decode heard that stretch: the words there moved
+    to the neighbour, they were not lost. (Seen on the long-form reading: the pass heard
+    "as early as 3,800 BC", ",800" went with " 3" to the first utterance though it lay where
+    the next one's first pass had "1800", and that one kept its "1800 B.C." for good, as
+    if the pass had dropped its first word: "3,800 1800 B.C.". Matching words in pieces
+    whole now gives the number to the next utterance there; the rule holds wherever a piece
+    still goes with its first one across a seam.)"""
     text = " ".join("".join(w.word for w in group).split())
     old = len(record.text.split())
     fewest = 1 if record.sampled else 0.8 * old - 1
-    if not group or not fewest <= len(_words(text)) <= 1.5 * old + 2 or not _covers(group, span, record):
+    reach = [*group, *(w for w in around if _distance((w.start + w.end) / 2, span) == 0.0)]
+    if not group or not fewest <= len(_words(text)) <= 1.5 * old + 2 or not _covers(reach, span, record):
         return None
     return text
+
+
+def _neighbours(groups: Sequence[Sequence[Word]]) -> list[list[Word]]:
+    """For each group, the words of the groups next to it (the ones a seam shares)."""
+    return [[*(groups[k - 1] if k > 0 else ()), *(groups[k + 1] if k + 1 < len(groups) else ())] for k in range(len(groups))]
 
 
 def word_key(text: str) -> tuple[str, ...]:
@@ -322,14 +344,14 @@ def merge_words(first: Sequence[Word], second: Sequence[Word]) -> tuple[Word, ..
     return tuple(out)
 
 
-def _covers(group: Sequence[Word], span: Span, record: Finalized) -> bool:
-    """Whether the new words reach as far into the utterance's audio as the first pass's did
+def _covers(heard: Sequence[Word], span: Span, record: Finalized) -> bool:
+    """Whether the decode's words reach as far into the utterance's audio as the first pass's did
     (Whisper can stop early at the end of a window and drop the last words)."""
-    if not record.words or not group:
+    if not record.words or not heard:
         return True
     base = record.start / MODEL_RATE
-    return group[-1].end - span.start >= record.words[-1].end - base - COVER_MARGIN_S and \
-        group[0].start - span.start <= record.words[0].start - base + COVER_MARGIN_S
+    return max(w.end for w in heard) - span.start >= record.words[-1].end - base - COVER_MARGIN_S and \
+        min(w.start for w in heard) - span.start <= record.words[0].start - base + COVER_MARGIN_S
 
 
 def _confidence(words: Sequence[Word]) -> float:

@@ -421,6 +421,45 @@ def test_a_word_the_model_wrote_as_two_pieces_stays_in_one_utterance_at_a_seam()
     assert [["".join(w.word for w in g).strip() for g in split_words(heard, spans)]] == [["as 3,800", "BC"]]
 
 
+def test_a_word_in_pieces_is_matched_whole_to_the_utterance_whose_text_holds_it():
+    from asr_server.decoding.context import Span, split_words
+
+    # A later window: the first utterance's text now ends in "3,800" (a pass revised it). The
+    # window hears " 3" just past the seam; matched piece by piece (" 3" against "3,800") it
+    # matched nothing and went by time to the next utterance, and both then held the number.
+    spans = [Span(0, 0.0, 2.4), Span(1, 2.5, 4.4)]
+    heard = [Word(" as", 1.9, 2.3, 0.9), Word(" 3", 2.35, 2.8, 0.7), Word(",800", 2.8, 3.7, 0.9), Word(" BC,", 3.7, 4.3, 0.8)]
+    groups = split_words(heard, spans, ["who may have lived as early as 3,800", "BC,"])
+    assert ["".join(w.word for w in g).strip() for g in groups] == ["as 3,800", "BC,"]
+
+
+def test_an_utterance_whose_first_words_were_heard_across_the_seam_is_still_revised():
+    from asr_server.decoding.context import Finalized, Span, count_votes, revised_texts, split_words
+
+    # The first pass cut "as early as thirty-eight hundred BC" after "thirty" and heard the
+    # rest as "1800 B.C."; the window hears "3,800 BC", and ",800" (which lies where "1800"
+    # was) stays with " 3" in the first utterance. The second one's own words start late,
+    # but the decode did hear its start: it must not keep "1800" beside "3,800".
+    def record(index: int, start_s: float, seconds: float, words: list[tuple[str, float, float]]) -> Finalized:
+        heard = tuple(Word(w, start_s + a, start_s + b, 0.6) for w, a, b in words)
+        text = " ".join("".join(w.word for w in heard).split())
+        return Finalized(index, int(start_s * 16000), np.zeros(int(seconds * 16000), np.float32), 0, text, heard)
+
+    records = [
+        record(0, 10.0, 2.4, [(" as", 1.6, 1.9), (" early", 1.9, 2.1), (" as", 2.1, 2.2), (" three?", 2.2, 2.4)]),
+        record(1, 12.5, 2.0, [(" 1800", 0.0, 1.1), (" B", 1.1, 1.6), (".C.", 1.6, 1.9)]),
+    ]
+    spans = [Span(0, 0.0, 2.4), Span(1, 2.5, 4.5)]
+    heard = [Word(" as", 1.6, 1.8, 0.9), Word(" early", 1.8, 2.0, 0.9), Word(" as", 2.0, 2.2, 0.9),
+             Word(" 3", 2.2, 2.5, 0.7), Word(",800", 2.5, 3.4, 0.9), Word(" BC.", 3.4, 4.0, 0.7)]
+    groups = split_words(heard, spans, [r.text for r in records])
+    assert ["".join(w.word for w in g).strip() for g in groups] == ["as early as 3,800", "BC."]
+    count_votes(records, groups, spans)
+    texts = [text for text, _ in revised_texts(records, groups, spans, fresh_from=0, decide_to=1)]
+    assert texts == ["as early as 3,800", "BC."]
+    assert records[1].votes[("bc",)] == 1  # its hearing counts, as any other
+
+
 class VaryingModel(TwoPassModel):
     """As :class:`TwoPassModel`, but what a context window hears of sentence n may depend on the
     window: ``heard(n, call)`` (call: 0 for the first context request), None for no words."""
