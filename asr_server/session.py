@@ -96,7 +96,7 @@ class Session:
         self._writer.seq = first_seq
         self._extra = extra
         chunker_options = ChunkerOptions(endpoint_ms=options.endpoint_ms, max_utterance_s=options.max_utterance_s)
-        self._vads = [VadGate(vad_options) for _ in range(options.channels)]
+        self._vads = [VadGate(vad_options.for_rate(options.sample_rate)) for _ in range(options.channels)]
         self._chunkers = [Chunker(chunker_options) for _ in range(options.channels)]
         context = context or ContextOptions()
         context = replace(context, enabled=context.enabled and options.revisions)

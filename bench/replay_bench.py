@@ -1,6 +1,6 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
-    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--context-back-s 24]
+    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--phone] [--context-back-s 24]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--interims]
                                  [--split-after-s 3] [--load-streams] [--json out.json]
 
@@ -110,18 +110,27 @@ class Replayer:
 
 
 def streams(args: argparse.Namespace):
-    """(label, each channel's 16 kHz audio, each channel's reference sentences) per stream to replay."""
+    """(label, each channel's 16 kHz audio, each channel's reference sentences, the stream's
+    sample rate on the wire) per stream to replay."""
     if not args.load_streams:
         for name in args.fixtures.split(","):
-            yield name, noisy_pcm(name, args.noise_db, args.room)[1], MANIFEST[name]["references"]
+            yield name, noisy_pcm(name, args.noise_db, args.room, args.phone)[1], MANIFEST[name]["references"], wire_rate(name, args)
         return
     rounds = 2
     for name in LOAD_FIXTURES:
-        channels = noisy_pcm(name, args.noise_db, args.room)[1]
+        channels = noisy_pcm(name, args.noise_db, args.room, args.phone)[1]
         for turn in (0, 1):  # as load_bench.py deals the first two copies of a recording
             cuts = [int(rotation_cut(MANIFEST[name], t) * 16000) for t in round_turns(turn, rounds)]
             audio = [np.concatenate([np.concatenate([a[at:], a[:at]]) for at in cuts]) for a in channels]
-            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"]
+            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"], wire_rate(name, args)
+
+
+def wire_rate(name: str, args: argparse.Namespace) -> int:
+    """The sample rate the benches stream a recording at (the server's VAD treats 8 kHz streams
+    as telephone audio): its own clean, 16 kHz with noise or room, 8 kHz over a phone line."""
+    if args.phone:
+        return 8000
+    return 16000 if args.noise_db is not None or args.room else MANIFEST[name]["sample_rate"]
 
 
 def main() -> None:
@@ -129,6 +138,7 @@ def main() -> None:
     ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
     ap.add_argument("--noise-db", type=float, default=None, help="continuous pink noise this many dB below the speech")
     ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
+    ap.add_argument("--phone", action="store_true", help="as a phone line carries it: 300-3400 Hz, 8 kHz mu-law, decoded as the server does")
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
     ap.add_argument("--lean", action="store_true", help="passes as under load: only the utterances they decide, on the lean window")
     ap.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S, help="the lean window: the audio plus this (30: the full window)")
@@ -143,13 +153,14 @@ def main() -> None:
     runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type, lean_context_pad_s=args.lean_context_encoder_pad_s)
     runner.warm_up()
     context = ContextOptions(back_s=args.context_back_s)
-    options = StreamOptions(encoding="pcm_s16le", sample_rate=16000, interim_results=args.interims, split_after_s=args.split_after_s)
     errors = [0, 0]
     words = 0
     passes = [0, 0.0, 0.0]  # context passes, their model seconds, audio seconds replayed
     texts = {}
     print("| fixture | WER first-pass finals | WER after revisions | finals by reason |\n|---|---|---|---|")
-    for name, channels, references in streams(args):
+    for name, channels, references, rate in streams(args):
+        # Fed decoded 16 kHz audio either way; the stream's rate decides its VAD thresholds.
+        options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s)
         for ch, audio in enumerate(channels):
             reference = normalize(" ".join(references[ch]))
             replayer = Replayer(runner, context, options, args.lean)

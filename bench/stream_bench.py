@@ -1,6 +1,6 @@
 """Single-stream benchmark: replay fixtures at real-time pace through a real server.
 
-    python bench/stream_bench.py [--runs 1] [--fixtures a,b,...] [--noise-db 20] [--room] [--revisions false] [--split-after-s 0]
+    python bench/stream_bench.py [--runs 1] [--fixtures a,b,...] [--noise-db 20] [--room] [--phone] [--revisions false] [--split-after-s 0]
 
 Starts ``asr-server`` as a subprocess on a free loopback port with the embedded
 model, streams each fixture at real-time pace (one stream at a time), and
@@ -21,7 +21,10 @@ reports per fixture and overall:
 ``--noise-db N`` replays the audio with continuous pink noise N dB below its speech
 level, so that pauses are not digital silence (on an 8 kHz recording, noise up to 4 kHz
 only, as a phone line carries it); ``--room`` reverberates it (RT60 0.5 s,
-as much reverberant as direct energy) over room tone 35 dB below the speech. Either
+as much reverberant as direct energy) over room tone 35 dB below the speech; ``--phone``
+sends it as a telephone line delivers it (300-3400 Hz, 8 kHz G.711 mu-law, after the
+noise or room, which are at the caller's end): the human recordings become telephone
+speech, where the project's own 8 kHz recordings are synthetic voices. Either
 way, the end of speech is found in the dry recording, so a reverberant tail or noise
 counts as latency, as a user would feel it. Sentence spans come from
 tests/audio_fixtures/manifest.json. Not a test: it prints a table (--json writes the
@@ -48,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from asr_client import stream_bytes  # noqa: E402
 
-from tests.harness import MANIFEST, Replay, load_channels, replay  # noqa: E402
+from tests.harness import MANIFEST, Replay, load_channels, phone_line, replay  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
 
 DEFAULT_FIXTURES = "librivox_16k.s16le,espeak_8k.mulaw,call_8k_stereo.s16le,cards_44k.f32le,ljspeech_babylon_16k.s16le"
@@ -165,9 +168,12 @@ def speech_level(audio: np.ndarray, spans: list[list[float]]) -> float:
 ROOM_TONE_DB = 35.0  # a quiet meeting room's hum and air, below the talker's speech level
 
 
-def noisy_pcm(name: str, snr_db: float | None, room: bool = False) -> tuple[bytes, list[np.ndarray]]:
+def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool = False) -> tuple[bytes, list[np.ndarray]]:
     """The fixture at 16 kHz as s16le: with ``room``, reverberated (RT60 0.5 s) over room tone
     ``ROOM_TONE_DB`` below its speech level; with ``snr_db``, continuous pink noise that far below it.
+    With ``phone``, the bytes are what a telephone line delivers instead
+    (:func:`tests.harness.phone_line`: 8 kHz G.711 mu-law), and the arrays that audio as the
+    server decodes it, at 16 kHz.
 
     The noise and room tone of a recording sampled below 16 kHz (the 8 kHz telephone ones) stop
     at half its rate, as its speech does: a caller's noise reaches the server through the same
@@ -181,16 +187,18 @@ def noisy_pcm(name: str, snr_db: float | None, room: bool = False) -> tuple[byte
         if snr_db is not None:
             audio = audio + pink_noise(len(audio), 11 + ch, band) * level * 10 ** (-snr_db / 20)
         mixed.append(np.clip(audio, -1, 1).astype(np.float32))
+    if phone:
+        return phone_line(mixed)
     planar = np.stack(mixed)
     return (planar.T.reshape(-1) * 32767).astype("<i2").tobytes(), mixed
 
 
-async def replay_noisy(url: str, name: str, snr_db: float | None, room: bool = False, **options) -> tuple[Replay, list[np.ndarray]]:
-    data, mixed = noisy_pcm(name, snr_db, room)
+async def replay_noisy(url: str, name: str, snr_db: float | None, room: bool = False, phone: bool = False, **options) -> tuple[Replay, list[np.ndarray]]:
+    data, mixed = noisy_pcm(name, snr_db, room, phone)
     n = len(mixed)
     result = Replay(name)
-    async for item in stream_bytes(url, data, bytes_per_second=16000 * 2 * n, realtime=True, encoding="pcm_s16le",
-                                   sample_rate=16000, channels=n, **options):
+    wire = {"encoding": "mulaw", "sample_rate": 8000} if phone else {"encoding": "pcm_s16le", "sample_rate": 16000}
+    async for item in stream_bytes(url, data, bytes_per_second=(8000 if phone else 32000) * n, realtime=True, channels=n, **wire, **options):
         result.messages.append(item)
     return result, mixed
 
@@ -264,6 +272,7 @@ def main() -> None:
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--noise-db", type=float, default=None, help="add continuous pink noise this many dB below the speech (raw 16 kHz replay)")
     ap.add_argument("--room", action="store_true", help="reverberate the audio (RT60 0.5 s) over room tone 35 dB below the speech")
+    ap.add_argument("--phone", action="store_true", help="send the audio as a phone line carries it: 300-3400 Hz, 8 kHz mu-law")
     ap.add_argument("--revisions", default="true", help="the stream option (true/false)")
     ap.add_argument("--split-after-s", default=None, help="the stream option (default: the server's)")
     ap.add_argument("--json", help="write raw figures here")
@@ -287,11 +296,11 @@ def main() -> None:
             entry = MANIFEST[name]
             for run in range(args.runs):
                 dry = list(load_channels(name))
-                if args.noise_db is None and not args.room:
+                if args.noise_db is None and not args.room and not args.phone:
                     r = asyncio.run(replay(url, name, realtime=True, **stream_options))
                     heard = dry
                 else:
-                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, args.room, **stream_options))
+                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, args.room, args.phone, **stream_options))
                 audio_s += r.of_type("closed")[0].message["audio_received_s"]
                 refined = r.transcript()
                 for ch in range(entry["channels"]):
@@ -330,6 +339,7 @@ def report(args, rows, totals, latencies, first_interims, revision_delays, conte
     delays, again = revision_delays
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
+    noise += ", over a phone line (300-3400 Hz, 8 kHz mu-law)" if args.phone else ""
     print(f"# single stream, real-time pace{noise}, revisions={args.revisions}, {args.runs} run(s) per fixture, tiny.en {args.compute_type}, {os.cpu_count()} cores")
     print("| fixture | WER first-pass finals | WER after revisions | WER offline | final latency p50 / p95 (s), sentences matched |")
     print("|---|---|---|---|---|")

@@ -1,11 +1,13 @@
 """Endpointing benchmark: where each voice-activity detector says speech ended.
 
-    python bench/vad_bench.py [--fixtures a,b,...] [--endpoint-ms 500]
+    python bench/vad_bench.py [--fixtures a,b,...] [--endpoint-ms 500] [--phone] [--detectors webrtc,silero,both]
 
 Runs the server's own VAD gate and chunker (no model, no server) over each
 fixture channel as recorded, in a reverberant room with room tone, and under
 continuous pink noise 20 and 10 dB below the speech (the conditions of
-``stream_bench.py``), for each detector (``webrtc``, ``silero``, ``both``).
+``stream_bench.py``), for each detector (``webrtc``, ``silero``, ``both``); with
+``--phone``, every condition as a telephone line delivers it (``stream_bench.py
+--phone``: 300-3400 Hz, 8 kHz mu-law).
 Per detector and condition it reports:
 
 * endpoint delay: when the endpoint fired (the moment the final can be sent)
@@ -40,7 +42,7 @@ from asr_server.audio.chunker import Chunker, ChunkerOptions, EndReason, Utteran
 from asr_server.audio.silero import SileroModel  # noqa: E402
 from asr_server.audio.vad import DETECTORS, VadGate, VadOptions  # noqa: E402
 from asr_server.inference.fw import silero_vad_path  # noqa: E402
-from tests.harness import MANIFEST, load_channels  # noqa: E402
+from tests.harness import MANIFEST, load_channels, phone_line  # noqa: E402
 
 CONDITIONS = {"clean": (None, False), "room": (None, True), "noise 20 dB": (20.0, False), "noise 10 dB": (10.0, False)}
 PIECE = 320  # 20 ms pieces, as a browser sends
@@ -87,18 +89,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
     ap.add_argument("--endpoint-ms", type=int, default=500)
+    ap.add_argument("--phone", action="store_true", help="every condition as a phone line carries it (300-3400 Hz, 8 kHz mu-law)")
+    ap.add_argument("--detectors", default=",".join(DETECTORS), help="detectors to compare, comma-separated")
     args = ap.parse_args()
     model = SileroModel(silero_vad_path())
-    print(f"# endpoint {args.endpoint_ms} ms; fixtures {args.fixtures}")
+    print(f"# endpoint {args.endpoint_ms} ms; fixtures {args.fixtures}{'; over a phone line' if args.phone else ''}")
     print("| condition | detector | endpoint delay p50 / p95 (s) | own endpoint | clipped | false starts | speech in 60 s of noise alone (s) | gate CPU s/s |")
     print("|---|---|---|---|---|---|---|---|")
     for cond, (snr, room) in CONDITIONS.items():
-        for detector in DETECTORS:
+        for detector in args.detectors.split(","):
             options = VadOptions(detector=detector)
             total = {"delays": [], "own": 0, "clipped": 0, "false": 0, "n": 0}
             cpu = audio_s = 0.0
             for name in args.fixtures.split(","):
-                heard = load_channels(name) if snr is None and not room else noisy_pcm(name, snr, room)[1]
+                heard = load_channels(name) if snr is None and not room and not args.phone else noisy_pcm(name, snr, room, args.phone)[1]
                 dry = load_channels(name)
                 for ch, audio in enumerate(heard):
                     spans = MANIFEST[name]["spans"][ch]
@@ -109,12 +113,12 @@ def main() -> None:
                     total["delays"] += s["delays"]
                     total["n"] += len(spans)
                     cpu, audio_s = cpu + spent, audio_s + len(audio) / 16000
-            idle = noise_alone(snr, room, options, args.endpoint_ms, model)
+            idle = noise_alone(snr, room, options, args.endpoint_ms, model, args.phone)
             d = total["delays"]
             print(f"| {cond} | {detector} | {pct(d, 0.5):.2f} / {pct(d, 0.95):.2f} | {total['own']}/{total['n']} | {total['clipped']} | {total['false']} | {idle:.1f} | {cpu / audio_s:.4f} |")
 
 
-def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms: int, model: SileroModel) -> float:
+def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms: int, model: SileroModel, phone: bool = False) -> float:
     """Seconds held in utterances over 60 s of the condition's background alone (LibriVox's speech level)."""
     if snr is None and not room:
         return 0.0
@@ -122,6 +126,8 @@ def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms:
     level = speech_level(audio, MANIFEST["librivox_16k.s16le"]["spans"][0])
     db = snr if snr is not None else ROOM_TONE_DB
     noise = pink_noise(60 * 16000, 99) * level * 10 ** (-db / 20)
+    if phone:
+        noise = phone_line([noise])[1][0]
     utts, _ = utterances(noise.astype(np.float32), options, endpoint_ms, model)
     return sum(u[1] - u[0] for u in utts) / 16000
 

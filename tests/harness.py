@@ -17,7 +17,7 @@ import av
 import numpy as np
 from asr_client import Timed, Transcript, stream_bytes
 
-from asr_server.audio.decode import PcmDecoder
+from asr_server.audio.decode import PcmDecoder, mulaw_to_float
 
 from asr_server.inference.types import Runner
 from asr_server.options import Limits
@@ -62,6 +62,37 @@ def load_channels(name: str) -> np.ndarray:
             parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
         parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
     return np.concatenate(parts).astype(np.float32).reshape(1, -1)
+
+
+PHONE_BAND_HZ = (300.0, 3400.0)  # G.712's passband: what a telephone line carries of a voice
+
+
+def phone_line(channels: list[np.ndarray]) -> tuple[bytes, list[np.ndarray]]:
+    """16 kHz audio as it reaches a server from a phone call: cut to ``PHONE_BAND_HZ``, sampled at
+    8 kHz, G.711 mu-law (interleaved channels), and the same decoded back to 16 kHz by the
+    server's own decoder (for the offline baseline, which must hear what the server hears)."""
+    # A windowed-sinc band-pass (a cut in the spectrum of the whole file instead rings across
+    # its pauses), then every other sample: nothing above 4 kHz is left to alias.
+    taps = np.arange(-128, 129)
+    low, high = (f / 16000 for f in PHONE_BAND_HZ)
+    band = (2 * high * np.sinc(2 * high * taps) - 2 * low * np.sinc(2 * low * taps)) * np.hamming(len(taps))
+    narrow = [np.convolve(audio, band, mode="same")[::2] for audio in channels]
+    data = mulaw_bytes(np.stack(narrow).T.reshape(-1))
+    decoder = PcmDecoder("mulaw", 8000, len(channels))
+    heard = np.concatenate([decoder.feed(data), decoder.flush()], axis=1)
+    return data, list(heard)
+
+
+def mulaw_bytes(samples: np.ndarray) -> bytes:
+    """G.711 mu-law codes of float samples: each the code whose level (as the server's decoder
+    reads it) lies nearest."""
+    table = mulaw_to_float(bytes(range(256)))
+    order = np.argsort(table, kind="stable")
+    levels = table[order]
+    x = np.clip(samples, levels[0], levels[-1])
+    above = np.clip(np.searchsorted(levels, x), 1, len(levels) - 1)
+    nearest = np.where(x - levels[above - 1] < levels[above] - x, above - 1, above)
+    return order[nearest].astype(np.uint8).tobytes()
 
 
 def load_mono(name: str) -> np.ndarray:

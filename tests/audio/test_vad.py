@@ -56,3 +56,12 @@ def test_real_speech_regions_match_the_fixture_spans():
 def test_silence_and_low_noise_are_not_speech():
     noise = (np.random.default_rng(3).standard_normal(16000 * 3) * 0.002).astype(np.float32)
     assert not any(f.speech for f in VadGate().feed(noise))
+
+
+def test_telephone_streams_take_the_narrowband_thresholds():
+    options = VadOptions()
+    narrow = options.for_rate(8000)
+    assert (narrow.speech_threshold, narrow.release_threshold) == (options.narrowband_speech_threshold, options.narrowband_release_threshold)
+    assert narrow.speech_threshold < options.speech_threshold and narrow.detector == options.detector
+    assert options.for_rate(16000) == options and options.for_rate(48000) == options
+    assert options.for_rate(None) == options  # a container's rate is not known up front
