@@ -45,7 +45,7 @@ import ctranslate2  # noqa: E402
 import numpy as np  # noqa: E402
 from asr_client import Transcript  # noqa: E402
 from load_bench import FIXTURES as LOAD_FIXTURES, replayed, rotation_cut, round_turns  # noqa: E402
-from stream_bench import DEFAULT_FIXTURES, noisy_pcm  # noqa: E402
+from stream_bench import DEFAULT_FIXTURES, noisy_pcm, wire_rate  # noqa: E402
 
 from asr_server.decoding.context import ContextOptions  # noqa: E402
 from asr_server.events import SubmitJob  # noqa: E402
@@ -114,7 +114,7 @@ def streams(args: argparse.Namespace):
     sample rate on the wire) per stream to replay."""
     if not args.load_streams:
         for name in args.fixtures.split(","):
-            yield name, noisy_pcm(name, args.noise_db, args.room, args.phone)[1], MANIFEST[name]["references"], wire_rate(name, args)
+            yield name, noisy_pcm(name, args.noise_db, args.room, args.phone)[1], MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone)
         return
     rounds = 2
     for name in LOAD_FIXTURES:
@@ -122,15 +122,8 @@ def streams(args: argparse.Namespace):
         for turn in (0, 1):  # as load_bench.py deals the first two copies of a recording
             cuts = [int(rotation_cut(MANIFEST[name], t) * 16000) for t in round_turns(turn, rounds)]
             audio = [np.concatenate([np.concatenate([a[at:], a[:at]]) for at in cuts]) for a in channels]
-            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"], wire_rate(name, args)
+            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"], wire_rate(name, args.noise_db, args.room, args.phone)
 
-
-def wire_rate(name: str, args: argparse.Namespace) -> int:
-    """The sample rate the benches stream a recording at (the server's VAD treats 8 kHz streams
-    as telephone audio): its own clean, 16 kHz with noise or room, 8 kHz over a phone line."""
-    if args.phone:
-        return 8000
-    return 16000 if args.noise_db is not None or args.room else MANIFEST[name]["sample_rate"]
 
 
 def main() -> None:

@@ -193,6 +193,14 @@ def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool =
     return (planar.T.reshape(-1) * 32767).astype("<i2").tobytes(), mixed
 
 
+def wire_rate(name: str, snr_db: float | None, room: bool = False, phone: bool = False) -> int:
+    """The sample rate the benches stream a recording at (the server's VAD treats 8 kHz streams
+    as telephone audio): its own clean, 16 kHz with noise or room, 8 kHz over a phone line."""
+    if phone:
+        return 8000
+    return 16000 if snr_db is not None or room else MANIFEST[name]["sample_rate"]
+
+
 async def replay_noisy(url: str, name: str, snr_db: float | None, room: bool = False, phone: bool = False, **options) -> tuple[Replay, list[np.ndarray]]:
     data, mixed = noisy_pcm(name, snr_db, room, phone)
     n = len(mixed)

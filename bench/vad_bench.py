@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
-from stream_bench import DEFAULT_FIXTURES, ROOM_TONE_DB, noisy_pcm, pct, pink_noise, speech_ends, speech_level  # noqa: E402
+from stream_bench import DEFAULT_FIXTURES, ROOM_TONE_DB, noisy_pcm, pct, pink_noise, speech_ends, speech_level, wire_rate  # noqa: E402
 
 from asr_server.audio.chunker import Chunker, ChunkerOptions, EndReason, UtteranceEnded, UtteranceStarted  # noqa: E402
 from asr_server.audio.silero import SileroModel  # noqa: E402
@@ -104,16 +104,17 @@ def main() -> None:
             for name in args.fixtures.split(","):
                 heard = load_channels(name) if snr is None and not room and not args.phone else noisy_pcm(name, snr, room, args.phone)[1]
                 dry = load_channels(name)
+                as_sent = options.for_rate(wire_rate(name, snr, room, args.phone))  # as the server takes the stream
                 for ch, audio in enumerate(heard):
                     spans = MANIFEST[name]["spans"][ch]
-                    utts, spent = utterances(np.asarray(audio, np.float32), options, args.endpoint_ms, model)
+                    utts, spent = utterances(np.asarray(audio, np.float32), as_sent, args.endpoint_ms, model)
                     s = score(utts, spans, speech_ends(dry[ch], spans))
                     for k in ("own", "clipped", "false"):
                         total[k] += s[k]
                     total["delays"] += s["delays"]
                     total["n"] += len(spans)
                     cpu, audio_s = cpu + spent, audio_s + len(audio) / 16000
-            idle = noise_alone(snr, room, options, args.endpoint_ms, model, args.phone)
+            idle = noise_alone(snr, room, options.for_rate(8000 if args.phone else 16000), args.endpoint_ms, model, args.phone)
             d = total["delays"]
             print(f"| {cond} | {detector} | {pct(d, 0.5):.2f} / {pct(d, 0.95):.2f} | {total['own']}/{total['n']} | {total['clipped']} | {total['false']} | {idle:.1f} | {cpu / audio_s:.4f} |")
 
