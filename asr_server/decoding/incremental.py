@@ -573,9 +573,13 @@ class ChannelDecoder:
             return []
         for record, span, (text, words) in list(zip(covered, spans, texts))[changed:]:
             shift = record.start / MODEL_RATE - span.start
+            before = self._done.index(record)
+            upper = _ends_sentence((self._done[before - 1].text.split() or [""])[-1]) if before else record.offset == 0 and record.text[:1].isupper()
             record.text = text
             if words:
                 record.words = tuple(Word(w.word, round(w.start + shift, 3), round(w.end + shift, 3), w.probability) for w in words)
+            if upper:
+                _capitalize(record)
         first = self._done.index(covered[changed])
         offset = self._done[first].offset
         position = offset
@@ -611,6 +615,22 @@ def _trusted_tail(records: list[Finalized]) -> list[Finalized]:
 def _confident(words: tuple[Word, ...]) -> bool:
     """Whether every word was heard with probability at least ``PROMPT_MIN_WORD_PROBABILITY``: text fit to be a prompt."""
     return all(w.probability >= PROMPT_MIN_WORD_PROBABILITY for w in words)
+
+
+def _capitalize(record: Finalized) -> None:
+    """A revised utterance starts with a capital where a sentence starts: after one that ended,
+    or at the start of the transcript where its first pass had one. A pass's words at a seam
+    come from a window that may have joined the two sentences ("Babylon, even in the days"),
+    while the utterance before kept its own first pass ("Babylon."): the transcript read
+    "Babylon. even in the days", and the reading's first words "your journey"."""
+    text = record.text.lstrip()
+    if not text[:1].islower():
+        return
+    record.text = text[:1].upper() + text[1:]
+    if record.words:
+        first = record.words[0]
+        lead = len(first.word) - len(first.word.lstrip())
+        record.words = (replace(first, word=first.word[:lead] + first.word[lead : lead + 1].upper() + first.word[lead + 1 :]), *record.words[1:])
 
 
 def _window_key(request: DecodeRequest, spans: list[Span]) -> tuple:

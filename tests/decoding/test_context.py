@@ -650,5 +650,31 @@ def test_a_sampled_first_pass_that_looped_is_replaced_by_what_the_pass_heard(sam
     d.run_context()
     check_rules(d)
     assert model.prompts[1] == ("" if sampled else loop)  # a sampled text is no prompt for the next final
-    first = ALONE[0] if sampled else loop
+    first = ALONE[0].capitalize() if sampled else loop  # the transcript's start, capitalized as the loop was
     assert d.client.final_text() == " ".join([first, *ALONE[1:]]) == server_transcript(d)
+
+
+@pytest.mark.parametrize(
+    ("alone", "together", "expected"),
+    [
+        # The utterance before kept its first pass's full stop; the pass, which joined the two
+        # sentences, wrote the next one on in lower case.
+        (["The gate of God.", "Even in the days of gold"], ["The gate of God.", "even in the days of old"], "The gate of God. Even in the days of old"),
+        # The transcript's first words, capitalized by the first pass.
+        (["Your journey is at an end", "Even in the days of old"], ["your journey is at the end", "Even in the days of old"], "Your journey is at the end Even in the days of old"),
+        # No sentence ends at the seam: the pass's lower case stands.
+        (["The gate of God,", "Even in the days of gold"], ["The gate of God,", "even in the days of old"], "The gate of God, even in the days of old"),
+    ],
+)
+def test_a_revised_utterance_starts_with_a_capital_where_a_sentence_starts(alone, together, expected):
+    rest = ALONE[2:]
+    model = TwoPassModel([*alone, *rest], [*together, *rest])
+    d = Driver(model)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert d.of_type("revision")
+    assert d.client.final_text() == " ".join([expected, *rest]) == server_transcript(d)
+    for m in d.of_type("revision"):  # the words sent say what the text says
+        assert m["words"] and m["words"][0]["word"].strip()[:1] == m["text"][:1]
