@@ -573,8 +573,7 @@ class ChannelDecoder:
             return []
         for record, span, (text, words) in list(zip(covered, spans, texts))[changed:]:
             shift = record.start / MODEL_RATE - span.start
-            before = self._done.index(record)
-            upper = _ends_sentence((self._done[before - 1].text.split() or [""])[-1]) if before else record.offset == 0 and record.text[:1].isupper()
+            upper = self._starts_a_sentence(record)
             record.text = text
             if words:
                 record.words = tuple(Word(w.word, round(w.start + shift, 3), round(w.end + shift, 3), w.probability) for w in words)
@@ -592,6 +591,14 @@ class ChannelDecoder:
         words = tuple(w for r in revised for w in r.words) if self.options.word_timestamps else ()
         out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words)]
         return out + self._moved_interim()
+
+    def _starts_a_sentence(self, record: Finalized) -> bool:
+        """Whether ``record`` starts a sentence: the record before it ends one, or it starts the
+        transcript and its text (as it stands before a revision) with a capital."""
+        k = self._done.index(record)
+        if k:
+            return _ends_sentence((self._done[k - 1].text.split() or [""])[-1])
+        return record.offset == 0 and record.text[:1].isupper()
 
     def _moved_interim(self) -> list[PipelineEvent]:
         """The live interim again, at its new offset (the revision changed the text before it)."""
