@@ -7,10 +7,11 @@
 Feeds each fixture channel, 100 ms at a time, into a :class:`~asr_server.session.Session`
 (the server's own VAD, chunker and decoder) and runs every decode it asks for at once on
 the embedded model, context passes included, then reports the word error rate of the
-first-pass finals and of the transcript after revisions, per channel and pooled. With
-``--interims`` interims are decoded too (not scored), and long utterances may be split at
-sentence ends (``--split-after-s``, the stream option): slower, but the finals are those a
-client with interims gets.
+first-pass finals and of the transcript after revisions, per channel and pooled. The
+streams ask for no interims, but as the server does for such a stream, an utterance longer
+than ``--split-after-s`` (the stream option) is still decoded as it grows, to split it at
+a sentence end. With ``--interims`` every interim is decoded too (not scored): slower, but
+the finals are those a client with interims gets.
 
 With ``--load-streams`` it replays, instead of the fixtures, the streams ``load_bench.py``
 sends (its recordings, each as its first two copies get it: rotated at a pause, two rounds),
@@ -135,7 +136,7 @@ def main() -> None:
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
     ap.add_argument("--lean", action="store_true", help="passes as under load: only the utterances they decide, on the lean window")
     ap.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S, help="the lean window: the audio plus this (30: the full window)")
-    ap.add_argument("--interims", action="store_true", help="decode interims too (sentence splits need them)")
+    ap.add_argument("--interims", action="store_true", help="decode every interim too (without it, only long utterances are, for sentence splits)")
     ap.add_argument("--split-after-s", type=float, default=StreamOptions().split_after_s)
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--load-streams", action="store_true", help="replay load_bench.py's rotated two-round streams instead of the fixtures")

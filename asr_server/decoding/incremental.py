@@ -25,7 +25,9 @@ Rules it keeps:
   the utterance to end there (:class:`~asr_server.events.SplitUtterance`; heard by
   that interim alone, only at a pause the VAD heard):
   that sentence gets its final now, not at the next pause long enough for
-  the endpoint, and the rest goes on as a continuation.
+  the endpoint, and the rest goes on as a continuation. A stream with
+  ``interim_results=false`` gets these interim decodes too (unsent), only
+  for utterances long enough to split.
 * Offsets: a channel's transcript is its non-empty final texts joined by
   single spaces; ``offset`` is where the utterance starts in it.
 * Context pass (:mod:`.context`): once enough speech has been finalized, or
@@ -352,8 +354,11 @@ class ChannelDecoder:
                 break
             grown = len(utt.audio) - utt.interim_len
             # No interim decode while the speaker is silent: speech may be ending, and a
-            # decode in flight would delay the pause decode that becomes the final.
-            if self.options.interim_results and not utt.in_silence and grown * 1000 >= self.interim_ms * MODEL_RATE:
+            # decode in flight would delay the pause decode that becomes the final. A stream
+            # that asked for no interims still gets these decodes, unsent, once an utterance
+            # is long enough to split: they are what finds its sentence ends.
+            wanted = self.options.interim_results or self._may_split(len(utt.audio))
+            if wanted and not utt.in_silence and grown * 1000 >= self.interim_ms * MODEL_RATE:
                 utt.interim_len = len(utt.audio)
                 out.append(self._submit(utt, DecodeKind.INTERIM, utt.end, speculative=False))
             break

@@ -376,3 +376,18 @@ def test_an_echo_is_judged_against_the_prompt_its_decode_was_given():
     assert not only(ev, Final)
     (job,) = [e.job for e in only(ev, SubmitJob)]
     assert job.utterance == 1 and job.request.prompt == ""
+
+
+def test_a_stream_without_interims_still_splits_long_utterances_at_sentence_ends():
+    # Deepgram's clients ask for no interims by default: their finals should come per sentence too.
+    d = ChannelDecoder(0, StreamOptions(interim_results=False, interim_ms=500, split_after_s=3.0))
+    assert not only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.5)]), SubmitJob)  # short yet: nothing to find
+    (job,) = [e.job for e in only(d.feed([audio(0, 1.0)]), SubmitJob)]
+    assert job.request.kind is DecodeKind.INTERIM and job.request.word_timestamps
+    ev = d.job_done(job, _sentence_then_more())
+    assert not only(ev, Interim)  # decoded for the split, never sent
+    (split,) = only(ev, SplitUtterance)
+    assert (split.lo, split.hi) == (int(2.0 * SR), int(2.5 * SR))
+    # Turned off, such a stream decodes nothing before its utterance ends.
+    off = ChannelDecoder(0, StreamOptions(interim_results=False, interim_ms=500, split_after_s=0))
+    assert not only(off.feed([UtteranceStarted(0, 0, 0), audio(0, 2.5), audio(0, 1.0)]), SubmitJob)

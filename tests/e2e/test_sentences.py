@@ -48,14 +48,16 @@ def _audio() -> np.ndarray:
     return np.concatenate([audio[k * frame : (k + 1) * frame] for k in range(n) if keep[k]])
 
 
-@pytest.mark.parametrize("split_after_s", [3.0, 0.0])
-def test_continuous_reading_is_finalized_sentence_by_sentence(whisper_runner, split_after_s):
+# A stream that asked for no interims (Deepgram's clients, by default) is split all the same.
+@pytest.mark.parametrize(("split_after_s", "interim_results"), [(3.0, True), (3.0, False), (0.0, True)])
+def test_continuous_reading_is_finalized_sentence_by_sentence(whisper_runner, split_after_s, interim_results):
     audio = _audio()
-    d = SyncDriver(Session("sentences", StreamOptions(split_after_s=split_after_s)), whisper_runner)
+    d = SyncDriver(Session("sentences", StreamOptions(split_after_s=split_after_s, interim_results=interim_results)), whisper_runner)
     d.feed(audio.reshape(1, -1))
     d.apply(d.session.end_of_stream())
     d.run_jobs()
     assert [m["seq"] for m in d.messages] == list(range(1, len(d.messages) + 1)) and d.messages[-1]["type"] == "closed"
+    assert bool(d.of_type("interim")) == interim_results
     finals = [m for m in d.of_type("final") if m["text"]]
     split = [f for f in finals if f["reason"] == "sentence"]
     if not split_after_s:
