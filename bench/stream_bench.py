@@ -1,6 +1,7 @@
 """Single-stream benchmark: replay fixtures at real-time pace through a real server.
 
     python bench/stream_bench.py [--runs 1] [--fixtures a,b,...] [--noise-db 20] [--room] [--phone] [--revisions false] [--split-after-s 0]
+                                 [--fast-reader] [--interim-results false]
 
 Starts ``asr-server`` as a subprocess on a free loopback port with the embedded
 model, streams each fixture at real-time pace (one stream at a time), and
@@ -24,7 +25,10 @@ only, as a phone line carries it); ``--room`` reverberates it (RT60 0.5 s,
 as much reverberant as direct energy) over room tone 35 dB below the speech; ``--phone``
 sends it as a telephone line delivers it (300-3400 Hz, 8 kHz G.711 mu-law, after the
 noise or room, which are at the caller's end): the human recordings become telephone
-speech, where the project's own 8 kHz recordings are synthetic voices. Either
+speech, where the project's own 8 kHz recordings are synthetic voices;
+``--fast-reader`` cuts every pause in one-channel recordings to 0.12 s, as a reader who
+hardly stops between sentences leaves them (only sentence splits can then end a sentence
+before the reading stops; ``--interim-results false`` as Deepgram's clients ask). Either
 way, the end of speech is found in the dry recording, so a reverberant tail or noise
 counts as latency, as a user would feel it. Sentence spans come from
 tests/audio_fixtures/manifest.json. Not a test: it prints a table (--json writes the
@@ -51,7 +55,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from asr_client import stream_bytes  # noqa: E402
 
-from tests.harness import MANIFEST, Replay, load_channels, phone_line, replay  # noqa: E402
+from tests.harness import MANIFEST, Replay, phone_line, replay  # noqa: E402
+from tests.harness import load_channels as _load_channels  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
 
 DEFAULT_FIXTURES = "librivox_16k.s16le,espeak_8k.mulaw,call_8k_stereo.s16le,cards_44k.f32le,ljspeech_babylon_16k.s16le"
@@ -163,6 +168,53 @@ def reverberate(audio: np.ndarray, rt60_s: float, seed: int) -> np.ndarray:
 def speech_level(audio: np.ndarray, spans: list[list[float]]) -> float:
     speech = np.concatenate([audio[int(a * 16000) : int(b * 16000)] for a, b in spans])
     return float(np.sqrt(np.mean(speech.astype(np.float64) ** 2)))
+
+
+def fast_reader(audio: np.ndarray, spans: list[list[float]], keep_s: float = 0.12) -> tuple[np.ndarray, list[list[float]]]:
+    """The recording as a faster reader says it: every pause (30 ms frames 35 dB below its
+    loudest) cut to ``keep_s``, shorter than the 200 ms that ends an utterance in continuous
+    speech, so that only a sentence split can end a sentence before the reading stops; and
+    its sentences' spans where they now lie."""
+    frame = 480
+    n = len(audio) // frame
+    rms = np.sqrt(np.mean(audio[: n * frame].reshape(n, frame).astype(np.float64) ** 2, axis=1)) + 1e-9
+    quiet = 20 * np.log10(rms / rms.max()) < -35
+    keep = np.ones(n, bool)
+    kept = int(round(keep_s * 16000 / frame))
+    i = 0
+    while i < n:
+        j = i
+        while j < n and quiet[j]:
+            j += 1
+        if j - i > kept:
+            keep[i + kept : j] = False
+        i = max(j, i + 1)
+    before = np.concatenate([[0], np.cumsum(keep)]) * frame  # samples kept before each frame
+
+    def moved(t: float) -> float:
+        k = min(n, int(t * 16000) // frame)
+        return float(before[k] + (min(int(t * 16000) - k * frame, frame) if k < n and keep[k] else 0)) / 16000
+
+    cut = np.concatenate([audio[k * frame : (k + 1) * frame] for k in range(n) if keep[k]])
+    return cut.astype(np.float32), [[moved(a), moved(b)] for a, b in spans]
+
+
+def use_fast_reader(name: str) -> None:
+    """From here on, ``name`` is its :func:`fast_reader` version in this process (mono recordings:
+    a call's channels would fall out of step)."""
+    entry = MANIFEST[name]
+    if entry["channels"] != 1:
+        raise SystemExit(f"--fast-reader needs one-channel recordings; {name} has {entry['channels']}")
+    audio, spans = fast_reader(load_channels(name)[0], entry["spans"][0])
+    MANIFEST[name] = {**entry, "spans": [spans]}
+    _DERIVED[name] = [audio]
+
+
+_DERIVED: dict[str, list[np.ndarray]] = {}
+
+
+def load_channels(name: str) -> list[np.ndarray]:
+    return _DERIVED[name] if name in _DERIVED else _load_channels(name)
 
 
 ROOM_TONE_DB = 35.0  # a quiet meeting room's hum and air, below the talker's speech level
@@ -283,14 +335,19 @@ def main() -> None:
     ap.add_argument("--phone", action="store_true", help="send the audio as a phone line carries it: 300-3400 Hz, 8 kHz mu-law")
     ap.add_argument("--revisions", default="true", help="the stream option (true/false)")
     ap.add_argument("--split-after-s", default=None, help="the stream option (default: the server's)")
+    ap.add_argument("--fast-reader", action="store_true", help="every pause in the (one-channel) recordings cut to 0.12 s, as a fast reader leaves")
+    ap.add_argument("--interim-results", default="true", help="the stream option (true/false; Deepgram's clients ask for false)")
     ap.add_argument("--json", help="write raw figures here")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--final-encoder-pad-s=15")
     args = ap.parse_args()
     names = args.fixtures.split(",")
-    stream_options = {"revisions": args.revisions}
+    stream_options = {"revisions": args.revisions, "interim_results": args.interim_results}
     if args.split_after_s is not None:
         stream_options["split_after_s"] = args.split_after_s
 
+    if args.fast_reader:
+        for name in names:
+            use_fast_reader(name)
     proc, port = start_server(args.compute_type, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims, delays, again = [], [], [], [], []
@@ -304,7 +361,7 @@ def main() -> None:
             entry = MANIFEST[name]
             for run in range(args.runs):
                 dry = list(load_channels(name))
-                if args.noise_db is None and not args.room and not args.phone:
+                if args.noise_db is None and not args.room and not args.phone and not args.fast_reader:
                     r = asyncio.run(replay(url, name, realtime=True, **stream_options))
                     heard = dry
                 else:
@@ -358,7 +415,8 @@ def report(args, rows, totals, latencies, first_interims, revision_delays, conte
     print(f"| **pooled** | **{totals['first'] / w:.3f}** | **{totals['refined'] / w:.3f}** | **{totals['offline'] / w:.3f}** | {pct(latencies, 0.5):.2f} / {pct(latencies, 0.95):.2f} |")
     print()
     print(f"final latency from the end of speech found in the audio (s): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} (n={len(latencies)})")
-    print(f"time to first interim (s): median {statistics.median(first_interims):.2f}, max {max(first_interims):.2f} (n={len(first_interims)})")
+    if first_interims:
+        print(f"time to first interim (s): median {statistics.median(first_interims):.2f}, max {max(first_interims):.2f} (n={len(first_interims)})")
     print(f"revisions: {totals['revisions']} for {totals['finals']} finals; delay from the first changed final (s): p50 {pct(delays, 0.5):.2f}, p95 {pct(delays, 0.95):.2f} (n={len(delays)}); "
           f"of an utterance revised before (outvoted): p50 {pct(again, 0.5):.2f} (n={len(again)})")
     print(f"context lag, from a final to the pass that decided it, changed or not (server histogram, s): p50 {context_lag[0]:.1f}, p95 {context_lag[1]:.1f}")
