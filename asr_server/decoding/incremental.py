@@ -567,7 +567,7 @@ class ChannelDecoder:
         out: list[PipelineEvent] = [ContextDecided(self.channel, decided)] if decided else []
         if groups is not None and trusted(covered, groups, self._context_fresh, self._context_decide_to):
             if not repeat:
-                count_votes(covered, groups, spans)
+                count_votes(covered, groups, spans, self._context_decide_to)
             out.extend(self._revise(covered, spans, revised_texts(covered, groups, spans, self._context_fresh, self._context_decide_to)))
         self._trim()
         return out + self._dispatch_context()

@@ -454,10 +454,37 @@ def test_an_utterance_whose_first_words_were_heard_across_the_seam_is_still_revi
              Word(" 3", 2.2, 2.5, 0.7), Word(",800", 2.5, 3.4, 0.9), Word(" BC.", 3.4, 4.0, 0.7)]
     groups = split_words(heard, spans, [r.text for r in records])
     assert ["".join(w.word for w in g).strip() for g in groups] == ["as early as 3,800", "BC."]
-    count_votes(records, groups, spans)
+    count_votes(records, groups, spans, decide_to=1)
     texts = [text for text, _ in revised_texts(records, groups, spans, fresh_from=0, decide_to=1)]
     assert texts == ["as early as 3,800", "BC."]
     assert records[1].votes[("bc",)] == 1  # its hearing counts, as any other
+
+
+def test_a_wording_heard_only_at_the_windows_edge_gets_no_vote():
+    from asr_server.decoding.context import Finalized, Span, count_votes, revised_texts
+
+    # The espeak voice: the first pass heard "The weather today" confidently; a window where the
+    # sentence was the lookahead (last, nothing after it) heard "The winner today", and the next
+    # window, deciding it, heard the same. Counted twice, "winner" would have been taken outright.
+    def record(index: int, start_s: float, text: str, probability: float) -> Finalized:
+        words = tuple(Word(" " + w, start_s + 0.4 * k, start_s + 0.4 * (k + 1), probability) for k, w in enumerate(text.split()))
+        return Finalized(index, int(start_s * 16000), np.zeros(int(1.6 * 16000), np.float32), 0, text, words)
+
+    def heard(spans: list[Span], texts: list[str], probability: float) -> list[list[Word]]:
+        return [[Word(" " + w, s.start + 0.4 * k, s.start + 0.4 * (k + 1), probability) for k, w in enumerate(t.split())] for s, t in zip(spans, texts)]
+
+    before, sentence, after = record(0, 0.0, "Please call back", 0.9), record(1, 2.0, "The weather today", 0.9), record(2, 4.0, "Thank you all", 0.9)
+    edge = [Span(0, 0.0, 1.6), Span(1, 2.1, 3.7)]
+    count_votes([before, sentence], heard(edge, ["Please call back", "The winner today"], 0.6), edge, decide_to=0)
+    assert sentence.votes == {("the", "weather", "today"): 1}  # the lookahead: no vote
+    assert before.votes == {("please", "call", "back"): 2}
+    middle = [Span(1, 0.0, 1.6), Span(2, 2.1, 3.7)]
+    groups = heard(middle, ["The winner today", "Thank you all"], 0.6)
+    count_votes([sentence, after], groups, middle, decide_to=1)
+    assert sentence.votes == {("the", "weather", "today"): 1, ("the", "winner", "today"): 1}
+    # One hearing against one: the words go by confidence, and the first pass's were surer.
+    (text, _), _ = revised_texts([sentence, after], groups, middle, fresh_from=1, decide_to=1)
+    assert text == "The weather today"
 
 
 class VaryingModel(TwoPassModel):
