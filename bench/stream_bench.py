@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from asr_client import stream_bytes  # noqa: E402
 
-from tests.harness import MANIFEST, Replay, phone_line, replay  # noqa: E402
+from tests.harness import MANIFEST, Replay, fast_reader, phone_line, replay  # noqa: E402
 from tests.harness import load_channels as _load_channels  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
 
@@ -168,35 +168,6 @@ def reverberate(audio: np.ndarray, rt60_s: float, seed: int) -> np.ndarray:
 def speech_level(audio: np.ndarray, spans: list[list[float]]) -> float:
     speech = np.concatenate([audio[int(a * 16000) : int(b * 16000)] for a, b in spans])
     return float(np.sqrt(np.mean(speech.astype(np.float64) ** 2)))
-
-
-def fast_reader(audio: np.ndarray, spans: list[list[float]], keep_s: float = 0.12) -> tuple[np.ndarray, list[list[float]]]:
-    """The recording as a faster reader says it: every pause (30 ms frames 35 dB below its
-    loudest) cut to ``keep_s``, shorter than the 200 ms that ends an utterance in continuous
-    speech, so that only a sentence split can end a sentence before the reading stops; and
-    its sentences' spans where they now lie."""
-    frame = 480
-    n = len(audio) // frame
-    rms = np.sqrt(np.mean(audio[: n * frame].reshape(n, frame).astype(np.float64) ** 2, axis=1)) + 1e-9
-    quiet = 20 * np.log10(rms / rms.max()) < -35
-    keep = np.ones(n, bool)
-    kept = int(round(keep_s * 16000 / frame))
-    i = 0
-    while i < n:
-        j = i
-        while j < n and quiet[j]:
-            j += 1
-        if j - i > kept:
-            keep[i + kept : j] = False
-        i = max(j, i + 1)
-    before = np.concatenate([[0], np.cumsum(keep)]) * frame  # samples kept before each frame
-
-    def moved(t: float) -> float:
-        k = min(n, int(t * 16000) // frame)
-        return float(before[k] + (min(int(t * 16000) - k * frame, frame) if k < n and keep[k] else 0)) / 16000
-
-    cut = np.concatenate([audio[k * frame : (k + 1) * frame] for k in range(n) if keep[k]])
-    return cut.astype(np.float32), [[moved(a), moved(b)] for a, b in spans]
 
 
 def use_fast_reader(name: str) -> None:

@@ -16,7 +16,7 @@ from asr_server.options import StreamOptions
 from asr_server.session import Session
 
 from ..fakes import SyncDriver
-from ..harness import FIXTURES, MANIFEST
+from ..harness import FIXTURES, MANIFEST, fast_reader
 from ..wer import wer
 from .test_streaming import WER_FILE_MARGIN
 
@@ -32,20 +32,7 @@ def _audio() -> np.ndarray:
     end_s = MANIFEST[NAME]["spans"][0][CLIPS - 1][1] + 0.8
     data = (FIXTURES / NAME).read_bytes()[: int(end_s * 16000) * 2]
     audio = np.frombuffer(data, "<i2").astype(np.float32) / 32768
-    frame = 480
-    n = len(audio) // frame
-    rms = np.sqrt(np.mean(audio[: n * frame].reshape(n, frame) ** 2, axis=1)) + 1e-9
-    quiet = 20 * np.log10(rms / rms.max()) < -35
-    keep = np.ones(n, bool)
-    i = 0
-    while i < n:
-        j = i
-        while j < n and quiet[j]:
-            j += 1
-        if j - i > 4:
-            keep[i + 4 : j] = False  # 4 frames: 0.12 s of each pause stays
-        i = max(j, i + 1)
-    return np.concatenate([audio[k * frame : (k + 1) * frame] for k in range(n) if keep[k]])
+    return fast_reader(audio, [])[0]
 
 
 # A stream that asked for no interims (Deepgram's clients, by default) is split all the same.
