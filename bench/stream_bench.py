@@ -170,6 +170,9 @@ def speech_level(audio: np.ndarray, spans: list[list[float]]) -> float:
     return float(np.sqrt(np.mean(speech.astype(np.float64) ** 2)))
 
 
+_DERIVED: dict[str, list[np.ndarray]] = {}  # recordings replaced in this process (--fast-reader)
+
+
 def use_fast_reader(name: str) -> None:
     """From here on, ``name`` is its :func:`fast_reader` version in this process (mono recordings:
     a call's channels would fall out of step)."""
@@ -179,9 +182,6 @@ def use_fast_reader(name: str) -> None:
     audio, spans = fast_reader(load_channels(name)[0], entry["spans"][0])
     MANIFEST[name] = {**entry, "spans": [spans]}
     _DERIVED[name] = [audio]
-
-
-_DERIVED: dict[str, list[np.ndarray]] = {}
 
 
 def load_channels(name: str) -> list[np.ndarray]:
