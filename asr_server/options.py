@@ -58,8 +58,9 @@ class StreamOptions:
     revisions: bool = True
     # Words the audio is likely to hold (names, jargon), given to the model ahead of each decode.
     prompt: str = ""
-    # An utterance this long (s) ends where an interim hears a sentence end and the next
-    # sentence begin, instead of at the next pause the endpoint sees. 0: never.
+    # Once the talking has run this long (s; across splits and short pauses), an utterance ends
+    # where an interim hears a sentence end and the next sentence begin, instead of at the next
+    # pause the endpoint sees. 0: never.
     split_after_s: float = 3.0
 
     @property

@@ -63,10 +63,13 @@ DEFAULT_FIXTURES = "librivox_16k.s16le,espeak_8k.mulaw,call_8k_stereo.s16le,card
 
 
 def start_server(compute_type: str, *extra: str) -> tuple[subprocess.Popen, int]:
+    """The server on a free loopback port; its log goes to the file named by $BENCH_SERVER_LOG
+    (for instance with ``--server-arg=--log-level=DEBUG``: each decode's text), else nowhere."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
+    log_path = os.environ.get("BENCH_SERVER_LOG")
     proc = subprocess.Popen(
         [sys.executable, "-m", "asr_server", "--port", "0", "--compute-type", compute_type, "--log-level", "WARNING", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        stdout=subprocess.PIPE, stderr=open(log_path, "w") if log_path else subprocess.DEVNULL, text=True, env=env,  # noqa: SIM115
     )
     assert proc.stdout is not None
     port = None

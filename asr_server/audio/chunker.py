@@ -106,6 +106,8 @@ class UtteranceStarted:
     # Where speech was detected; equals ``start`` for a continuation after a max-length cut.
     speech_at: int
     continuation: bool = False
+    # Where the talking it belongs to began (across cuts and short pauses; None: at ``start``).
+    talk_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ class Chunker:
         self._silence = 0
         self._paused = False
         speech_at = frame.onset if frame.onset is not None else frame.start
-        events.append(UtteranceStarted(self._utterance, self._start, max(self._start, speech_at)))
+        events.append(UtteranceStarted(self._utterance, self._start, max(self._start, speech_at), talk_start=self._talk_start))
         audio = np.concatenate([f.samples for f in earlier] + [frame.samples])
         events.append(UtteranceAudio(self._utterance, audio, voiced=len(frame.samples)))
         self._energy.append((frame.start, frame.rms, True))
@@ -252,7 +254,7 @@ class Chunker:
         self._energy = [f for f in self._energy if f[0] >= cut]
         self._last_speech_end = max(self._last_speech_end, cut)
         self._paused = False
-        return [ended, UtteranceStarted(self._utterance, cut, cut, continuation=True)]
+        return [ended, UtteranceStarted(self._utterance, cut, cut, continuation=True, talk_start=self._talk_start)]
 
     def _quietest_point(self) -> int:
         """Where to cut: the middle of the longest pause in the recent part, else its quietest frame."""

@@ -102,6 +102,7 @@ class _Utterance:
     splitting: bool = False  # a split was asked for: no new decode until the chunker's answer
     heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentences the last interim heard end (their words)
     unprompted: bool = False  # its final is decoded without the text before it (that decode echoed it)
+    talk_start: int = 0  # where the talking it belongs to began (:attr:`UtteranceStarted.talk_start`)
 
     @property
     def end(self) -> int:
@@ -296,6 +297,7 @@ class ChannelDecoder:
 
     def _started(self, event: UtteranceStarted) -> list[PipelineEvent]:
         utt = _Utterance(event.utterance, event.start, event.speech_at)
+        utt.talk_start = event.start if event.talk_start is None else event.talk_start
         self._utterances[event.utterance] = utt
         if event.continuation and self._carry is not None:
             samples, voiced = self._carry
@@ -357,7 +359,7 @@ class ChannelDecoder:
             # decode in flight would delay the pause decode that becomes the final. A stream
             # that asked for no interims still gets these decodes, unsent, once an utterance
             # is long enough to split: they are what finds its sentence ends.
-            wanted = self.options.interim_results or self._may_split(len(utt.audio))
+            wanted = self.options.interim_results or self._may_split(utt, utt.end)
             if wanted and not utt.in_silence and grown * 1000 >= self.interim_ms * MODEL_RATE:
                 utt.interim_len = len(utt.audio)
                 out.append(self._submit(utt, DecodeKind.INTERIM, utt.end, speculative=False))
@@ -374,7 +376,7 @@ class ChannelDecoder:
             prefix="" if final else utt.agreement.stable_text,
             # Finals are always aligned: the guards use word timing even when the client did not ask for it;
             # interims of a long utterance too, to find where a sentence in it ends.
-            word_timestamps=final or self._may_split(end - utt.start),
+            word_timestamps=final or self._may_split(utt, end),
             model="interim" if self.interim_model and not final else "",
             short_window=self.quick_finals if final else self.interim_short_window,
         )
@@ -421,16 +423,18 @@ class ChannelDecoder:
             )
         ]
 
-    def _may_split(self, length: int) -> bool:
+    def _may_split(self, utt: _Utterance, end: int) -> bool:
+        """Whether ``utt``, heard up to ``end``, may be split at a sentence end: once the talking
+        it belongs to (across earlier splits and short pauses) has run ``split_after_s``."""
         after = self.options.split_after_s
-        return after > 0 and length >= after * MODEL_RATE
+        return after > 0 and end - utt.talk_start >= after * MODEL_RATE
 
     def _split(self, utt: _Utterance, hyp: Hypothesis, audio_end: int) -> list[PipelineEvent]:
         """Ask for ``utt`` to end where the last sentence in this interim ends, if there is one:
         anywhere quiet around it when the interim before heard it end too, else only at a pause
         the VAD heard there (one interim alone may put a full stop where the speaker only slowed)."""
         heard_before, utt.heard_ends = utt.heard_ends, sentences_ended(hyp)
-        if utt.ended is not None or utt.paused_at is not None or not self._may_split(audio_end - utt.start):
+        if utt.ended is not None or utt.paused_at is not None or not self._may_split(utt, audio_end):
             return []
         gap = sentence_gap(hyp.words, heard_before)
         if gap is None:

@@ -124,6 +124,7 @@ def test_a_split_ends_the_utterance_at_the_quietest_frame_of_the_span_and_contin
     ended, started = events
     assert ended.utterance == 0 and ended.end == 61 * FRAME_SAMPLES and ended.reason is EndReason.SENTENCE
     assert started.utterance == 1 and started.start == started.speech_at == ended.end and started.continuation
+    assert started.talk_start == 0  # the talking it continues began with the stream
     # The continuation goes on as any utterance: more speech, then the endpoint ends it.
     later = c.feed(frames("SSSS" + "." * 20, start=100))
     assert [e.utterance for e in later if isinstance(e, UtteranceEnded)] == [1]
@@ -161,6 +162,8 @@ def test_the_talking_goes_on_across_a_pause_that_ended_an_utterance_if_it_was_sh
     assert [e.reason for e in first if isinstance(e, UtteranceEnded)] == [EndReason.ENDPOINT]
     later = c.feed(frames("S" * 40 + "." * 9 + "SSSS", start=60 + between))
     assert [e.utterance for e in later if isinstance(e, UtteranceEnded)] == ([1] if ends_at_short_pause else [])
+    (started,) = [e for e in later if isinstance(e, UtteranceStarted) and e.utterance == 1]
+    assert started.talk_start == (0 if ends_at_short_pause else started.start)  # what the decoder's splits count from
 
 
 def test_a_split_cuts_in_the_middle_of_the_quiet_stretch():

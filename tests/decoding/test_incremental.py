@@ -285,6 +285,27 @@ def test_a_long_utterance_is_split_where_an_interim_hears_a_sentence_end():
     assert (interim.utterance, interim.offset) == (1, len("The end.") + 1)
 
 
+def test_a_short_utterance_splits_once_the_talking_it_continues_has_run_split_after_s():
+    """A fast reader: a split sentence's continuation (or an utterance after a pause too short to
+    end the talking) is short, but the talking has run 10 s: its first sentence end splits it,
+    not one heard after it has run split_after_s of its own (measured: 5.4 s late so)."""
+    start = 10 * SR
+    talk = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    fresh = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    for d, talk_start in ((talk, 0), (fresh, None)):
+        (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, start, start, continuation=True, talk_start=talk_start), audio(0, 2.0)]), SubmitJob)]
+        d.job_done(job, Hypothesis("The end."))
+        (job,) = [e.job for e in only(d.feed([audio(0, 0.6)]), SubmitJob)]
+        assert job.request.word_timestamps is (d is talk)
+        words = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.1, 0.9), Word(" Next", 2.4, 2.6, 0.9))
+        splits = only(d.job_done(job, Hypothesis("The end. Next", words)), SplitUtterance)
+        if d is talk:
+            (split,) = splits
+            assert (split.lo, split.hi) == (start + int(2.0 * SR), start + int(2.5 * SR))
+        else:
+            assert not splits  # talking that began with this utterance: 2.6 s, under split_after_s
+
+
 def _long_interim(d: ChannelDecoder, before: str) -> DecodeJob:
     """Start an utterance, answer its first interim with ``before``; the second interim (3.5 s) in flight."""
     (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.5)]), SubmitJob)]
