@@ -70,6 +70,10 @@ ECHO_MIN_WORDS = 3
 # cut is looked for SPLIT_MARGIN_S around that gap (word timing is that rough).
 SPLIT_MIN_S = 1.0
 SPLIT_MIN_GAP_S = 0.1
+# ... except in an utterance that continues the talking (after a cut or a short pause), where
+# the sentence began before it: its first words may be the end of a sentence a split cut
+# short ("...or more. | obscure. We know..."), and that sentence is long already.
+SPLIT_MIN_CONTINUED_S = 0.3
 SPLIT_MARGIN_S = 0.1
 # A sentence end one interim alone heard splits only where the VAD heard a pause this long.
 SPLIT_SOLO_PAUSE_MS = 120
@@ -431,18 +435,19 @@ class ChannelDecoder:
 
     def _split(self, utt: _Utterance, hyp: Hypothesis, audio_end: int) -> list[PipelineEvent]:
         """Ask for ``utt`` to end where the last sentence in this interim ends, if there is one:
-        anywhere quiet around it when the interim before heard it end too, else only at a pause
-        the VAD heard there (one interim alone may put a full stop where the speaker only slowed)."""
+        anywhere quiet around it when the interim before heard it end too and the next word
+        starts with a capital, else only at a pause the VAD heard there (one interim alone may
+        put a full stop where the speaker only slowed; see :func:`sentence_gap` for the lower case)."""
         heard_before, utt.heard_ends = utt.heard_ends, sentences_ended(hyp)
         if utt.ended is not None or utt.paused_at is not None or not self._may_split(utt, audio_end):
             return []
-        gap = sentence_gap(hyp.words, heard_before)
+        gap = sentence_gap(hyp.words, heard_before, SPLIT_MIN_S if utt.talk_start == utt.start else SPLIT_MIN_CONTINUED_S)
         if gap is None:
             return []
         utt.splitting = True
-        lo_s, hi_s, agreed = gap
+        lo_s, hi_s, agreed, capital = gap
         lo, hi = (utt.start + int(t * MODEL_RATE) for t in (lo_s, hi_s))
-        return [SplitUtterance(self.channel, utt.index, lo, hi, 0 if agreed else SPLIT_SOLO_PAUSE_MS)]
+        return [SplitUtterance(self.channel, utt.index, lo, hi, 0 if agreed and capital else SPLIT_SOLO_PAUSE_MS)]
 
     def _finalize(self, utt: _Utterance, hyp: Hypothesis) -> list[PipelineEvent]:
         assert utt.ended is not None
@@ -676,20 +681,38 @@ def sentences_ended(hyp: Hypothesis) -> frozenset[tuple[str, ...]]:
     return frozenset(_sentence_key(words[: i + 1]) for i, w in enumerate(words) if _ends_sentence(w))
 
 
-def sentence_gap(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]]) -> tuple[float, float, bool] | None:
+def sentence_gap(
+    words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]], min_s: float = SPLIT_MIN_S
+) -> tuple[float, float, bool, bool] | None:
     """Where to look for the end of the last complete sentence in ``words`` (seconds from their
-    audio's start): around the gap between its last word and the first word after it, and whether
-    ``heard_before`` has it too. None when no sentence of at least ``SPLIT_MIN_S`` ends with a
-    capitalised word after it."""
+    audio's start): around the gap between its last word and the first word after it, whether
+    ``heard_before`` has it too, and whether that next word starts with a capital. None when no
+    sentence ending ``min_s`` or more into the audio has a word after it that starts with a
+    capital, or with a lower-case letter where ``heard_before`` has the sentence end too.
+
+    Whisper writes lower case after a full stop it put inside a sentence ("of the second. of
+    the seven wonders"), but also, in interims whose forced prefix holds the full stop, after
+    one that ends a sentence ("gave it its name. but in those"): the prefix keeps that lower
+    case in every later interim, and that sentence waited 5-15 s for a pause (a fast reader,
+    clean and under noise). So a lower-case word counts when two interims in a row heard the
+    sentence end, and the caller then cuts only at a pause the VAD heard. A digit never does
+    ("as early as 3000. 800 BC")."""
     for i in range(len(words) - 2, -1, -1):
         end, following = words[i].end, words[i + 1].start
-        if end < SPLIT_MIN_S:
+        if end < min_s:
             break
-        if following - end < SPLIT_MIN_GAP_S or not _ends_sentence(words[i].word) or not _starts_sentence(words[i + 1].word):
+        if following - end < SPLIT_MIN_GAP_S or not _ends_sentence(words[i].word):
             continue
         agreed = _sentence_key([w.word for w in words[: i + 1]]) in heard_before
-        return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S, agreed
+        capital = _starts_sentence(words[i + 1].word)
+        if capital or (agreed and _starts_lower(words[i + 1].word)):
+            return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S, agreed, capital
     return None
+
+
+def _starts_lower(word: str) -> bool:
+    word = word.strip().lstrip("\"'(\u201c\u2018")
+    return word[:1].islower()
 
 
 def _tail_words(text: str, limit: int) -> str:

@@ -306,6 +306,25 @@ def test_a_short_utterance_splits_once_the_talking_it_continues_has_run_split_af
             assert not splits  # talking that began with this utterance: 2.6 s, under split_after_s
 
 
+def test_a_continuation_splits_off_the_end_of_the_sentence_a_split_cut_short():
+    """A split at a full stop Whisper put inside a sentence ("...or more. | obscure. We know the
+    names...") leaves the sentence's last word to open the continuation: that short piece ends a
+    sentence that began before it, and splits off (measured under noise: else the sentence's
+    final waited 5.8 s, for the next pause). In talking that begins with the utterance, a
+    sentence under SPLIT_MIN_S does not split."""
+    words = (Word(" obscure.", 0.1, 0.6, 0.9), Word(" We", 0.8, 1.0, 0.9), Word(" know", 1.0, 1.3, 0.9), Word(" the", 1.3, 1.5, 0.9))
+    for talk_start, splits in ((0, 1), (None, 0)):
+        d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+        start = 10 * SR
+        (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, start, start, continuation=True, talk_start=talk_start), audio(0, 3.0)]), SubmitJob)]
+        d.job_done(job, Hypothesis("obscure. We know"))
+        (job,) = [e.job for e in only(d.feed([audio(0, 0.6)]), SubmitJob)]
+        found = only(d.job_done(job, Hypothesis("obscure. We know the", words)), SplitUtterance)
+        assert len(found) == splits
+        if found:
+            assert (found[0].lo, found[0].hi) == (start + int(0.5 * SR), start + int(0.9 * SR))
+
+
 def _long_interim(d: ChannelDecoder, before: str) -> DecodeJob:
     """Start an utterance, answer its first interim with ``before``; the second interim (3.5 s) in flight."""
     (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.5)]), SubmitJob)]
@@ -346,12 +365,27 @@ def test_no_split_when_turned_off_or_no_sentence_ends_before_more_words():
         # Speech trailing off is no sentence end; nor is a full stop with no pause before the next word.
         ("So then...", (Word(" So", 0.3, 0.9, 0.9), Word(" then...", 0.9, 1.6, 0.9), Word(" we", 1.9, 2.4, 0.9))),
         ("It was 3000.", (Word(" It", 0.3, 0.5, 0.9), Word(" was", 0.5, 0.9, 0.9), Word(" 3000.", 0.9, 1.6, 0.9), Word(" 800", 1.62, 2.4, 0.9))),
-        # A full stop with no capital after it is inside a sentence, whatever the pause.
-        ("Of the second.", (Word(" Of", 0.3, 0.5, 0.9), Word(" the", 0.5, 0.9, 0.9), Word(" second.", 0.9, 1.6, 0.9), Word(" of", 1.9, 2.4, 0.9))),
+        # A full stop with no capital after it, heard by one interim only, is inside a sentence.
+        ("Of the second of", (Word(" Of", 0.3, 0.5, 0.9), Word(" the", 0.5, 0.9, 0.9), Word(" second.", 0.9, 1.6, 0.9), Word(" of", 1.9, 2.4, 0.9))),
     ]:
         on = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
         text = " ".join(w.word.strip() for w in words)
         assert not only(on.job_done(_long_interim(on, before), Hypothesis(text, words)), SplitUtterance), text
+
+
+def test_a_sentence_end_two_interims_heard_before_a_lower_case_word_splits_only_at_a_pause():
+    """An interim's forced prefix can hold "name. but" in lower case for good (measured: that
+    sentence then waited 5-15 s for a pause). Heard by two interims in a row, such a sentence end
+    splits, but only where the VAD heard a pause (a full stop inside a sentence, "of the second.
+    of the seven", is seldom at one); a capital after it, heard twice, splits at any quiet stretch."""
+    words = (Word(" its", 0.3, 0.8, 0.9), Word(" name.", 0.8, 1.6, 0.9), Word(" but", 1.9, 2.4, 0.9), Word(" in", 2.4, 2.8, 0.9))
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (split,) = only(d.job_done(_long_interim(d, "its name. but"), Hypothesis("its name. but in", words)), SplitUtterance)
+    assert (split.lo, split.hi, split.pause_ms) == (int(1.5 * SR), int(2.0 * SR), SPLIT_SOLO_PAUSE_MS)
+    # "3000. 800": a number goes on, however often it was heard so.
+    digits = (Word(" as", 0.3, 0.8, 0.9), Word(" 3000.", 0.8, 1.6, 0.9), Word(" 800", 1.9, 2.4, 0.9), Word(" BC", 2.4, 2.8, 0.9))
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    assert not only(d.job_done(_long_interim(d, "as 3000. 800"), Hypothesis("as 3000. 800 BC", digits)), SplitUtterance)
 
 
 def _second_final(d: ChannelDecoder, first: str) -> DecodeJob:
