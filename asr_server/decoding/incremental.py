@@ -667,8 +667,12 @@ def _ends_sentence(word: str) -> bool:
 def _starts_sentence(word: str) -> bool:
     """A capital letter: the model writes one after a full stop that ends a sentence, and
     not after one it put inside a number ("as early as 3000. 800 BC")."""
-    word = word.strip().lstrip("\"'(\u201c\u2018")
-    return word[:1].isupper()
+    return _first_letter(word).isupper()
+
+
+def _first_letter(word: str) -> str:
+    """The word's first character after any opening quote or bracket ("" if none)."""
+    return word.strip().lstrip("\"'(\u201c\u2018")[:1]
 
 
 def _sentence_key(words: list[str]) -> tuple[str, ...]:
@@ -705,14 +709,9 @@ def sentence_gap(
             continue
         agreed = _sentence_key([w.word for w in words[: i + 1]]) in heard_before
         capital = _starts_sentence(words[i + 1].word)
-        if capital or (agreed and _starts_lower(words[i + 1].word)):
+        if capital or (agreed and _first_letter(words[i + 1].word).islower()):
             return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S, agreed, capital
     return None
-
-
-def _starts_lower(word: str) -> bool:
-    word = word.strip().lstrip("\"'(\u201c\u2018")
-    return word[:1].islower()
 
 
 def _tail_words(text: str, limit: int) -> str:
