@@ -2,7 +2,7 @@
 
     python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--phone] [--context-back-s 24]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--interims]
-                                 [--split-after-s 3] [--load-streams] [--json out.json]
+                                 [--split-after-s 3] [--fast-reader] [--load-streams] [--json out.json]
 
 Feeds each fixture channel, 100 ms at a time, into a :class:`~asr_server.session.Session`
 (the server's own VAD, chunker and decoder) and runs every decode it asks for at once on
@@ -12,6 +12,12 @@ streams ask for no interims, but as the server does for such a stream, an uttera
 than ``--split-after-s`` (the stream option) is still decoded as it grows, to split it at
 a sentence end. With ``--interims`` every interim is decoded too (not scored): slower, but
 the finals are those a client with interims gets.
+
+It also gives each sentence's final latency in audio time: how much audio had been fed
+past the end of its speech (found in the audio, as ``stream_bench.py`` finds it) when its
+final came. Decodes take no time here, so this is what the endpoint and split rules alone
+cost, the same on every run; ``--fast-reader`` (every pause of the one-channel recordings
+cut to 0.12 s, as ``stream_bench.py --fast-reader``) is where the split rules matter.
 
 With ``--load-streams`` it replays, instead of the fixtures, the streams ``load_bench.py``
 sends (its recordings, each as its first two copies get it: rotated at a pause, two rounds),
@@ -46,7 +52,7 @@ import ctranslate2  # noqa: E402
 import numpy as np  # noqa: E402
 from asr_client import Transcript  # noqa: E402
 from load_bench import FIXTURES as LOAD_FIXTURES, replayed, rotation_cut, round_turns  # noqa: E402
-from stream_bench import DEFAULT_FIXTURES, noisy_pcm, wire_rate  # noqa: E402
+from stream_bench import DEFAULT_FIXTURES, covering_latencies, load_channels, noisy_pcm, pct, speech_ends, use_fast_reader, wire_rate  # noqa: E402
 
 from asr_server.decoding.context import ContextOptions  # noqa: E402
 from asr_server.events import SubmitJob  # noqa: E402
@@ -70,7 +76,9 @@ class Replayer:
         self.session = Session("replay", options, context=context)
         self.transcript = Transcript()
         self.finals: list[str] = []
+        self.final_at: list[tuple[float, float, float]] = []  # per non-empty final: (audio fed when it came, its start, its end), s
         self.reasons: dict[str, int] = {}
+        self._fed = 0
         self._passes: list = []
         self.pass_count = 0
         self.pass_model_s = 0.0  # model time of the context passes (the runner's decode_s)
@@ -81,6 +89,7 @@ class Replayer:
     def run(self, audio: np.ndarray) -> tuple[str, str]:
         """(first-pass finals, transcript after revisions) of ``audio`` (16 kHz float)."""
         for i in range(0, len(audio), PIECE):
+            self._fed = min(len(audio), i + PIECE)
             self._apply(self.session.receive_audio(audio[i : i + PIECE].reshape(1, -1)))
             self._run_passes()
         self._apply(self.session.end_of_stream())
@@ -102,12 +111,19 @@ class Replayer:
                 self.transcript.apply(out.message)
                 if out.message["type"] == "final" and out.message["text"]:
                     self.finals.append(out.message["text"])
+                    self.final_at.append((self._fed / 16000, out.message["start"], out.message["end"]))
                     self.reasons[out.message["reason"]] = self.reasons.get(out.message["reason"], 0) + 1
             elif isinstance(out, SubmitJob):
                 if out.job.request.kind is DecodeKind.CONTEXT:
                     self._passes.append(out.job)
                 else:
                     self._apply(self.session.job_done(out.job, self.runner.transcribe(out.job.request)))
+
+
+def audio_latencies(replayer: Replayer, name: str, ch: int) -> list[float]:
+    """Per sentence of a fixture channel: audio fed past the end of its speech when the first final
+    covering that end came."""
+    return covering_latencies(replayer.final_at, speech_ends(load_channels(name)[ch], MANIFEST[name]["spans"][ch]))
 
 
 def streams(args: argparse.Namespace):
@@ -117,6 +133,8 @@ def streams(args: argparse.Namespace):
         for name in args.fixtures.split(","):
             yield name, noisy_pcm(name, args.noise_db, args.room, args.phone)[1], MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone)
         return
+    if args.fast_reader:
+        raise SystemExit("--fast-reader replays the fixtures, not --load-streams")
     rounds = 2
     for name in LOAD_FIXTURES:
         channels = noisy_pcm(name, args.noise_db, args.room, args.phone)[1]
@@ -139,9 +157,13 @@ def main() -> None:
     ap.add_argument("--interims", action="store_true", help="decode every interim too (without it, only long utterances are, for sentence splits)")
     ap.add_argument("--split-after-s", type=float, default=StreamOptions().split_after_s)
     ap.add_argument("--compute-type", default="auto")
+    ap.add_argument("--fast-reader", action="store_true", help="every pause in the (one-channel) recordings cut to 0.12 s, as a fast reader leaves")
     ap.add_argument("--load-streams", action="store_true", help="replay load_bench.py's rotated two-round streams instead of the fixtures")
     ap.add_argument("--json", help="write the texts here")
     args = ap.parse_args()
+    if args.fast_reader and not args.load_streams:
+        for name in args.fixtures.split(","):
+            use_fast_reader(name)
     # Whisper's fallback samples when a decode fails its checks: a fixed seed keeps the replay the same on every run.
     ctranslate2.set_random_seed(1)
     runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type, lean_context_pad_s=args.lean_context_encoder_pad_s)
@@ -151,7 +173,8 @@ def main() -> None:
     words = 0
     passes = [0, 0.0, 0.0]  # context passes, their model seconds, audio seconds replayed
     texts = {}
-    print("| fixture | WER first-pass finals | WER after revisions | finals by reason |\n|---|---|---|---|")
+    latencies: list[float] = []
+    print("| fixture | WER first-pass finals | WER after revisions | finals by reason | final latency in audio time p50 / max (s) |\n|---|---|---|---|---|")
     for name, channels, references, rate in streams(args):
         # Fed decoded 16 kHz audio either way; the stream's rate decides its VAD thresholds.
         options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s)
@@ -165,8 +188,12 @@ def main() -> None:
             words += len(reference)
             texts[f"{name} ch{ch}"] = {"first": first, "revised": revised}
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(replayer.reasons.items()))
-            print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} | {reasons} |", flush=True)
+            late = audio_latencies(replayer, name, ch) if not args.load_streams else []
+            latencies += late
+            print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} | {reasons} | {pct(late, 0.5):.2f} / {max(late, default=float('nan')):.2f} |", flush=True)
     print(f"| **pooled** | **{errors[0] / words:.3f}** | **{errors[1] / words:.3f}** |")
+    if latencies:
+        print(f"\nfinal latency in audio time (decodes instant): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} s (n={len(latencies)})")
     print(f"\ncontext passes: {passes[0]}, {passes[1]:.1f} model s, {passes[1] / passes[2]:.3f} model s per audio s")
     if args.json:
         Path(args.json).write_text(json.dumps(texts, indent=1))

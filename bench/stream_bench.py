@@ -239,12 +239,19 @@ async def replay_noisy(url: str, name: str, snr_db: float | None, room: bool = F
 
 def final_latencies(r: Replay, ch: int, ends: list[float]) -> list[float]:
     """Per sentence: the first final covering its end, minus where its speech ended."""
-    finals = [t for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
+    finals = [(t.at, t.message["start"], t.message["end"]) for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
+    return covering_latencies(finals, ends)
+
+
+def covering_latencies(finals: list[tuple[float, float, float]], ends: list[float]) -> list[float]:
+    """Per sentence end: when the first final (came at, its start, its end; seconds) that covers
+    it came, minus that end (a final covers it if it starts before it and ends at most 0.6 s
+    short of it: word timing is rough)."""
     out = []
     for end in ends:
-        match = next((f for f in finals if f.message["end"] >= end - 0.6 and f.message["start"] <= end), None)
+        match = next((at for at, start, stop in finals if stop >= end - 0.6 and start <= end), None)
         if match is not None:
-            out.append(match.at - end)
+            out.append(match - end)
     return out
 
 
