@@ -133,8 +133,6 @@ def streams(args: argparse.Namespace):
         for name in args.fixtures.split(","):
             yield name, noisy_pcm(name, args.noise_db, args.room, args.phone)[1], MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone)
         return
-    if args.fast_reader:
-        raise SystemExit("--fast-reader replays the fixtures, not --load-streams")
     rounds = 2
     for name in LOAD_FIXTURES:
         channels = noisy_pcm(name, args.noise_db, args.room, args.phone)[1]
@@ -161,7 +159,9 @@ def main() -> None:
     ap.add_argument("--load-streams", action="store_true", help="replay load_bench.py's rotated two-round streams instead of the fixtures")
     ap.add_argument("--json", help="write the texts here")
     args = ap.parse_args()
-    if args.fast_reader and not args.load_streams:
+    if args.fast_reader and args.load_streams:
+        ap.error("--fast-reader replays the fixtures, not --load-streams")
+    if args.fast_reader:
         for name in args.fixtures.split(","):
             use_fast_reader(name)
     # Whisper's fallback samples when a decode fails its checks: a fixed seed keeps the replay the same on every run.

@@ -300,8 +300,8 @@ class ChannelDecoder:
     # -- chunker events -------------------------------------------------------------
 
     def _started(self, event: UtteranceStarted) -> list[PipelineEvent]:
-        utt = _Utterance(event.utterance, event.start, event.speech_at)
-        utt.talk_start = event.start if event.talk_start is None else event.talk_start
+        talk_start = event.start if event.talk_start is None else event.talk_start
+        utt = _Utterance(event.utterance, event.start, event.speech_at, talk_start=talk_start)
         self._utterances[event.utterance] = utt
         if event.continuation and self._carry is not None:
             samples, voiced = self._carry
