@@ -244,9 +244,14 @@ class SchedulerCore:
         skipped: list[Entry] = []
         failed: list[Entry] = []
 
+        # Whether this is a burst is decided once, on the queue as it stands before any final is
+        # taken: every final picked now is then alike and may share the call (judged per final,
+        # the head became a burst final and the next one, seeing one fewer waiting, did not).
+        burst = bool(self.burst_backlog) and len(self._finals) >= self.burst_backlog
+
         def inspect(entry: Entry) -> tuple[Hashable, int] | None:
             try:
-                return self._inspect(entry)
+                return self._inspect(entry, burst)
             except Exception:
                 log.exception("job of %s could not be prepared; it fails alone", entry.owner)
                 failed.append(entry)
@@ -322,13 +327,13 @@ class SchedulerCore:
             return self.interim_runner
         return self.runner
 
-    def _inspect(self, entry: Entry) -> tuple[Hashable, int] | None:
+    def _inspect(self, entry: Entry, burst: bool) -> tuple[Hashable, int] | None:
         if entry.refresh is not None:
             fresh = entry.refresh(entry.job)
             if fresh is None:
                 return None
             entry.job = fresh
-        if entry.final and self.burst_backlog and len(self._finals) >= self.burst_backlog:
+        if entry.final and burst:
             entry.burst = True  # once a burst final, always: its batch key is settled
         request = entry.request
         runner = self._runner_for(request)

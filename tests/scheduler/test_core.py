@@ -277,3 +277,28 @@ def test_finals_run_as_burst_finals_only_while_more_wait_than_workers_can_take()
     for tag in ("x", "y", "z"):
         never.add(tag, final(tag), 0.0)
     assert not never.schedule(0.0, 0).batch.entries[0].request.burst
+
+
+class BurstKeyed(FakeRunner):
+    """Batch keys that tell burst finals apart, as the real runner's do (they decode on another window)."""
+
+    def batch_key(self, request):
+        return (request.kind.value, request.language, request.burst)
+
+    def window_frames(self, request):
+        return 1000
+
+
+def test_the_finals_picked_in_a_burst_are_all_burst_finals_and_share_the_call():
+    # One worker: two waiting finals are a burst. Judged one final at a time, the head became a
+    # burst final and the next, seeing one fewer waiting, did not, so it could not join the call.
+    core = SchedulerCore(BurstKeyed(), BatchLimits(max_batch=8), workers=1)
+    assert core.burst_backlog == 2
+    for tag in ("a", "b"):
+        core.add(tag, final(tag), 0.0)
+    batch = core.schedule(0.0, 0).batch
+    assert [e.job.request.prompt for e in batch.entries] == ["a", "b"]
+    assert all(e.request.burst for e in batch.entries)
+    core.update_from_output(batch.id, [Hypothesis("a"), Hypothesis("b")], 0.2)
+    core.add("c", final("c"), 0.3)  # alone again: as the stream asked
+    assert not core.schedule(0.3, 0).batch.entries[0].request.burst
