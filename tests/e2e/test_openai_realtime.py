@@ -82,7 +82,9 @@ def test_openais_sdk_transcribes_with_deltas_and_completed_items(whisper_runner)
         server.stop()
     kinds = [e.type for e in events]
     errors = [e.error.code for e in events if e.type == "error"]
-    assert kinds[0] == "session.created" and "session.updated" in kinds and errors == ["input_audio_buffer_commit_empty"]
+    # The second commit always finds nothing to commit; the first does too when the last utterance's
+    # final went out before it came (a race with the endpoint in the fixture's last second of silence).
+    assert kinds[0] == "session.created" and "session.updated" in kinds and errors in (["input_audio_buffer_commit_empty"] * 2, ["input_audio_buffer_commit_empty"])
     updated = next(e for e in events if e.type == "session.updated")
     assert updated.session.audio.input.format.rate == 24000 and updated.session.audio.input.turn_detection.silence_duration_ms == 500
     completed = [e for e in events if e.type == "conversation.item.input_audio_transcription.completed"]

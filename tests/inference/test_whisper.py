@@ -6,6 +6,7 @@ from asr_server.inference.whisper import DecodeKind, DecodeRequest, ModelNotFoun
 
 def test_real_model_interim_and_final(whisper_runner):
     from ..harness import MANIFEST, load_mono
+    from ..wer import wer
 
     start, end = MANIFEST["espeak_16k.wav"]["spans"][0][1]
     audio = load_mono("espeak_16k.wav")[int((start - 0.3) * 16000) : int((end + 0.2) * 16000)]
@@ -14,8 +15,12 @@ def test_real_model_interim_and_final(whisper_runner):
     short = DecodeRequest(audio, DecodeKind.INTERIM, short_window=True)
     assert whisper_runner.window_frames(short) < whisper_runner.window_frames(DecodeRequest(audio, DecodeKind.INTERIM))
     assert whisper_runner.batch_key(short) != whisper_runner.batch_key(DecodeRequest(audio, DecodeKind.INTERIM))
+    # The sentence, heard by every kind of decode. Not word for word: the same int8 model gives
+    # slightly different numbers on different CPUs (oneDNN's kernels on AMD, MKL's on Intel), and
+    # tiny.en hears this synthetic voice's "back" as "Mac" on some of them.
+    reference = MANIFEST["espeak_16k.wav"]["references"][0][1]
     for hyp in (interim, final, whisper_runner.transcribe(short)):
-        assert "call me back" in hyp.text.lower()
+        assert wer(reference, hyp.text) <= 0.2, hyp.text
     assert final.words and all(0 <= w.start <= w.end <= len(audio) / 16000 + 0.01 for w in final.words)
 
 
