@@ -33,3 +33,16 @@ def live_server(_shared_server):
     """One real server with the real model, shared by the end-to-end tests; each test finds it at load level 0."""
     _shared_server.run(_shared_server.server.reset_load)
     yield _shared_server
+
+
+@pytest.fixture(scope="session")
+def full_pass_server(whisper_runner):
+    """A real server that never degrades: for tests of what a context pass at load level 0 hears.
+
+    A file sent faster than real time keeps a slow machine's finals waiting long enough to
+    raise the shared server's level, and a lean pass (level 1) decodes without the audio
+    before its utterances, the context those tests are about (degradation has tests of its own).
+    """
+    server = ServerThread(whisper_runner, governor=GovernorOptions(max_level=Level.NORMAL)).start()
+    yield server
+    server.stop()

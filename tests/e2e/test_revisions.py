@@ -25,24 +25,30 @@ def _context_lags_counted(server) -> float:
     return float(next(line for line in text.splitlines() if line.startswith("asr_context_lag_seconds_count")).split()[-1])
 
 
-def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(live_server):
-    lags_before = _context_lags_counted(live_server)
-    r = asyncio.run(replay(live_server.url, NAME))
+def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(full_pass_server):
+    lags_before = _context_lags_counted(full_pass_server)
+    r = asyncio.run(replay(full_pass_server.url, NAME))
     reference = " ".join(MANIFEST[NAME]["references"][0])
     first_pass = r.final_text()
     second = next(m.message["text"] for m in r.of_type("final") if m.message["utterance"] == 1)
     # Alone, tiny.en mishears "ill-disposed" ("old-sposed", "old supposed"): what the pass is for.
     assert "young man" in second.lower() and "ill-disposed" not in second.lower()
+    # Both sentences with "ill-disposed" are misheard alone. Which of them the passes restore
+    # depends on the CPU's int8 kernels (replayed: both with Intel's MKL; with AMD's oneDNN the
+    # second, while the first stays as two decodes heard it against two): at least one.
+    misheard = [m.message["utterance"] for m in r.of_type("final") if "posed" in m.message["text"] and "ill-disposed" not in m.message["text"]]
+    assert 1 in misheard
     revisions = [m.message for m in r.of_type("revision")]
-    assert any(m["utterances"][0] <= 1 <= m["utterances"][1] and "ill-disposed young man" in m["text"] for m in revisions)
+    assert any(m["utterances"][0] <= u <= m["utterances"][1] for m in revisions for u in misheard)
+    assert any("ill-disposed" in m["text"] for m in revisions)
     closed = next(i for i, m in enumerate(r.messages) if m.message["type"] == "closed")
     assert all(r.messages.index(m) < closed for m in r.of_type("revision"))  # the refined text before closed
     refined = r.transcript().final_text(0)
-    assert "not an ill-disposed young man" in refined
+    assert refined.count("ill-disposed") > first_pass.count("ill-disposed")
     assert wer(reference, refined) < wer(reference, first_pass)
     # The pass that fixed it decided that final: operators see how far passes lag.
     shown = sum(1 for m in r.of_type("final") if m.message["text"])
-    assert 1 <= _context_lags_counted(live_server) - lags_before <= shown
+    assert 1 <= _context_lags_counted(full_pass_server) - lags_before <= shown
 
 
 def test_revisions_false_never_sends_one(live_server):
