@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-type", default="auto", help="CTranslate2 compute type: auto, int8, float16, float32, ... (default auto)")
     p.add_argument("--cpu-threads", type=int, default=0, help="threads per model worker on CPU (default: cores / workers)")
     p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: one per core on CPU, 1 on CUDA)")
+    p.add_argument("--final-cpu-threads", type=int, default=0,
+                   help="threads of a call of finals on CPU (default: every core; the model is loaded twice when this is more than "
+                        "--cpu-threads, so that a final has the cores other calls leave idle)")
     _decoding_options(p)
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
@@ -285,6 +288,7 @@ def _load(
                   short_interim_pad_s=args.busy_interim_encoder_pad_s, final_encoder_pad_s=args.final_encoder_pad_s, workers=plan.workers)
     baseline = process_rss()
     runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, final_beam_size=args.final_beam_size,
+                           final_threads=args.final_cpu_threads or (os.cpu_count() or 1),
                            quick_final_pad_s=args.quick_final_encoder_pad_s, quick_final_beam_size=args.quick_final_beam_size,
                            burst_final_pad_s=args.burst_final_encoder_pad_s, lean_context_pad_s=args.lean_context_encoder_pad_s, **common)
     interim = None
@@ -304,7 +308,9 @@ def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan) -> C
     """Admission from the measured cost of a final in a burst, unless --max-channels was given."""
     if args.max_channels is not None:
         return None
-    capacity = CapacityModel(plan.workers, runner.measure_burst_final())
+    # Timed with every worker busy, as in the burst it stands for: a lone decode on CPU would
+    # have all the cores to itself and look cheaper than it is then.
+    capacity = CapacityModel(plan.workers, runner.measure_burst_final(concurrent=plan.workers))
     log.info("capacity %s", capacity.to_wire())
     return capacity
 

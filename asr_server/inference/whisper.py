@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -85,6 +88,7 @@ class WhisperRunner(Runner):
         quick_final_beam_size: int = FINAL_BEAM_SIZE,
         burst_final_pad_s: float = BURST_FINAL_PAD_S,
         lean_context_pad_s: float = LEAN_CONTEXT_PAD_S,
+        final_threads: int = 0,
     ) -> None:
         """``*_encoder_pad_s``: seconds of silence after the audio in the encoder window (30: Whisper's full window).
 
@@ -99,6 +103,12 @@ class WhisperRunner(Runner):
         ``quick_final_beam_size`` their beam; ``burst_final_pad_s``: the padding of finals in a
         burst (``burst``), which decode greedily; ``lean_context_pad_s``: the padding of lean
         context passes (``short_window``; 30: the full window, as every other pass).
+        ``final_threads``: on CPU, threads per call for finals when more than ``cpu_threads``
+        (0: as many): the weights are loaded a second time with that many, and one call of
+        finals at a time decodes on that copy, so that a final, what a user waits on, has
+        every core while no other call runs, and shares them when one does (measured on 2
+        cores: a quick final alone 0.58 s against 0.87 s with one thread, beside a context
+        pass 0.98 against 0.97; docs/benchmarks.md).
         """
         if final_beam_size < 1 or quick_final_beam_size < 1:
             raise ValueError("beam sizes must be at least 1")
@@ -110,13 +120,44 @@ class WhisperRunner(Runner):
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()
         # num_workers: how many transcribe_batch calls may run at once (one per scheduler worker).
-        self.model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=threads, num_workers=max(1, workers))
+        self._base_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=threads, num_workers=max(1, workers))
+        # One call at a time runs on the wide copy: two calls of finals with a thread per core
+        # each would oversubscribe the cores (measured: 4 streams' finals p95 3.3 -> 4.0 s).
+        self._wide_model = None
+        if device == "cpu" and final_threads > threads:
+            self._wide_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=final_threads, num_workers=1)
+        self.final_threads = max(threads, final_threads) if self._wide_model is not None else threads
+        self._wide_lock = threading.Lock()
+        self._wide_busy = False
+        self._local = threading.local()  # the model the calling worker's batch runs on
         self.model_path = model_path
         self.device = device
         self.languages: tuple[str, ...] = tuple(self.model.supported_languages)
         self._tokens: dict[str, fw.Tokens] = {}
         self._prompt_cache: dict[tuple[int, str], list[int]] = {}  # shared by threads: dict operations are atomic; a lost entry is recomputed
         log.info("model loaded path=%s device=%s compute_type=%s threads=%d workers=%d in %.2fs", model_path, device, compute_type, threads, workers, time.monotonic() - t0)
+
+    @property
+    def model(self) -> Any:
+        """The faster-whisper model the calling thread decodes with now (finals' own, in a batch of finals)."""
+        return getattr(self._local, "model", None) or self._base_model
+
+    @contextmanager
+    def _using(self, kind: DecodeKind, burst: bool = False) -> Iterator[None]:
+        """Decode on the wide copy if this is a call of finals, not of a burst (then every worker
+        is on finals: a thread per core each would oversubscribe them), and no other call is on it."""
+        wide = False
+        if kind is DecodeKind.FINAL and not burst and self._wide_model is not None:
+            with self._wide_lock:
+                wide, self._wide_busy = not self._wide_busy, True
+        self._local.model = self._wide_model if wide else self._base_model
+        try:
+            yield
+        finally:
+            self._local.model = None
+            if wide:
+                with self._wide_lock:
+                    self._wide_busy = False
 
     @property
     def pack_finals(self) -> bool:
@@ -136,13 +177,23 @@ class WhisperRunner(Runner):
         for kind in DecodeKind:
             self.transcribe(DecodeRequest(noise, kind, language=language, word_timestamps=kind.final_quality))
 
-    def measure_burst_final(self, seconds: float = 6.0, tokens: int = 32, repeats: int = 3) -> float:
+    def measure_burst_final(self, seconds: float = 6.0, tokens: int = 32, repeats: int = 3, concurrent: int = 1) -> float:
         """Model seconds one final in a burst of ``seconds`` of speech takes, measured (median of ``repeats``).
 
         Everything such a final does: the features, the encoder on the audio plus the burst
         pad, ``tokens`` greedy steps (end of text is suppressed, so noise costs what about
         ``seconds`` of speech does: 4-6 tokens a second) and the word-timing pass.
+        ``concurrent``: run that many at once (one per worker, as in a burst, where every
+        worker is busy: on CPU a worker's threads then share the cores with the others').
         """
+        if concurrent > 1:
+            with ThreadPoolExecutor(concurrent) as pool:
+                runs = [pool.submit(self.measure_burst_final, seconds, tokens, repeats) for _ in range(concurrent)]
+                return sum(r.result() for r in runs) / concurrent  # each worker's share, on average
+        with self._using(DecodeKind.FINAL, burst=True):
+            return self._time_burst_final(seconds, tokens, repeats)
+
+    def _time_burst_final(self, seconds: float, tokens: int, repeats: int) -> float:
         language = "en" if "en" in self.languages else self.languages[0]
         tokenizer = self._tokenizer(language)
         noise = (np.random.default_rng(1).standard_normal(int(seconds * SAMPLE_RATE)) * 0.01).astype(np.float32)
@@ -195,9 +246,10 @@ class WhisperRunner(Runner):
         tokenizer = self._tokenizer(key.language)
         out: list[Hypothesis | None] = [None] * len(requests)
         retry: set[int] = set()
-        if self._packs(requests[0]):  # one batch key: alike in this
-            retry = self._decode_packed(tokenizer, requests, out, retry_later)
-        self._decode_alone(tokenizer, requests, [i for i, h in enumerate(out) if h is None and i not in retry], key, out)
+        with self._using(key.kind, key.burst):
+            if self._packs(requests[0]):  # one batch key: alike in this
+                retry = self._decode_packed(tokenizer, requests, out, retry_later)
+            self._decode_alone(tokenizer, requests, [i for i, h in enumerate(out) if h is None and i not in retry], key, out)
         share = (time.monotonic() - t0) / len(requests)
         return [None if h is None else replace(h, decode_s=share) for h in out]
 

@@ -15,7 +15,9 @@ failed so nobody waits for it.
 
 On CPU two workers with one thread each get more out of two cores than one
 worker with two threads (measured: 26% more decodes per second), since much
-of a decode does not parallelize.
+of a decode does not parallelize. Finals are the exception: the runner decodes
+them with a thread per core (``--final-cpu-threads``), so a final that finds
+the other worker idle has both cores.
 """
 
 from __future__ import annotations

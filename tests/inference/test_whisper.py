@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from asr_server.inference.whisper import DecodeKind, DecodeRequest, ModelNotFound, resolve_model
+from asr_server.inference.whisper import DecodeKind, DecodeRequest, ModelNotFound, WhisperRunner, resolve_model
 
 
 def test_real_model_interim_and_final(whisper_runner):
@@ -76,3 +76,35 @@ def test_requests_with_different_keys_cannot_share_a_batch(whisper_runner):
     b = DecodeRequest(np.zeros(16000, np.float32), DecodeKind.INTERIM)
     with pytest.raises(ValueError, match="batch key"):
         whisper_runner.transcribe_batch([a, b])
+
+
+def test_finals_decode_on_the_wide_copy_one_call_at_a_time():
+    """With more threads for finals than for other calls, a call of finals takes the copy of the
+    weights loaded with them, unless another call of finals is on it (it then decodes as the rest)."""
+    import threading
+
+    runner = WhisperRunner(resolve_model("tiny.en"), cpu_threads=1, workers=2, final_threads=2)
+    assert runner.final_threads == 2
+    base = runner.model
+
+    def model_for(kind: DecodeKind, found: dict) -> None:
+        with runner._using(kind):
+            found[kind] = runner.model
+
+    with runner._using(DecodeKind.FINAL):
+        wide = runner.model
+        beside: dict = {}
+        for kind in (DecodeKind.FINAL, DecodeKind.CONTEXT, DecodeKind.INTERIM):
+            worker = threading.Thread(target=model_for, args=(kind, beside))
+            worker.start()
+            worker.join()
+    assert wide is not base and all(model is base for model in beside.values())
+    after: dict = {}
+    model_for(DecodeKind.FINAL, after)
+    assert after[DecodeKind.FINAL] is wide  # free again once the first call ended
+    with runner._using(DecodeKind.FINAL, burst=True):
+        assert runner.model is base  # a burst has every worker on finals: one thread each
+    assert runner.measure_burst_final(repeats=1, concurrent=2) > 0
+    same = WhisperRunner(resolve_model("tiny.en"), cpu_threads=2, final_threads=2)
+    with same._using(DecodeKind.FINAL):
+        assert same.final_threads == 2 and same.model is same._base_model  # no second copy
