@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stream_bench import bucket_quantile, cpu_seconds, lag_buckets, noisy_pcm, pct, revision_delays, speech_ends, start_server  # noqa: E402
+from stream_bench import bucket_quantile, cpu_seconds, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, speech_ends, start_server  # noqa: E402
 
 from asr_client import stream_bytes  # noqa: E402
 
@@ -281,6 +281,7 @@ def main() -> None:
     NOISE_DB[0] = args.noise_db
     admission = [] if args.max_channels in ("", "auto") else ["--max-channels", args.max_channels]
     proc, port = start_server(args.compute_type, *admission, *args.server_arg)
+    print(machine_line(port), flush=True)
     url = f"ws://127.0.0.1:{port}"
     rows, best = [], 0
     try:

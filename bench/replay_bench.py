@@ -52,7 +52,7 @@ import ctranslate2  # noqa: E402
 import numpy as np  # noqa: E402
 from asr_client import Transcript  # noqa: E402
 from load_bench import FIXTURES as LOAD_FIXTURES, replayed, rotation_cut, round_turns  # noqa: E402
-from stream_bench import DEFAULT_FIXTURES, covering_latencies, load_channels, noisy_pcm, pct, speech_ends, use_fast_reader, wire_rate  # noqa: E402
+from stream_bench import DEFAULT_FIXTURES, covering_latencies, load_channels, noisy_pcm, offline_text, pct, speech_ends, use_fast_reader, wire_rate  # noqa: E402
 
 from asr_server.decoding.context import ContextOptions  # noqa: E402
 from asr_server.events import SubmitJob  # noqa: E402
@@ -157,6 +157,7 @@ def main() -> None:
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--fast-reader", action="store_true", help="every pause in the (one-channel) recordings cut to 0.12 s, as a fast reader leaves")
     ap.add_argument("--load-streams", action="store_true", help="replay load_bench.py's rotated two-round streams instead of the fixtures")
+    ap.add_argument("--offline", action="store_true", help="also transcribe each channel offline (faster-whisper, beam 5, VAD filter) for a third column")
     ap.add_argument("--json", help="write the texts here")
     args = ap.parse_args()
     if args.fast_reader and args.load_streams:
@@ -170,11 +171,13 @@ def main() -> None:
     runner.warm_up()
     context = ContextOptions(back_s=args.context_back_s)
     errors = [0, 0]
+    offline_errors = 0
     words = 0
     passes = [0, 0.0, 0.0]  # context passes, their model seconds, audio seconds replayed
     texts = {}
     latencies: list[float] = []
-    print("| fixture | WER first-pass finals | WER after revisions | finals by reason | final latency in audio time p50 / max (s) |\n|---|---|---|---|---|")
+    offline_col = " WER offline |" if args.offline else ""
+    print(f"| fixture | WER first-pass finals | WER after revisions |{offline_col} finals by reason | final latency in audio time p50 / max (s) |\n|---|---|---|{'---|' if args.offline else ''}---|---|")
     for name, channels, references, rate in streams(args):
         # Fed decoded 16 kHz audio either way; the stream's rate decides its VAD thresholds.
         options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s)
@@ -185,13 +188,19 @@ def main() -> None:
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]
             errors = [errors[0] + e[0], errors[1] + e[1]]
+            offline = ""
+            if args.offline:
+                off = edit_distance(reference, normalize(offline_text(audio, args.compute_type)))
+                offline_errors += off
+                offline = f" {off / len(reference):.3f} |"
             words += len(reference)
             texts[f"{name} ch{ch}"] = {"first": first, "revised": revised}
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(replayer.reasons.items()))
             late = audio_latencies(replayer, name, ch) if not args.load_streams else []
             latencies += late
-            print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} | {reasons} | {pct(late, 0.5):.2f} / {max(late, default=float('nan')):.2f} |", flush=True)
-    print(f"| **pooled** | **{errors[0] / words:.3f}** | **{errors[1] / words:.3f}** |")
+            print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} |{offline} {reasons} | {pct(late, 0.5):.2f} / {max(late, default=float('nan')):.2f} |", flush=True)
+    pooled_offline = f" **{offline_errors / words:.3f}** |" if args.offline else ""
+    print(f"| **pooled** | **{errors[0] / words:.3f}** | **{errors[1] / words:.3f}** |{pooled_offline}")
     if latencies:
         print(f"\nfinal latency in audio time (decodes instant): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} s (n={len(latencies)})")
     print(f"\ncontext passes: {passes[0]}, {passes[1]:.1f} model s, {passes[1] / passes[2]:.3f} model s per audio s")

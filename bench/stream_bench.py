@@ -86,6 +86,23 @@ def start_server(compute_type: str, *extra: str) -> tuple[subprocess.Popen, int]
     return proc, port
 
 
+def machine_line(port: int) -> str:
+    """What machine the figures come from: its processor, and the server's own measure of its speed (the
+    model time of a final in a burst, timed at start-up, and the channels it admits from it). Figures of
+    runs on machines whose burst final differs are not comparable."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
+    final_s = metric(port, "asr_burst_final_seconds")
+    if final_s > 0:
+        return f"machine: {cpu}, {os.cpu_count()} cores; a burst final takes {final_s:.3f} model s (the server's start-up measure: capacity {metric(port, 'asr_capacity_channels'):.0f} channels)"
+    # A fixed --max-channels: the server measured nothing, so time one here as it would (one thread a worker).
+    from asr_server.inference.whisper import DEFAULT_MODEL, WhisperRunner, resolve_model
+
+    cores = os.cpu_count() or 1
+    runner = WhisperRunner(resolve_model(DEFAULT_MODEL), cpu_threads=1, workers=cores, final_threads=cores)
+    final_s = runner.measure_burst_final(concurrent=cores)
+    return f"machine: {cpu}, {os.cpu_count()} cores; a burst final takes {final_s:.3f} model s (timed by the bench as the server times it at start-up)"
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
@@ -97,8 +114,8 @@ def metric(port: int, name: str) -> float:
     return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + "{") or l.startswith(name + " "))
 
 
-def offline_errors(name: str, channel: int, compute_type: str, audio: np.ndarray | None = None) -> tuple[int, int]:
-    """faster-whisper's own transcription of the whole recording (``audio``: as streamed, noise included)."""
+def offline_text(audio: np.ndarray, compute_type: str) -> str:
+    """faster-whisper's own transcription of a whole recording (16 kHz float): beam 5, its VAD filter."""
     from faster_whisper import WhisperModel
 
     from asr_server.inference.whisper import resolve_model
@@ -106,10 +123,15 @@ def offline_errors(name: str, channel: int, compute_type: str, audio: np.ndarray
     global _MODEL
     if "_MODEL" not in globals():
         _MODEL = WhisperModel(resolve_model("tiny.en"), device="cpu", compute_type=compute_type, cpu_threads=os.cpu_count() or 1)
-    entry = MANIFEST[name]
-    segments, _ = _MODEL.transcribe(load_channels(name)[channel] if audio is None else audio, language="en", beam_size=5, vad_filter=True)
-    ref = normalize(" ".join(entry["references"][channel]))
-    return edit_distance(ref, normalize(" ".join(s.text for s in segments))), len(ref)
+    segments, _ = _MODEL.transcribe(audio, language="en", beam_size=5, vad_filter=True)
+    return " ".join(s.text for s in segments)
+
+
+def offline_errors(name: str, channel: int, compute_type: str, audio: np.ndarray | None = None) -> tuple[int, int]:
+    """Word errors of :func:`offline_text` on a fixture channel (``audio``: as streamed, noise included)."""
+    ref = normalize(" ".join(MANIFEST[name]["references"][channel]))
+    text = offline_text(load_channels(name)[channel] if audio is None else audio, compute_type)
+    return edit_distance(ref, normalize(text)), len(ref)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -330,6 +352,7 @@ def main() -> None:
         for name in names:
             use_fast_reader(name)
     proc, port = start_server(args.compute_type, *args.server_arg)
+    print(machine_line(port), flush=True)
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims, delays, again = [], [], [], [], []
     by_fixture: dict[str, list[float]] = {}
