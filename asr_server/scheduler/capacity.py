@@ -13,7 +13,8 @@ target minus the endpoint wait, minus room for what else runs meanwhile
 budget of 2 s admitted 18 and their finals' p95 was 2.77 s.
 
 ``c`` starts from a measurement at start-up (the runner decodes a burst
-final with a fixed number of tokens) and follows the burst finals the
+final with a fixed number of tokens on every worker at once, as a burst
+runs them) and follows the burst finals the
 server actually decodes (an exponential average of each one's share of its
 model call), so a slower machine, a larger model or a busier host lowers
 the limit and a GPU raises it. A plain object: no clock, no I/O.
