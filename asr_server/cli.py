@@ -47,9 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-type", default="auto", help="CTranslate2 compute type: auto, int8, float16, float32, ... (default auto)")
     p.add_argument("--cpu-threads", type=int, default=0, help="threads per model worker on CPU (default: cores / workers)")
     p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: one per core on CPU, 1 on CUDA)")
-    p.add_argument("--final-cpu-threads", type=int, default=0,
-                   help="threads of a call of finals on CPU (default: every core; the model is loaded twice when this is more than "
-                        "--cpu-threads, so that a final has the cores other calls leave idle)")
     _decoding_options(p)
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
@@ -95,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _decoding_options(p: argparse.ArgumentParser) -> None:
     """How speech is found and decoded: windows, beams, quick finals, packing, the VAD."""
+    p.add_argument("--final-cpu-threads", type=int, default=0,
+                   help="threads of a call of finals on CPU (default: every core; the model is loaded twice when this is more than "
+                        "--cpu-threads, so that a final has the cores other calls leave idle)")
     p.add_argument("--interim-encoder-pad-s", type=float, default=INTERIM_ENCODER_PAD_S,
                    help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster)")
     p.add_argument("--busy-interim-encoder-pad-s", type=float, default=SHORT_INTERIM_PAD_S,

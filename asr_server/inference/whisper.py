@@ -103,39 +103,38 @@ class WhisperRunner(Runner):
         ``quick_final_beam_size`` their beam; ``burst_final_pad_s``: the padding of finals in a
         burst (``burst``), which decode greedily; ``lean_context_pad_s``: the padding of lean
         context passes (``short_window``; 30: the full window, as every other pass).
-        ``final_threads``: on CPU, threads per call for finals when more than ``cpu_threads``
-        (0: as many): the weights are loaded a second time with that many, and one call of
-        finals at a time decodes on that copy, so that a final, what a user waits on, has
-        every core while no other call runs, and shares them when one does (measured on 2
-        cores: a quick final alone 0.58 s against 0.87 s with one thread, beside a context
-        pass 0.98 against 0.97; docs/benchmarks.md).
+        ``final_threads``: on CPU, threads of a call of finals (0: ``cpu_threads``; see :meth:`_set_wide`).
         """
         if final_beam_size < 1 or quick_final_beam_size < 1:
             raise ValueError("beam sizes must be at least 1")
         self.quick_final_beam_size = quick_final_beam_size
         self.final_beam_size = final_beam_size
-        self.pads = Pads.from_seconds(interim_encoder_pad_s, short_interim_pad_s, final_encoder_pad_s, pack_finals, quick_final_pad_s, burst_final_pad_s,
-                                      lean_context_pad_s)
+        self.pads = Pads.from_seconds(interim_encoder_pad_s, short_interim_pad_s, final_encoder_pad_s, pack_finals, quick_final_pad_s, burst_final_pad_s, lean_context_pad_s)
         self.max_windows = max(0, max_windows)
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()
         # num_workers: how many transcribe_batch calls may run at once (one per scheduler worker).
         self._base_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=threads, num_workers=max(1, workers))
-        # One call at a time runs on the wide copy: two calls of finals with a thread per core
-        # each would oversubscribe the cores (measured: 4 streams' finals p95 3.3 -> 4.0 s).
-        self._wide_model = None
-        if device == "cpu" and final_threads > threads:
-            self._wide_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=final_threads, num_workers=1)
-        self.final_threads = max(threads, final_threads) if self._wide_model is not None else threads
-        self._wide_lock = threading.Lock()
-        self._wide_busy = False
-        self._local = threading.local()  # the model the calling worker's batch runs on
-        self.model_path = model_path
-        self.device = device
+        self._set_wide(model_path, device, compute_type, threads, final_threads)
+        self.model_path, self.device = model_path, device
         self.languages: tuple[str, ...] = tuple(self.model.supported_languages)
         self._tokens: dict[str, fw.Tokens] = {}
         self._prompt_cache: dict[tuple[int, str], list[int]] = {}  # shared by threads: dict operations are atomic; a lost entry is recomputed
         log.info("model loaded path=%s device=%s compute_type=%s threads=%d workers=%d in %.2fs", model_path, device, compute_type, threads, workers, time.monotonic() - t0)
+
+    def _set_wide(self, model_path: str, device: str, compute_type: str, threads: int, final_threads: int) -> None:
+        """On CPU with more threads for finals than for the rest, the weights again with that many:
+        one call of finals at a time decodes on this copy (never in a burst), so that a final, what
+        a user waits on, has every core while no other call runs, and shares them when one does
+        (measured on 2 cores: a quick final alone 0.58 s against 0.87 s with one thread, beside a
+        context pass 0.98 against 0.97 s). Two such calls at once would oversubscribe the cores
+        (4 streams' finals p95 3.3 -> 4.0 s; docs/benchmarks.md)."""
+        wide = device == "cpu" and final_threads > threads
+        self._wide_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=final_threads, num_workers=1) if wide else None
+        self.final_threads = final_threads if wide else threads
+        self._wide_lock = threading.Lock()
+        self._wide_busy = False
+        self._local = threading.local()  # the model the calling worker's batch runs on
 
     @property
     def model(self) -> Any:

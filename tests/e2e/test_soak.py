@@ -19,6 +19,10 @@ from ..harness import FIXTURES
 pytestmark = pytest.mark.e2e
 
 
+# 200 sessions, each closed with its context pass (a full 30 s window): about 5.5 minutes on a
+# 2-core machine five times slower than most (docs/benchmarks.md, sixth session of 2026-11-25).
+# Bounded in count; the timeout only catches a hang.
+@pytest.mark.timeout(900)
 def test_short_sessions_keep_memory_and_queues_flat(whisper_runner):
     """The fair queues once kept every job ever queued (its audio, future and hypothesis):
     about 0.35 MiB per 5 s session, never released."""
