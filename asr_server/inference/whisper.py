@@ -132,8 +132,7 @@ class WhisperRunner(Runner):
         wide = device == "cpu" and final_threads > threads
         self._wide_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=final_threads, num_workers=1) if wide else None
         self.final_threads = final_threads if wide else threads
-        self._wide_lock = threading.Lock()
-        self._wide_busy = False
+        self._wide_free = threading.Lock()  # held by the call of finals on the wide copy
         self._local = threading.local()  # the model the calling worker's batch runs on
 
     @property
@@ -145,18 +144,14 @@ class WhisperRunner(Runner):
     def _using(self, kind: DecodeKind, burst: bool = False) -> Iterator[None]:
         """Decode on the wide copy if this is a call of finals, not of a burst (then every worker
         is on finals: a thread per core each would oversubscribe them), and no other call is on it."""
-        wide = False
-        if kind is DecodeKind.FINAL and not burst and self._wide_model is not None:
-            with self._wide_lock:
-                wide, self._wide_busy = not self._wide_busy, True
+        wide = kind is DecodeKind.FINAL and not burst and self._wide_model is not None and self._wide_free.acquire(blocking=False)
         self._local.model = self._wide_model if wide else self._base_model
         try:
             yield
         finally:
             self._local.model = None
             if wide:
-                with self._wide_lock:
-                    self._wide_busy = False
+                self._wide_free.release()
 
     @property
     def pack_finals(self) -> bool:
