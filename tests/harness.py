@@ -22,6 +22,7 @@ from asr_server.audio.decode import PcmDecoder, mulaw_to_float
 from asr_server.inference.types import Runner
 from asr_server.options import Limits
 from asr_server.scheduler.capacity import CapacityModel
+from asr_server.scheduler.governor import GovernorOptions, Level
 from asr_server.server import AsrServer
 
 FIXTURES = Path(__file__).resolve().parent / "audio_fixtures"
@@ -152,9 +153,16 @@ async def replay(url: str, name: str, *, realtime: bool = False, chunk_ms: int =
 
 
 class ServerThread:
-    """A real :class:`AsrServer` on 127.0.0.1 and a free port, in its own thread and loop."""
+    """A real :class:`AsrServer` on 127.0.0.1 and a free port, in its own thread and loop.
+
+    Unless a test passes its own ``governor``, load may degrade interims but never
+    refuse streams: on a busy machine a test's own finals can wait long enough to
+    raise the level, and a test that is not about refusals must not meet one (tests
+    of refusals set the level themselves or pass a governor).
+    """
 
     def __init__(self, runner: Runner | None, limits: Limits = Limits(), capacity: CapacityModel | None = None, **server_options: Any) -> None:
+        server_options.setdefault("governor", GovernorOptions(max_level=Level.INTERIM_MODEL))
         self.runner = runner
         self.capacity = capacity
         self.limits = limits
