@@ -33,7 +33,11 @@ def test_a_fast_upload_held_back_for_many_keepalive_periods_gets_every_final(whi
     msgs = [m.message for m in r.messages]
     assert msgs[-1]["type"] == "closed" and not r.of_type("error")
     finals = [m for m in msgs if m["type"] == "final" and m["text"]]
-    assert len(finals) == len(MANIFEST["librivox_16k.s16le"]["spans"][0])
+    # Every sentence is finalized (a long one may come as two finals, split at a breath,
+    # where the interims found a sentence's end: that depends on timing).
+    spans = MANIFEST["librivox_16k.s16le"]["spans"][0]
+    assert all(any(f["start"] < end and f["end"] > start for f in finals) for start, end in spans)
+    assert len(spans) <= len(finals) <= 2 * len(spans)
     assert wer(" ".join(MANIFEST["librivox_16k.s16le"]["references"][0]), r.final_text()) < 0.25
     assert b'code="results_not_read"' not in metrics
 
