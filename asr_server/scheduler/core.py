@@ -65,8 +65,6 @@ log = logging.getLogger("asr_server.scheduler")
 PACK_HOLD_S = 0.2
 # Model calls a final may take part in that raise before it is given up.
 FINAL_ATTEMPTS = 2
-# Weight of each call of one final in the running measure of what a final alone takes.
-LONE_FINAL_SMOOTHING = 0.2
 
 # Called when a waiting job is about to be batched: the job to run instead
 # (the same one, or one with newer audio), or None to skip it.
@@ -151,10 +149,8 @@ class QueueState:
 
     finals: int
     interims: int
-    # The longest any final not yet answered has waited for the model: in the
-    # queue, and running past what a final decoded alone takes on this machine
-    # (the scheduler's running measure). A slow machine's own decode time is not
-    # load: with no queue, one stream's finals do not raise the level.
+    # The longest any final not yet answered has waited since it was queued,
+    # running ones included: what its user is waiting for.
     oldest_final_wait: float
     # The longest any interim has waited in the queue (captions lag by that much).
     oldest_interim_wait: float = 0.0
@@ -187,7 +183,6 @@ class SchedulerCore:
         self._ids = itertools.count(1)
         self._entries: dict[int, Entry] = {}  # every job not yet answered, waiting or running
         self._running: dict[int, Batch] = {}  # batch id -> batch
-        self.lone_final_s = 0.0  # model seconds of a call of one final (exponential average; 0: none yet)
 
     # -- what the engine asks ------------------------------------------------------
 
@@ -206,13 +201,9 @@ class SchedulerCore:
         return len(self._entries)
 
     def state(self, now: float) -> QueueState:
-        waits = [now - t.item.queued_at for t in self._finals.waiting()]
-        for batch in self._running.values():
-            if batch.kind is DecodeKind.FINAL:
-                over = max(0.0, now - batch.started_at - self.lone_final_s)  # running longer than a final alone takes
-                waits += [batch.started_at - e.queued_at + over for e in batch.entries if e.status is JobStatus.RUNNING]
+        finals = [e.queued_at for e in self._entries.values() if e.final and e.status <= JobStatus.RUNNING]
         interims = max((now - t.item.queued_at for t in self._interims.waiting()), default=0.0)
-        return QueueState(len(self._finals), len(self._interims), max(waits, default=0.0), interims)
+        return QueueState(len(self._finals), len(self._interims), max((now - t for t in finals), default=0.0), interims)
 
     # -- sessions' requests ----------------------------------------------------------
 
@@ -296,7 +287,6 @@ class SchedulerCore:
         if len(hypotheses) != len(batch.entries):
             log.error("runner returned %d results for %d jobs", len(hypotheses), len(batch.entries))
             return self._failed(batch)
-        self._timed(batch, now)
         done: list[tuple[Entry, Hypothesis]] = []
         requeued: list[Entry] = []
         for entry, hyp in zip(batch.entries, hypotheses, strict=True):
@@ -389,13 +379,6 @@ class SchedulerCore:
     def _spent(self, batch: Batch, now: float) -> None:
         if batch.kind is not DecodeKind.FINAL:
             self._background.add(batch.kind, now - batch.started_at, now)
-
-    def _timed(self, batch: Batch, now: float) -> None:
-        """A call of one final answered: it updates what a final alone takes."""
-        took = now - batch.started_at
-        if batch.kind is DecodeKind.FINAL and len(batch.entries) == 1 and took > 0:
-            first = self.lone_final_s == 0.0
-            self.lone_final_s = took if first else self.lone_final_s + LONE_FINAL_SMOOTHING * (took - self.lone_final_s)
 
     def _start(self, worker: int, entries: list[Entry], now: float) -> Batch:
         for entry in entries:

@@ -2,11 +2,9 @@
 
 Fed the scheduler's queue state and memory use at a time passed in, the
 :class:`LoadGovernor` keeps a :class:`Level`. Pressure means a final has
-been waiting for the model longer than ``high_wait_s``: queued, or running
-past what a final decoded alone takes on this machine (see
-:class:`~.core.QueueState`). Finals are served first, so that means the model
-is saturated, or its batches have grown long; a slow machine's own decode
-time is not pressure. Interims waiting in the queue
+been waiting for its result (queued or being decoded) longer than
+``high_wait_s``: finals are served first, so that means the model is
+saturated, or its batches have grown long. Interims waiting in the queue
 longer than ``interim_high_wait_s`` are pressure too, but only up to the
 interim steps (1 and 2): finals still keep their latency then, and it is
 the interims that lag, so no stream is refused for it. Calm means the oldest

@@ -58,24 +58,6 @@ def test_a_running_final_counts_as_waiting_until_answered():
     assert core.state(13.0).oldest_final_wait == 0.0
 
 
-def test_a_running_final_waits_only_past_what_a_final_alone_takes():
-    # On a slow machine a final alone takes 1 s: that is not load, and the governor must not see it as such.
-    core = SchedulerCore(FakeRunner(), workers=2)
-    core.add("a", final("first"), 0.0)
-    first = core.schedule(0.0, 0).batch
-    core.update_from_output(first.id, [Hypothesis("first")], 1.0)
-    assert core.lone_final_s == pytest.approx(1.0)
-    core.add("a", final("running"), 10.0)
-    assert core.schedule(10.3, 0).batch is not None
-    queued = final("queued")
-    core.add("b", queued, 10.0)
-    # Running 1.2 s after 0.3 s in the queue: waited 0.5 s past a final alone; the queued one 1.5 s.
-    assert core.state(11.5).oldest_final_wait == pytest.approx(1.5)
-    core.withdraw(queued)
-    assert core.state(11.5).oldest_final_wait == pytest.approx(0.5)
-    assert core.state(11.0).oldest_final_wait == pytest.approx(0.3)  # still within what a final alone takes
-
-
 def test_a_final_whose_call_raises_is_retried_alone_once_then_given_up():
     core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=4))
     core.add("a", final("bad"), 0.0)
