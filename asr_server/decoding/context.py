@@ -92,10 +92,14 @@ class Finalized:
     # Wordings heard for it (:func:`word_key`) and by how many decodes: the first pass's, then
     # each context decode's that covered it as context or decided it (not as lookahead).
     votes: dict[tuple[str, ...], int] = field(default_factory=dict)
+    # The first pass's wording (:func:`word_key`): its vote was heard without context.
+    first_pass: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.votes and self.text:
             self.votes[word_key(self.text)] = 1
+        if not self.first_pass and self.text:
+            self.first_pass = word_key(self.text)
 
     @property
     def seconds(self) -> float:
@@ -229,7 +233,8 @@ def revised_texts(
     record decided before changes only to a wording at least two decodes heard
     and more decodes than its present one (one unlucky window can decide a
     record wrong: the next ones, which hear it in the middle of their window,
-    outvote it). A record keeps what it had when the decode gave it no words
+    outvote it), or as many where its present one is the first pass's, whose
+    vote was heard without context (:func:`_outvotes`). A record keeps what it had when the decode gave it no words
     or a very different number of them, or words that stop short of its audio
     (Whisper can skip or cut an utterance at a window's edge).
     """
@@ -239,8 +244,7 @@ def revised_texts(
         if heard is None or record.index > decide_to:
             out.append((record.text, ()))
         elif record.index < fresh_from:
-            votes = record.votes.get(word_key(heard), 0)
-            outvoted = votes >= 2 and votes > record.votes.get(word_key(record.text), 0)
+            outvoted = _outvotes(record, word_key(heard))
             out.append((heard, tuple(group)) if outvoted else (record.text, ()))
         elif record.votes.get(word_key(heard), 0) >= 2 or not record.words or record.sampled:
             out.append((heard, tuple(group)))
@@ -249,6 +253,20 @@ def revised_texts(
             merged = merge_words([replace(w, start=w.start + shift, end=w.end + shift) for w in record.words], group)
             out.append((" ".join("".join(w.word for w in merged).split()), merged))
     return out
+
+
+def _outvotes(record: Finalized, heard: tuple[str, ...]) -> bool:
+    """Whether ``heard`` takes the place of the wording a decided record holds: heard at least
+    twice and more often; or as often, where the wording held is the first pass's (one of its
+    votes was heard without context, all of ``heard``'s with it). Measured with
+    ``bench/replay_bench.py`` (2026-11-25, seventh session, oneDNN's int8 kernels): the LibriVox
+    reading's first "ill-disposed" tied two against two and stayed "old-sposed" (0.042; 0.014
+    with this rule), and the long-form reading under noise lost a word so (0.022; 0.011)."""
+    held = word_key(record.text)
+    votes, against = record.votes.get(heard, 0), record.votes.get(held, 0)
+    if votes < 2 or heard == held:
+        return False
+    return votes > against or (votes == against and held == record.first_pass)
 
 
 def count_votes(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], spans: Sequence[Span], decide_to: int) -> None:

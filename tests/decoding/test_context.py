@@ -705,3 +705,25 @@ def test_a_revised_utterance_starts_with_a_capital_where_a_sentence_starts(alone
     assert d.client.final_text() == " ".join([expected, *rest]) == server_transcript(d)
     for m in d.of_type("revision"):  # the words sent say what the text says
         assert m["words"] and m["words"][0]["word"].strip()[:1] == m["text"][:1]
+
+
+def test_two_context_hearings_outvote_a_first_pass_that_one_context_window_agreed_with():
+    """Two against two: the first pass and the window that decided the utterance heard one
+    wording, the two windows after it another (the last window hears no words there). The
+    first pass heard its utterance alone, without context, so the wording two context windows
+    heard takes its place (measured: in the replay of the LibriVox reading on oneDNN's kernels
+    the first "ill-disposed" tied so and stayed misheard)."""
+    from asr_server.decoding.context import word_key
+
+    wrong, right = ALONE[0], "he was not an ill-disposed young man"
+
+    def heard(n: int, call: int) -> str | None:
+        if n == 0:
+            return {0: wrong, 1: right, 2: right}.get(call)
+        return ALONE[n]
+
+    model = VaryingModel(ALONE, heard)
+    d = _pass_after_every_final(model)
+    assert model.windows == [[0, 1], [0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3, 4]]
+    assert d.session._decoders[0]._done[0].votes == {word_key(wrong): 2, word_key(right): 2}
+    assert d.client.final_text() == " ".join([right, *ALONE[1:]]) == server_transcript(d)
