@@ -310,7 +310,7 @@ def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan) -> C
         return None
     # Timed with every worker busy, as in the burst it stands for: a lone decode on CPU would
     # have all the cores to itself and look cheaper than it is then.
-    capacity = CapacityModel(plan.workers, runner.measure_burst_final(concurrent=plan.workers))
+    capacity = CapacityModel(plan.workers, runner.measure_burst_final(concurrent=plan.workers), pass_s=runner.measure_context_pass())
     log.info("capacity %s", capacity.to_wire())
     return capacity
 

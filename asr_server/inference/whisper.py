@@ -185,13 +185,20 @@ class WhisperRunner(Runner):
                 runs = [pool.submit(self.measure_burst_final, seconds, tokens, repeats) for _ in range(concurrent)]
                 return sum(r.result() for r in runs) / concurrent  # each worker's share, on average
         with self._using(DecodeKind.FINAL, burst=True):
-            return self._time_burst_final(seconds, tokens, repeats)
+            return self._time_decode(DecodeKind.FINAL, seconds, tokens, repeats)
 
-    def _time_burst_final(self, seconds: float, tokens: int, repeats: int) -> float:
+    def measure_context_pass(self, seconds: float = 24.0, tokens: int = 72, repeats: int = 1) -> float:
+        """Model seconds of one context pass over ``seconds`` of speech on the full window, as passes
+        decode (beam search, ``tokens`` steps, word timing), on one worker's threads: how long a pass
+        can keep a worker from a burst of finals (see :class:`~asr_server.scheduler.capacity.CapacityModel`)."""
+        with self._using(DecodeKind.CONTEXT):
+            return self._time_decode(DecodeKind.CONTEXT, seconds, tokens, repeats)
+
+    def _time_decode(self, kind: DecodeKind, seconds: float, tokens: int, repeats: int) -> float:
         language = "en" if "en" in self.languages else self.languages[0]
         tokenizer = self._tokenizer(language)
         noise = (np.random.default_rng(1).standard_normal(int(seconds * SAMPLE_RATE)) * 0.01).astype(np.float32)
-        request = DecodeRequest(noise, DecodeKind.FINAL, language=language, word_timestamps=True, burst=True)
+        request = DecodeRequest(noise, kind, language=language, word_timestamps=True, burst=kind is DecodeKind.FINAL)
         times = []
         for _ in range(repeats):
             t0 = time.monotonic()
@@ -199,7 +206,7 @@ class WhisperRunner(Runner):
             features = item.features[None]
             encoded = self.model.model.encode(_storage(features))
             [result] = self.model.model.generate(
-                encoded, [item.prompt], max_length=len(item.prompt) + tokens, beam_size=1,
+                encoded, [item.prompt], max_length=len(item.prompt) + tokens, beam_size=self._beam(kind, request),
                 suppress_tokens=[*self._suppress(tokenizer), tokenizer.eot], return_scores=True, return_no_speech_prob=True,
             )
             text = [t for t in result.sequences_ids[0] if t < tokenizer.eot]

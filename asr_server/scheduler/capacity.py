@@ -4,9 +4,12 @@ The case that decides it is a burst: every admitted channel reaches the end
 of a sentence at once (callers answering the same prompt, a room going
 quiet), and every one of them is owed a final. Finals in a burst run as
 burst finals (greedy, short window; see :mod:`.core`), so with ``W`` workers
-the last of ``N`` finals comes about ``N * c / W`` seconds after the
-endpoint, where ``c`` is the model time of one burst final. Admitting no more than
-``burst_s * W / c`` channels keeps that within ``burst_s``: the latency
+the last of ``N`` finals comes about ``(N * c + p) / W`` seconds after the
+endpoint, where ``c`` is the model time of one burst final and ``p`` of a
+context pass: one worker may have just started one when the burst comes (a
+model call cannot be interrupted; finals always find the other workers
+free). Admitting no more than ``(burst_s * W - p) / c`` channels keeps that
+within ``burst_s``: the latency
 target minus the endpoint wait, minus room for what else runs meanwhile
 (interims, context passes, the decoding of the audio itself): 2.5 s - 0.5 s
 - 0.5 s by default. Measured with 24 streams speaking in step on 2 cores, a
@@ -17,7 +20,13 @@ final with a fixed number of tokens on every worker at once, as a burst
 runs them) and follows the burst finals the
 server actually decodes (an exponential average of each one's share of its
 model call), so a slower machine, a larger model or a busier host lowers
-the limit and a GPU raises it. A plain object: no clock, no I/O.
+the limit and a GPU raises it. ``p`` likewise: a pass timed at start-up,
+then the passes the server runs (each one's share of its model call: passes
+batched together hold a worker longer, but a burst of finals is admitted on
+what one stream's pass costs). On a fast machine ``p`` is a few finals'
+worth; on one five times slower it was 2-3 of them, and without it 3
+channels were admitted there whose finals in step came p95 3.9 s after
+the end of speech (2 streams: 2.7 s). A plain object: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -40,13 +49,15 @@ class CapacityOptions:
 
 
 class CapacityModel:
-    def __init__(self, workers: int, final_s: float, options: CapacityOptions = CapacityOptions()) -> None:
-        """``final_s``: model seconds of one burst final, as measured at start-up."""
-        if final_s <= 0 or workers < 1:
-            raise ValueError("need a positive final cost and at least one worker")
+    def __init__(self, workers: int, final_s: float, options: CapacityOptions = CapacityOptions(), pass_s: float = 0.0) -> None:
+        """``final_s``: model seconds of one burst final, as measured at start-up; ``pass_s``: of
+        one context pass (0: not known yet)."""
+        if final_s <= 0 or workers < 1 or pass_s < 0:
+            raise ValueError("need a positive final cost, at least one worker and no negative pass cost")
         self.workers = workers
         self.options = options
         self.final_s = final_s
+        self.pass_s = pass_s
         self.observed = 0
 
     def observe_final(self, seconds: float) -> None:
@@ -56,10 +67,17 @@ class CapacityModel:
         self.observed += 1
         self.final_s += self.options.smoothing * (seconds - self.final_s)
 
+    def observe_pass(self, seconds: float) -> None:
+        """A context pass took ``seconds`` of model time (its share of its call)."""
+        if seconds <= 0 or not math.isfinite(seconds):
+            return
+        self.pass_s = seconds if self.pass_s == 0 else self.pass_s + self.options.smoothing * (seconds - self.pass_s)
+
     def channels(self) -> int:
         """The most channels to admit (at least one: a server that admits nobody serves nobody)."""
-        fit = int(self.options.burst_s * self.workers / self.final_s)
+        fit = int((self.options.burst_s * self.workers - self.pass_s) / self.final_s)
         return max(1, min(self.options.ceiling, fit))
 
     def to_wire(self) -> dict[str, float | int]:
-        return {"channels": self.channels(), "final_s": round(self.final_s, 4), "workers": self.workers, "observed_finals": self.observed}
+        return {"channels": self.channels(), "final_s": round(self.final_s, 4), "pass_s": round(self.pass_s, 4),
+                "workers": self.workers, "observed_finals": self.observed}

@@ -105,6 +105,7 @@ def test_finals_decode_on_the_wide_copy_one_call_at_a_time():
     with runner._using(DecodeKind.FINAL, burst=True):
         assert runner.model is base  # a burst has every worker on finals: one thread each
     assert runner.measure_burst_final(repeats=1, concurrent=2) > 0
+    assert runner.measure_context_pass(seconds=6.0, tokens=8) > 0
     same = WhisperRunner(resolve_model("tiny.en"), cpu_threads=2, final_threads=2)
     with same._using(DecodeKind.FINAL):
         assert same.final_threads == 2 and same.model is same._base_model  # no second copy
