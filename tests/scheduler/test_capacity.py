@@ -9,7 +9,8 @@ def test_channels_are_those_whose_finals_fit_the_burst_budget_at_once():
     assert CapacityModel(2, 0.25).channels() == 12  # 1.5 s x 2 workers / 0.25 s
     assert CapacityModel(1, 0.25).channels() == 6
     assert CapacityModel(2, 0.25, CapacityOptions(burst_s=1.0)).channels() == 8
-    assert CapacityModel(1, 10.0).channels() == 1  # a slow model still serves one
+    assert CapacityModel(1, 10.0).channels() == 2  # a slow model still serves a two-party call
+    assert CapacityModel(1, 10.0, CapacityOptions(floor=1)).channels() == 1
     assert CapacityModel(1, 0.0001).channels() == CapacityOptions().ceiling
 
 
@@ -26,10 +27,11 @@ def test_observed_finals_move_the_cost_and_the_limit_follows():
 
 
 def test_a_pass_that_may_hold_a_worker_when_the_burst_comes_is_taken_out_of_the_budget():
-    # The slow machine: burst finals 0.87 s, a pass 2.2 s on 2 workers: 3 channels without the
-    # pass (their finals in step came p95 3.9 s late), 1 with it.
+    # The slow machine: burst finals 0.87 s, a pass 1.5 s on 2 workers: 3 channels without the
+    # pass (their finals in step came p95 3.9 s late), 1 with it (2 with the floor: one stereo call).
     assert CapacityModel(2, 0.87).channels() == 3
-    assert CapacityModel(2, 0.87, pass_s=2.2).channels() == 1
+    assert CapacityModel(2, 0.87, CapacityOptions(floor=1), pass_s=1.5).channels() == 1
+    assert CapacityModel(2, 0.87, pass_s=1.5).channels() == 2
     assert CapacityModel(2, 0.25, pass_s=0.5).channels() == 10  # (1.5 s x 2 - 0.5 s) / 0.25 s
     model = CapacityModel(2, 0.25, CapacityOptions(smoothing=0.5))
     model.observe_pass(1.0)  # the first pass sets it
@@ -43,7 +45,7 @@ def test_a_pass_that_may_hold_a_worker_when_the_burst_comes_is_taken_out_of_the_
         CapacityModel(2, 0.25, pass_s=-1.0)
 
 
-@pytest.mark.parametrize("kwargs", [dict(burst_s=0), dict(smoothing=0), dict(smoothing=1.5), dict(ceiling=0)])
+@pytest.mark.parametrize("kwargs", [dict(burst_s=0), dict(smoothing=0), dict(smoothing=1.5), dict(ceiling=0), dict(floor=0), dict(floor=3, ceiling=2)])
 def test_bad_options_are_refused(kwargs):
     with pytest.raises(ValueError):
         CapacityOptions(**kwargs)
