@@ -41,7 +41,7 @@ SEAM_S = 1.0
 
 __all__ = [
     "CONFIDENCE_MARGIN", "ContextOptions", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words", "merge_words",
-    "revised_texts", "count_votes", "heard_in", "reached", "trusted", "word_key",
+    "revised_texts", "count_votes", "heard_in", "reached", "trusted", "word_key", "repeats_itself",
 ]
 
 
@@ -87,7 +87,7 @@ class Finalized:
     trail: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     # Its first pass was sampled (:attr:`Hypothesis.sampled`): the beam decode failed Whisper's
     # checks, and a sampled text can be a hallucination (a loop of words the audio does not hold),
-    # so its number of words is no yardstick for a context decode's.
+    # so its number of words is no yardstick for a context decode's (see :attr:`doubtful`).
     sampled: bool = False
     # Wordings heard for it (:func:`word_key`) and by how many decodes: the first pass's, then
     # each context decode's that covered it as context or decided it (not as lookahead).
@@ -104,6 +104,14 @@ class Finalized:
     @property
     def seconds(self) -> float:
         return len(self.audio) / MODEL_RATE
+
+    @property
+    def doubtful(self) -> bool:
+        """Whether its first pass is no yardstick for a context decode's words: sampled, or a loop
+        that passed Whisper's checks (:func:`repeats_itself`; seen in the fresh-clone CI under a
+        busy machine: "I'll be back around, and" three times and a half for "The quick brown fox
+        jumps over the lazy dog", kept for good since the pass's 9 words were too few against 17)."""
+        return self.sampled or repeats_itself(self.text)
 
 
 @dataclass(frozen=True)
@@ -246,7 +254,7 @@ def revised_texts(
         elif record.index < fresh_from:
             outvoted = _outvotes(record, word_key(heard))
             out.append((heard, tuple(group)) if outvoted else (record.text, ()))
-        elif record.votes.get(word_key(heard), 0) >= 2 or not record.words or record.sampled:
+        elif record.votes.get(word_key(heard), 0) >= 2 or not record.words or record.doubtful:
             out.append((heard, tuple(group)))
         else:
             shift = span.start - record.start / MODEL_RATE  # the first pass's words, in window time
@@ -315,8 +323,8 @@ def trusted(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fres
     """Whether a decode holds about as many words as the first pass over the records it decides
     (far fewer or far more: a loop, or a lost stretch)."""
     fresh = [(r, g) for r, g in zip(records, groups, strict=True) if fresh_from <= r.index <= decide_to]
-    # A sampled first pass is no yardstick (a loop can triple its words): the decode's count stands in.
-    old_words = sum(min(len(r.text.split()), len(g)) if r.sampled else len(r.text.split()) for r, g in fresh)
+    # A doubtful first pass is no yardstick (a loop can triple its words): the decode's count stands in.
+    old_words = sum(min(len(r.text.split()), len(g)) if r.doubtful else len(r.text.split()) for r, g in fresh)
     new_words = sum(len(g) for _, g in fresh)
     return new_words > 0 and 0.6 * old_words <= new_words <= 1.6 * old_words + 2
 
@@ -337,7 +345,7 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Seque
     still goes with its first one across a seam.)"""
     text = " ".join("".join(w.word for w in group).split())
     old = len(record.text.split())
-    fewest = 1 if record.sampled else 0.8 * old - 1
+    fewest = 1 if record.doubtful else 0.8 * old - 1
     reach = [*group, *(w for w in around if _distance((w.start + w.end) / 2, span) == 0.0)]
     if not group or not fewest <= len(_words(text)) <= 1.5 * old + 2 or not _covers(reach, span, record):
         return None
@@ -347,6 +355,18 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Seque
 def _neighbours(groups: Sequence[Sequence[Word]]) -> list[list[Word]]:
     """For each group, the words of the groups next to it (the ones a seam shares)."""
     return [[*(groups[k - 1] if k > 0 else ()), *(groups[k + 1] if k + 1 < len(groups) else ())] for k in range(len(groups))]
+
+
+def repeats_itself(text: str, times: int = 3) -> bool:
+    """Whether a run of two or more words comes ``times`` times back to back: a decoding loop
+    (speech seldom says one phrase three times over; a single word repeated is not counted)."""
+    words = _words(text)
+    for size in range(2, len(words) // times + 1):
+        for start in range(len(words) - size * times + 1):
+            run = words[start : start + size]
+            if all(words[start + k * size : start + (k + 1) * size] == run for k in range(1, times)):
+                return True
+    return False
 
 
 def word_key(text: str) -> tuple[str, ...]:

@@ -51,7 +51,7 @@ from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import ContextOptions, Finalized, Span, count_votes, plan_window, reached, revised_texts, split_words, trusted, window_request
+from .context import ContextOptions, Finalized, Span, count_votes, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request
 from .stability import LocalAgreement
 from .text import guard, normalize_word, normalized_text
 
@@ -464,8 +464,8 @@ class ChannelDecoder:
             self._transcript_len = offset + len(text)
             # Only a confidently heard final becomes context: a doubtful word in the
             # prompt is copied into the next final (measured: "old-sposed" twice).
-            # Nor does a sampled one (its beam decode failed Whisper's checks).
-            self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) and not hyp.sampled else ""
+            # Nor does a sampled one (its beam decode failed Whisper's checks), or a loop.
+            self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) and not hyp.sampled and not repeats_itself(text) else ""
             self._remember(utt, offset, text, words, hyp.sampled)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []

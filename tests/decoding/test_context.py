@@ -652,23 +652,37 @@ def test_a_pass_prompt_leaves_out_text_heard_doubtfully():
     assert d.client.final_text() == " ".join(ALONE) == server_transcript(d)
 
 
-@pytest.mark.parametrize("sampled", [True, False])
-def test_a_sampled_first_pass_that_looped_is_replaced_by_what_the_pass_heard(sampled):
-    """Whisper's fallback can keep a sampled text that loops (measured on the espeak voice: "I'll
-    be right now, and" three times for "the quick brown fox jumps over the lazy dog"). Its word
-    count is no yardstick: the pass's fewer words replace it. A first pass kept from beam search
-    still guards against a pass that lost words (the loop stays, as a lost stretch would)."""
-    loop = "I'll be right now, and I'll be right now, and I'll be right now, and"
+LOOP = "I'll be right now, and I'll be right now, and I'll be right now, and"
+
+
+@pytest.mark.parametrize(
+    ("first", "sampled", "replaced"),
+    [
+        (LOOP, True, True),
+        # Kept from beam search, but a loop all the same (seen: "I'll be back around, and" three
+        # times and a half, in the fresh-clone CI under a busy machine).
+        (LOOP, False, True),
+        # Kept from beam search and no loop: a pass with far fewer words lost a stretch, and the
+        # first pass stays.
+        ("he said that the quick brown fox was not at all the one to jump over lazy dogs", False, False),
+    ],
+)
+def test_a_first_pass_that_looped_is_replaced_by_what_the_pass_heard(first, sampled, replaced):
+    """Whisper's fallback can keep a sampled text that loops, and beam search can loop within
+    Whisper's checks (measured on the espeak voice: "I'll be right now, and" three times for "the
+    quick brown fox jumps over the lazy dog"). Its word count is no yardstick: the pass's fewer
+    words replace it, and it is no prompt for the next final. A first pass that is neither
+    still guards against a pass that lost words (it stays, as a lost stretch would)."""
 
     class LoopingModel(TwoPassModel):
         def __init__(self) -> None:
-            super().__init__([loop, *ALONE[1:]], list(ALONE))
+            super().__init__([first, *ALONE[1:]], list(ALONE))
             self.prompts: list[str] = []
 
         def final(self, request) -> Hypothesis:
             self.prompts.append(request.prompt)
             hyp = super().final(request)
-            return replace(hyp, sampled=sampled) if hyp.text == loop else hyp
+            return replace(hyp, sampled=sampled) if hyp.text == first else hyp
 
     model = LoopingModel()
     d = Driver(model)
@@ -676,9 +690,19 @@ def test_a_sampled_first_pass_that_looped_is_replaced_by_what_the_pass_heard(sam
     d.apply(d.session.end_of_stream())
     d.run_context()
     check_rules(d)
-    assert model.prompts[1] == ("" if sampled else loop)  # a sampled text is no prompt for the next final
-    first = ALONE[0].capitalize() if sampled else loop  # the transcript's start, capitalized as the loop was
-    assert d.client.final_text() == " ".join([first, *ALONE[1:]]) == server_transcript(d)
+    assert model.prompts[1] == ("" if replaced else first)  # a doubtful text is no prompt for the next final
+    start = ALONE[0].capitalize() if replaced else first  # the transcript's start, capitalized as the first pass was
+    assert d.client.final_text() == " ".join([start, *ALONE[1:]]) == server_transcript(d)
+
+
+def test_a_loop_is_a_phrase_three_times_over():
+    from asr_server.decoding.context import repeats_itself
+
+    assert repeats_itself("I'll be back around, and I'll be back around, and I'll be back around, and I'll be")
+    assert repeats_itself("Thank you. Thank you. Thank you.")
+    assert not repeats_itself("I'll be back around, and I'll be back around noon")  # twice is speech
+    assert not repeats_itself("no, no, no, I said the quick brown fox")  # one word over and over is too
+    assert not repeats_itself("The quick brown fox jumps over the lazy dog.")
 
 
 @pytest.mark.parametrize(
