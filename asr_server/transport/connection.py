@@ -336,17 +336,22 @@ class Connection:
 
     async def _keepalive(self, ws: ServerConnection) -> None:
         """Ping every ``keepalive_interval_s``; a pong missing for ``keepalive_timeout_s`` over a
-        window in which we read all the while means the client stopped reading: ``results_not_read``."""
+        window in which we read all the while and no audio came means the client stopped reading:
+        ``results_not_read``. (Audio still coming means the pong is queued behind it: a fast upload
+        on a busy server read its backlog for more than 2 s and was cut off so. A client that sends
+        and never reads is cut off when a result cannot be sent for ``send_timeout_s``.)"""
         interval, timeout = self.limits.keepalive_interval_s, self.limits.keepalive_timeout_s
         while not self.done.is_set() and self.ws is ws:
             await asyncio.sleep(interval)  # a timer, not synchronisation
-            stalls = self._stalls
+            stalls, received = self._stalls, self.bytes_received
             try:
                 pong = await ws.ping()
                 await asyncio.wait_for(asyncio.shield(pong), timeout)
             except TimeoutError:
                 if self._stalled or self._stalls != stalls or self._ending:
                     continue  # we were not reading: the pong may be queued behind audio
+                if self.bytes_received != received:
+                    continue  # its audio kept coming: the pong is queued behind what it sent before it
                 if self.ws is not ws:
                     return  # resumed meanwhile on another connection
                 await self._not_reading(f"no pong for {timeout:g} s while the server was reading")
