@@ -91,9 +91,11 @@ def machine_line(port: int) -> str:
     model time of a final in a burst, timed at start-up, and the channels it admits from it). Figures of
     runs on machines whose burst final differs are not comparable."""
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
-    final_s = metric(port, "asr_burst_final_seconds")
-    if final_s > 0:
-        return f"machine: {cpu}, {os.cpu_count()} cores; a burst final takes {final_s:.3f} model s (the server's start-up measure: capacity {metric(port, 'asr_capacity_channels'):.0f} channels)"
+    # /healthz, not the metrics: the gauges are set on the server's first tick, which may not have come yet.
+    capacity = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()).get("capacity")
+    if capacity:
+        return (f"machine: {cpu}, {os.cpu_count()} cores; a burst final takes {capacity['final_s']:.3f} model s, a context pass"
+                f" {capacity['pass_s']:.3f} (the server's start-up measure: capacity {capacity['channels']} channels)")
     # A fixed --max-channels: the server measured nothing, so time one here as it would (one thread a worker).
     from asr_server.inference.whisper import DEFAULT_MODEL, WhisperRunner, resolve_model
 
