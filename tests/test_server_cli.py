@@ -81,3 +81,14 @@ def test_the_resume_time_reaches_the_sessions_limits_and_zero_turns_resume_off(c
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["--resume-ttl", "-5"])
     assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err
+
+
+def test_a_gpu_runs_two_model_calls_at_once_so_a_final_never_waits_behind_a_pass(monkeypatch):
+    """One worker on CUDA left finals behind context passes and interim batches (docs/benchmarks.md, GPU):
+    two by default there, one per core on CPU, and --workers overrides both."""
+    from asr_server.cli import _plan
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert _plan(build_parser().parse_args(["--device", "cuda"])).workers == 2
+    assert _plan(build_parser().parse_args(["--device", "cuda", "--workers", "1"])).workers == 1
+    assert _plan(build_parser().parse_args([])).workers == 16
