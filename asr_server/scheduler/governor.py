@@ -15,7 +15,9 @@ step every ``lower_after_s`` (slower down than up, so it does not flap). The
 steps, in order:
 
 1. ``FEWER_INTERIMS`` - interims every ``interim_factor`` times more audio,
-   and on the runner's short encoder window (cheaper, less accurate);
+   and on the runner's short encoder window (cheaper, less accurate); context
+   passes lean (only the utterances they decide) once a step up came while a
+   final was late, until the level is back at 0;
 2. ``INTERIM_MODEL`` - interims on the smaller ``--interim-model`` (without
    one: interims slowed by the factor once more);
 3. ``REFUSE_BATCH`` - new ``batch`` streams are refused;
@@ -98,6 +100,7 @@ class LoadGovernor:
         self._since: float | None = None  # when the current pressure (or calm) began
         self._pressured: bool | None = None
         self._changed_at = 0.0
+        self._finals_raised = False  # a step up came while a final was late, since the level left NORMAL
 
     def observe(self, now: float, oldest_final_wait: float, memory_used: int = 0, memory_budget: int = 0, oldest_interim_wait: float = 0.0) -> Level:
         """Update from the queue and memory; returns the (possibly new) level."""
@@ -119,6 +122,7 @@ class LoadGovernor:
         held = now - max(self._since, self._changed_at)
         if state and self.level < self.options.max_level and held >= self.options.raise_after_s:
             self._step(now, +1)
+            self._finals_raised = self._finals_raised or oldest_final_wait > o.high_wait_s
         elif not state and self.level > Level.NORMAL and held >= self.options.lower_after_s:
             self._step(now, -1)
         return self.level
@@ -130,10 +134,13 @@ class LoadGovernor:
         self._since = None
         self._pressured = None
         self._changed_at = 0.0
+        self._finals_raised = False
 
     def _step(self, now: float, delta: int) -> None:
         self.level = Level(self.level + delta)
         self._changed_at = now
+        if self.level is Level.NORMAL:
+            self._finals_raised = False
 
     def admits(self, priority: Priority) -> bool:
         """Whether a new stream of this class is taken at the current level."""
@@ -153,8 +160,12 @@ class LoadGovernor:
         return self.level >= Level.FEWER_INTERIMS
 
     def lean_context(self) -> bool:
-        """Whether context passes leave out the decided audio before the new utterances."""
-        return self.level >= Level.FEWER_INTERIMS
+        """Whether context passes leave out the decided audio before the new utterances: from the
+        first level, once a step up came while a final was late. Interims lagging alone (one
+        stream on a slow machine, its interims waiting behind the pass itself) make interims
+        cheaper but leave passes whole: a lean pass decides its utterances without the context
+        it is there for."""
+        return self.level >= Level.FEWER_INTERIMS and self._finals_raised
 
     def load_settings(self, has_interim_model: bool) -> LoadSettings:
         """The interim and context-pass settings of the current level."""
