@@ -100,7 +100,7 @@ class LoadGovernor:
         self._since: float | None = None  # when the current pressure (or calm) began
         self._pressured: bool | None = None
         self._changed_at = 0.0
-        self._finals_raised = False  # a step up came while a final was late, since the level left NORMAL
+        self._finals_raised = False  # a final was late through a raise period, since the level left NORMAL
 
     def observe(self, now: float, oldest_final_wait: float, memory_used: int = 0, memory_budget: int = 0, oldest_interim_wait: float = 0.0) -> Level:
         """Update from the queue and memory; returns the (possibly new) level."""
@@ -120,10 +120,12 @@ class LoadGovernor:
         if state is None or self._since is None:
             return self.level
         held = now - max(self._since, self._changed_at)
-        if state and self.level < self.options.max_level and held >= self.options.raise_after_s:
-            self._step(now, +1)
-            self._finals_raised = self._finals_raised or oldest_final_wait > o.high_wait_s
-        elif not state and self.level > Level.NORMAL and held >= self.options.lower_after_s:
+        if state and held >= o.raise_after_s:
+            if self.level < o.max_level:
+                self._step(now, +1)
+            # Late finals through a raise period make passes lean, at the highest level allowed too.
+            self._finals_raised = self._finals_raised or (self.level > Level.NORMAL and oldest_final_wait > o.high_wait_s)
+        elif not state and self.level > Level.NORMAL and held >= o.lower_after_s:
             self._step(now, -1)
         return self.level
 

@@ -78,6 +78,13 @@ def test_passes_go_lean_only_once_a_final_was_late_not_for_lagging_interims_alon
     assert not gov.lean_context()  # a new episode of load starts over
 
 
+def test_late_finals_make_passes_lean_at_the_highest_level_allowed_too():
+    gov = LoadGovernor(GovernorOptions(high_wait_s=0.8, raise_after_s=1.0, max_level=Level.INTERIM_MODEL))
+    assert run(gov, 0.0, 2.0, wait=0.0, oldest_interim_wait=2.0) == Level.INTERIM_MODEL and not gov.lean_context()
+    assert run(gov, 2.25, 2.75, wait=2.0) == Level.INTERIM_MODEL and not gov.lean_context()  # not yet a raise period
+    assert run(gov, 3.0, 4.0, wait=2.0) == Level.INTERIM_MODEL and gov.lean_context()  # no step left to take: lean all the same
+
+
 def test_memory_critical_is_independent_of_the_level():
     gov = LoadGovernor(GovernorOptions(critical_fraction=0.9))
     gov.observe(0.0, 0.0, memory_used=950, memory_budget=1000)
