@@ -16,8 +16,8 @@ steps, in order:
 
 1. ``FEWER_INTERIMS`` - interims every ``interim_factor`` times more audio,
    and on the runner's short encoder window (cheaper, less accurate); context
-   passes lean (only the utterances they decide) once a step up came while a
-   final was late, until the level is back at 0;
+   passes lean (only the utterances they decide) once a final was late
+   through a raise period, until the level is back at 0;
 2. ``INTERIM_MODEL`` - interims on the smaller ``--interim-model`` (without
    one: interims slowed by the factor once more);
 3. ``REFUSE_BATCH`` - new ``batch`` streams are refused;
@@ -163,7 +163,7 @@ class LoadGovernor:
 
     def lean_context(self) -> bool:
         """Whether context passes leave out the decided audio before the new utterances: from the
-        first level, once a step up came while a final was late. Interims lagging alone (one
+        first level, once a final was late through a raise period. Interims lagging alone (one
         stream on a slow machine, its interims waiting behind the pass itself) make interims
         cheaper but leave passes whole: a lean pass decides its utterances without the context
         it is there for."""
