@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stream_bench import bucket_quantile, cpu_seconds, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, speech_ends, start_server  # noqa: E402
+from stream_bench import bucket_quantile, cpu_seconds, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, speech_ends, start_server  # noqa: E402
 
 from asr_client import stream_bytes  # noqa: E402
 
@@ -145,11 +145,6 @@ async def one_client(url: str, name: str, turn: int, delay: float, rounds: int =
     # Connect, handshake, error and close handshake: an upper bound on the time to refusal.
     refused_after = time.monotonic() - t0 if errors and r.messages[0].message["type"] == "error" else None
     return entry, r, code, refused_after
-
-
-def health(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
-        return json.loads(resp.read())
 
 
 def model_seconds(port: int) -> dict[str, float]:

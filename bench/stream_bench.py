@@ -86,13 +86,18 @@ def start_server(compute_type: str, *extra: str) -> tuple[subprocess.Popen, int]
     return proc, port
 
 
+def health(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
 def machine_line(port: int) -> str:
     """What machine the figures come from: its processor, and the server's own measure of its speed (the
     model time of a final in a burst, timed at start-up, and the channels it admits from it). Figures of
     runs on machines whose burst final differs are not comparable."""
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
     # /healthz, not the metrics: the gauges are set on the server's first tick, which may not have come yet.
-    capacity = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()).get("capacity")
+    capacity = health(port).get("capacity")
     if capacity:
         return (f"machine: {cpu}, {os.cpu_count()} cores; a burst final takes {capacity['final_s']:.3f} model s, a context pass"
                 f" {capacity['pass_s']:.3f} (the server's start-up measure: capacity {capacity['channels']} channels)")
