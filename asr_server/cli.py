@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--compute-type", default="auto", help="CTranslate2 compute type: auto, int8, float16, float32, ... (default auto)")
     p.add_argument("--cpu-threads", type=int, default=0, help="threads per model worker on CPU (default: cores / workers)")
-    p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: one per core on CPU, 2 on CUDA)")
+    p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: one per core on CPU, 3 on CUDA)")
     _decoding_options(p)
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
@@ -269,9 +269,11 @@ def _plan(args: argparse.Namespace) -> _Plan:
     batch_seconds = args.max_batch_seconds or (30.0 * max_batch if args.device == "cuda" else 60.0)
     max_frames = max(1, int(batch_seconds * 100))
     final_frames = max(1, int((args.final_batch_seconds or (batch_seconds if args.device == "cuda" else 30.0)) * 100))
-    # On CUDA two: with one, a context pass or a batch of interims holds the only worker while finals
-    # wait (32 streams in step on an H100: finals p95 7.3 s with one, 0.7 s with two; docs/benchmarks.md).
-    workers = args.workers or (2 if args.device == "cuda" else cores)
+    # On CUDA three: with one, a context pass or a batch of interims holds the only worker while finals
+    # wait (32 streams in step on an H100: finals p95 7.3 s with one, 0.7 s with two); with two, interims
+    # wait behind passes (16 in step on an H200: interim lag p95 3.0 s with two, 0.3 s with three).
+    # Background work never takes the last worker, so a final always finds one (docs/benchmarks.md).
+    workers = args.workers or (3 if args.device == "cuda" else cores)
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
                     webrtc_connect_timeout_s=args.webrtc_connect_timeout, resume_ttl_s=args.resume_ttl,
                     ended_session_ttl_s=args.ended_session_ttl)

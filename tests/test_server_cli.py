@@ -83,12 +83,12 @@ def test_the_resume_time_reaches_the_sessions_limits_and_zero_turns_resume_off(c
     assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err
 
 
-def test_a_gpu_runs_two_model_calls_at_once_so_a_final_never_waits_behind_a_pass(monkeypatch):
-    """One worker on CUDA left finals behind context passes and interim batches (docs/benchmarks.md, GPU):
-    two by default there, one per core on CPU, and --workers overrides both."""
+def test_a_gpu_runs_three_model_calls_at_once_so_neither_finals_nor_interims_wait_behind_a_pass(monkeypatch):
+    """One worker on CUDA left finals behind context passes and interim batches, two left interims behind
+    passes (docs/benchmarks.md, GPU): three by default there, one per core on CPU, and --workers overrides both."""
     from asr_server.cli import _plan
 
     monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert _plan(build_parser().parse_args(["--device", "cuda"])).workers == 2
+    assert _plan(build_parser().parse_args(["--device", "cuda"])).workers == 3
     assert _plan(build_parser().parse_args(["--device", "cuda", "--workers", "1"])).workers == 1
     assert _plan(build_parser().parse_args([])).workers == 16
