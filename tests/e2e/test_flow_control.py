@@ -12,7 +12,7 @@ import websockets
 
 from asr_server.options import Limits
 
-from ..harness import FIXTURES, MANIFEST, ServerThread, replay
+from ..harness import FIXTURES, MANIFEST, ServerThread, assert_each_sentence_finalized, replay
 from ..wer import wer
 
 pytestmark = pytest.mark.e2e
@@ -33,11 +33,7 @@ def test_a_fast_upload_held_back_for_many_keepalive_periods_gets_every_final(whi
     msgs = [m.message for m in r.messages]
     assert msgs[-1]["type"] == "closed" and not r.of_type("error")
     finals = [m for m in msgs if m["type"] == "final" and m["text"]]
-    # Every sentence is finalized (a long one may come as two finals, split at a breath,
-    # where the interims found a sentence's end: that depends on timing).
-    spans = MANIFEST["librivox_16k.s16le"]["spans"][0]
-    assert all(any(f["start"] < end and f["end"] > start for f in finals) for start, end in spans)
-    assert len(spans) <= len(finals) <= 2 * len(spans)
+    assert_each_sentence_finalized(finals, MANIFEST["librivox_16k.s16le"]["spans"][0])
     text = r.final_text()
     assert wer(" ".join(MANIFEST["librivox_16k.s16le"]["references"][0]), text) < 0.25, (text, [m for m in msgs if m["type"] in ("final", "revision")])
     assert b'code="results_not_read"' not in metrics
