@@ -132,7 +132,7 @@ def offline_text(audio: np.ndarray, compute_type: str) -> str:
         import ctranslate2
 
         # float16 runs on a GPU only: a bench of a CUDA server computes offline there too
-        device = "cpu" if compute_type in ctranslate2.get_supported_compute_types("cpu") else "cuda"
+        device = "cpu" if compute_type in {"auto", "default", *ctranslate2.get_supported_compute_types("cpu")} else "cuda"
         _MODEL = WhisperModel(resolve_model("tiny.en"), device=device, compute_type=compute_type, cpu_threads=os.cpu_count() or 1)
     segments, _ = _MODEL.transcribe(audio, language="en", beam_size=5, vad_filter=True)
     return " ".join(s.text for s in segments)
