@@ -321,18 +321,21 @@ def reached(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fres
 
 def trusted(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fresh_from: int, decide_to: int) -> bool:
     """Whether a decode holds about as many words as the first pass over the records it decides
-    (far fewer or far more: a loop, or a lost stretch)."""
+    (far fewer or far more: a loop, or a lost stretch). Two words fewer always pass, as in
+    :func:`heard_in`."""
     fresh = [(r, g) for r, g in zip(records, groups, strict=True) if fresh_from <= r.index <= decide_to]
     # A doubtful first pass is no yardstick (a loop can triple its words): the decode's count stands in.
     old_words = sum(min(len(r.text.split()), len(g)) if r.doubtful else len(r.text.split()) for r, g in fresh)
     new_words = sum(len(g) for _, g in fresh)
-    return new_words > 0 and 0.6 * old_words <= new_words <= 1.6 * old_words + 2
+    return new_words > 0 and min(0.6 * old_words, old_words - 2) <= new_words <= 1.6 * old_words + 2
 
 
 def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Sequence[Word] = ()) -> str | None:
     """The text a decode heard in ``record``'s span (``group``: its words there), or None where it
     is not to be trusted: no words, a very different number of words than the first pass, or
-    words that stop short of the audio the first pass's words reached.
+    words that stop short of the audio the first pass's words reached. Two words fewer always
+    pass: a short first pass can split one word into several (the long-form reading in the room:
+    "Babylon," as "Add it on."), and 0.8 of its words less one would have left it so for good.
 
     ``around``: the decode's words given to the other records. One of them that lies in this
     span (a word said across the seam, given to the record whose first pass holds it or to
@@ -345,7 +348,7 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Seque
     still goes with its first one across a seam.)"""
     text = " ".join("".join(w.word for w in group).split())
     old = len(record.text.split())
-    fewest = 1 if record.doubtful else 0.8 * old - 1
+    fewest = 1 if record.doubtful else min(0.8 * old - 1, old - 2)
     reach = [*group, *(w for w in around if _distance((w.start + w.end) / 2, span) == 0.0)]
     if not group or not fewest <= len(_words(text)) <= 1.5 * old + 2 or not _covers(reach, span, record):
         return None

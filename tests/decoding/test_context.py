@@ -541,6 +541,27 @@ def test_a_wording_two_later_windows_agree_on_outvotes_the_one_window_that_decid
     assert d.client.final_text() == " ".join([right, *ALONE[1:]]) == server_transcript(d)
 
 
+def test_a_short_first_pass_that_split_one_word_into_several_is_revised_to_the_one_word():
+    """A first pass heard a lone name as three words ("Babylon," as "Add it on." in the long-form
+    reading in the room); every context window heard the one word. One word for three is a
+    smaller count than a lost stretch is allowed, but for so short an utterance two words fewer
+    is still a hearing (a six-word sentence heard as one word stays: the test above)."""
+    alone = [*ALONE[:2], "add it on", *ALONE[3:]]
+
+    class OneWord(VaryingModel):
+        def context(self, request) -> Hypothesis:
+            # The name lasts as long as the three words did (the fake spreads words over a span).
+            hyp = super().context(request)
+            words = list(hyp.words)
+            for i, w in enumerate(words[:-1]):
+                if w.word == " babylon":
+                    words[i] = replace(w, end=words[i + 1].start - 0.3)
+            return replace(hyp, words=tuple(words))
+
+    d = _pass_after_every_final(OneWord(alone, lambda n, call: "babylon" if n == 2 else alone[n]))
+    assert d.client.final_text() == " ".join([*alone[:2], "babylon", *alone[3:]]) == server_transcript(d)
+
+
 def test_one_window_alone_never_overturns_what_the_decodes_before_it_agreed_on():
     right = "he was not an ill-disposed young man"
 
