@@ -545,7 +545,8 @@ def test_a_short_first_pass_that_split_one_word_into_several_is_revised_to_the_o
     """A first pass heard a lone name as three words ("Babylon," as "Add it on." in the long-form
     reading in the room); every context window heard the one word. One word for three is a
     smaller count than a lost stretch is allowed, but for so short an utterance two words fewer
-    is still a hearing (a six-word sentence heard as one word stays: the test above)."""
+    is still a hearing (a six-word sentence heard as one word stays as it was:
+    test_a_pass_that_cuts_an_utterance_short_leaves_it_as_it_was)."""
     alone = [*ALONE[:2], "add it on", *ALONE[3:]]
 
     class OneWord(VaryingModel):
