@@ -91,9 +91,10 @@ def test_realtime_librivox_finals_arrive_at_each_sentence_end(live_server, whisp
     finals = [f for f in r.of_type("final") if f.message["text"]]
     spans = MANIFEST[name]["spans"][0]
     assert_each_sentence_finalized([f.message for f in finals], spans)
-    # Each final came from the endpoint found in the audio, not from the client's close.
+    # Each final came from the audio (its endpoint, or a sentence end the interims heard where a long
+    # sentence split: a fresh-clone CI run got one), not from the client's close.
     # (How soon after the end of speech is a benchmark's business: bench/stream_bench.py.)
-    assert all(f.message["reason"] == "endpoint" for f in finals)
+    assert all(f.message["reason"] in ("endpoint", "sentence") for f in finals), [f.message for f in finals]
     for f in finals:  # captions came while each sentence was spoken
         assert any(i.message["utterance"] == f.message["utterance"] for i in r.of_type("interim"))
     streamed = wer(reference(name), r.final_text())

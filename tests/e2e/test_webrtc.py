@@ -84,7 +84,7 @@ def test_webrtc_gives_the_same_results_as_websocket(rtc_server):
             transcript = (transcript + " " + m["text"]).strip()
     finals = [m for m in run.of_type("final") if m["text"]]
     assert_each_sentence_finalized(finals, MANIFEST[FIXTURE]["spans"][0])
-    assert all(f["reason"] == "endpoint" for f in finals)
+    assert all(f["reason"] in ("endpoint", "sentence") for f in finals), finals  # from the audio, not the close
     # Opus at 48 kHz and back costs little: accuracy within a few words of the WebSocket path.
     over_ws = asyncio.run(replay(rtc_server.url, FIXTURE))
     rtc_wer, ws_wer = wer(reference(FIXTURE), run.final_text()), wer(reference(FIXTURE), over_ws.final_text())
