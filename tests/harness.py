@@ -50,6 +50,11 @@ class Replay:
         return " ".join(m.message["text"] for m in self.of_type("final") if m.message["channel"] == channel and m.message["text"])
 
 
+# Final reasons that come from the audio: its endpoint, or a sentence end the interims heard where a
+# long sentence split (not the client's close).
+FROM_AUDIO = ("endpoint", "sentence")
+
+
 def assert_each_sentence_finalized(finals: list[dict[str, Any]], spans: list[list[float]]) -> None:
     """Every sentence (``spans``: start, end in stream seconds) overlaps a final with text, and there
     are at most two finals per sentence: a long sentence may split once at a breath, which depends on

@@ -35,6 +35,9 @@ from .text import normalize_word
 CONFIDENCE_MARGIN = 0.0
 # ... and only if its words reach within this much of where the first pass's began and ended.
 COVER_MARGIN_S = 0.6
+# A hearing this many words shorter than the first pass always counts as one (a short first pass
+# can split one word into several: "Babylon," as "Add it on."); see :func:`_fewest_words`.
+SPLIT_WORDS = 2
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
 SEAM_S = 1.0
@@ -327,7 +330,7 @@ def trusted(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fres
     # A doubtful first pass is no yardstick (a loop can triple its words): the decode's count stands in.
     old_words = sum(min(len(r.text.split()), len(g)) if r.doubtful else len(r.text.split()) for r, g in fresh)
     new_words = sum(len(g) for _, g in fresh)
-    return new_words > 0 and min(0.6 * old_words, old_words - 2) <= new_words <= 1.6 * old_words + 2
+    return new_words > 0 and _fewest_words(old_words, 0.6) <= new_words <= 1.6 * old_words + 2
 
 
 def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Sequence[Word] = ()) -> str | None:
@@ -348,11 +351,17 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Seque
     still goes with its first one across a seam.)"""
     text = " ".join("".join(w.word for w in group).split())
     old = len(record.text.split())
-    fewest = 1 if record.doubtful else min(0.8 * old - 1, old - 2)
+    fewest = 1 if record.doubtful else _fewest_words(old, 0.8, less=1)
     reach = [*group, *(w for w in around if _distance((w.start + w.end) / 2, span) == 0.0)]
     if not group or not fewest <= len(_words(text)) <= 1.5 * old + 2 or not _covers(reach, span, record):
         return None
     return text
+
+
+def _fewest_words(old: int, share: float, less: float = 0.0) -> float:
+    """The fewest words a decode may hear where the first pass heard ``old``: ``share`` of them less
+    ``less``, but never more than :data:`SPLIT_WORDS` short."""
+    return min(share * old - less, old - SPLIT_WORDS)
 
 
 def _neighbours(groups: Sequence[Sequence[Word]]) -> list[list[Word]]:

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from ..harness import FIXTURES, MANIFEST, Replay, assert_each_sentence_finalized, load_channels, replay
+from ..harness import FIXTURES, FROM_AUDIO, MANIFEST, Replay, assert_each_sentence_finalized, load_channels, replay
 from ..wer import normalize, wer
 
 pytestmark = pytest.mark.e2e
@@ -94,7 +94,7 @@ def test_realtime_librivox_finals_arrive_at_each_sentence_end(live_server, whisp
     # Each final came from the audio (its endpoint, or a sentence end the interims heard where a long
     # sentence split: a fresh-clone CI run got one), not from the client's close.
     # (How soon after the end of speech is a benchmark's business: bench/stream_bench.py.)
-    assert all(f.message["reason"] in ("endpoint", "sentence") for f in finals), [f.message for f in finals]
+    assert all(f.message["reason"] in FROM_AUDIO for f in finals), [f.message for f in finals]
     for f in finals:  # captions came while each sentence was spoken
         assert any(i.message["utterance"] == f.message["utterance"] for i in r.of_type("interim"))
     streamed = wer(reference(name), r.final_text())

@@ -20,7 +20,7 @@ from asr_server.inference.whisper import DecodeKind
 from asr_server.options import Limits, RtcOptions
 
 from ..fakes import FakeRunner
-from ..harness import MANIFEST, ServerThread, assert_each_sentence_finalized, load_channels, load_mono, replay
+from ..harness import FROM_AUDIO, MANIFEST, ServerThread, assert_each_sentence_finalized, load_channels, load_mono, replay
 from ..rtc_client import RATE, ArrayTrack, offer_sdp, run_rtc, to_48k
 from ..wer import wer
 
@@ -84,7 +84,7 @@ def test_webrtc_gives_the_same_results_as_websocket(rtc_server):
             transcript = (transcript + " " + m["text"]).strip()
     finals = [m for m in run.of_type("final") if m["text"]]
     assert_each_sentence_finalized(finals, MANIFEST[FIXTURE]["spans"][0])
-    assert all(f["reason"] in ("endpoint", "sentence") for f in finals), finals  # from the audio, not the close
+    assert all(f["reason"] in FROM_AUDIO for f in finals), finals
     # Opus at 48 kHz and back costs little: accuracy within a few words of the WebSocket path.
     over_ws = asyncio.run(replay(rtc_server.url, FIXTURE))
     rtc_wer, ws_wer = wer(reference(FIXTURE), run.final_text()), wer(reference(FIXTURE), over_ws.final_text())
