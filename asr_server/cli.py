@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 
 from .audio.vad import DETECTORS, VadOptions
 from .decoding.context import ContextOptions
+from .inference.priority import BACKGROUND_NICE
 from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, QUICK_FINAL_PAD_S, BURST_FINAL_PAD_S, SHORT_INTERIM_PAD_S,
                                 LEAN_CONTEXT_PAD_S, ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
@@ -95,6 +96,9 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--final-cpu-threads", type=int, default=0,
                    help="threads of a call of finals on CPU (default: every core; the model is loaded twice when this is more than "
                         "--cpu-threads, so that a final has the cores other calls leave idle)")
+    p.add_argument("--background-nice", type=int, default=BACKGROUND_NICE,
+                   help="with that second copy, how much lower in CPU priority (Linux nice) the other calls compute: interims and "
+                        "context passes then take the cores a final leaves (default %(default)s; 0: the same priority)")
     p.add_argument("--interim-encoder-pad-s", type=float, default=INTERIM_ENCODER_PAD_S,
                    help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster)")
     p.add_argument("--busy-interim-encoder-pad-s", type=float, default=SHORT_INTERIM_PAD_S,
@@ -292,7 +296,7 @@ def _load(
                   short_interim_pad_s=args.busy_interim_encoder_pad_s, final_encoder_pad_s=args.final_encoder_pad_s, workers=plan.workers)
     baseline = process_rss()
     runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, final_beam_size=args.final_beam_size,
-                           final_threads=args.final_cpu_threads or (os.cpu_count() or 1),
+                           final_threads=args.final_cpu_threads or (os.cpu_count() or 1), background_nice=args.background_nice,
                            quick_final_pad_s=args.quick_final_encoder_pad_s, quick_final_beam_size=args.quick_final_beam_size,
                            burst_final_pad_s=args.burst_final_encoder_pad_s, lean_context_pad_s=args.lean_context_encoder_pad_s, **common)
     interim = None

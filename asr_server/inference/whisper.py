@@ -31,6 +31,7 @@ from . import fw
 from .fallback import FINAL_TEMPERATURES, Attempt, best_attempt, compression_ratio, needs_fallback, nothing_said
 from .models import DEFAULT_MODEL, ModelNotFound, resolve_model
 from .packing import PACK_CONTENT_S, PACK_GAP_S, PACK_MAX_ITEM_S, packed_frames, plan_packs, split_pack, text_tokens, usable_pack
+from .priority import call_lowered
 from .types import SAMPLE_RATE, BatchKey, DecodeKind, DecodeRequest, Hypothesis, Runner, Word
 from .windows import (
     FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, MAX_INITIAL_TIMESTAMP_INDEX, BURST_FINAL_PAD_S, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S, LEAN_CONTEXT_PAD_S,
@@ -89,6 +90,7 @@ class WhisperRunner(Runner):
         burst_final_pad_s: float = BURST_FINAL_PAD_S,
         lean_context_pad_s: float = LEAN_CONTEXT_PAD_S,
         final_threads: int = 0,
+        background_nice: int = 0,
     ) -> None:
         """``*_encoder_pad_s``: seconds of silence after the audio in the encoder window (30: Whisper's full window).
 
@@ -103,7 +105,8 @@ class WhisperRunner(Runner):
         ``quick_final_beam_size`` their beam; ``burst_final_pad_s``: the padding of finals in a
         burst (``burst``), which decode greedily; ``lean_context_pad_s``: the padding of lean
         context passes (``short_window``; 30: the full window, as every other pass).
-        ``final_threads``: on CPU, threads of a call of finals (0: ``cpu_threads``; see :meth:`_set_wide`).
+        ``final_threads``: on CPU, threads of a call of finals (0: ``cpu_threads``), and
+        ``background_nice``: how much lower in CPU priority the other calls compute (see :meth:`_load_copies`).
         """
         if final_beam_size < 1 or quick_final_beam_size < 1:
             raise ValueError("beam sizes must be at least 1")
@@ -113,23 +116,27 @@ class WhisperRunner(Runner):
         self.max_windows = max(0, max_windows)
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()
-        # num_workers: how many transcribe_batch calls may run at once (one per scheduler worker).
-        self._base_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=threads, num_workers=max(1, workers))
-        self._set_wide(model_path, device, compute_type, threads, final_threads)
+        self._load_copies(model_path, device, compute_type, threads, workers, final_threads, background_nice)
         self.model_path, self.device = model_path, device
         self.languages: tuple[str, ...] = tuple(self.model.supported_languages)
         self._tokens: dict[str, fw.Tokens] = {}
         self._prompt_cache: dict[tuple[int, str], list[int]] = {}  # shared by threads: dict operations are atomic; a lost entry is recomputed
         log.info("model loaded path=%s device=%s compute_type=%s threads=%d workers=%d in %.2fs", model_path, device, compute_type, threads, workers, time.monotonic() - t0)
 
-    def _set_wide(self, model_path: str, device: str, compute_type: str, threads: int, final_threads: int) -> None:
-        """On CPU with more threads for finals than for the rest, the weights again with that many:
-        one call of finals at a time decodes on this copy (never in a burst), so that a final, what
-        a user waits on, has every core while no other call runs, and shares them when one does
-        (measured on 2 cores: a quick final alone 0.58 s against 0.87 s with one thread, beside a
-        context pass 0.98 against 0.97 s). Two such calls at once would oversubscribe the cores
-        (4 streams' finals p95 3.3 -> 4.0 s; docs/benchmarks.md)."""
+    def _load_copies(self, model_path: str, device: str, compute_type: str, threads: int, workers: int, final_threads: int, nice: int) -> None:
+        """The weights for ``workers`` calls at once with ``threads`` each, and on CPU with more
+        threads for finals than for the rest, the weights again with that many: one call of finals
+        at a time decodes on this copy (never in a burst), so that a final, what a user waits on,
+        has every core while no other call runs. Beside another call it shares them: equally at
+        the same priority (a quick final 0.96 s beside a context pass against 0.58 s alone, on 2
+        slow cores), mostly its own when the shared copy computes ``nice`` lower (0.74 s at 10,
+        0.61 at 19). Two such calls at once would oversubscribe the cores (4 streams' finals p95
+        3.3 -> 4.0 s; docs/benchmarks.md)."""
         wide = device == "cpu" and final_threads > threads
+        self.background_nice = max(0, nice) if wide else 0
+        # num_workers: how many transcribe_batch calls may run at once (one per scheduler worker).
+        self._base_model = call_lowered(self.background_nice, lambda: fw.load_model(
+            model_path, device=device, compute_type=compute_type, cpu_threads=threads, num_workers=max(1, workers)))
         self._wide_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=final_threads, num_workers=1) if wide else None
         self.final_threads = final_threads if wide else threads
         self._wide_free = threading.Lock()  # held by the call of finals on the wide copy

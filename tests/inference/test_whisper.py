@@ -1,3 +1,6 @@
+import sys
+import threading
+
 import numpy as np
 import pytest
 
@@ -109,3 +112,39 @@ def test_finals_decode_on_the_wide_copy_one_call_at_a_time():
     same = WhisperRunner(resolve_model("tiny.en"), cpu_threads=2, final_threads=2)
     with same._using(DecodeKind.FINAL):
         assert same.final_threads == 2 and same.model is same._base_model  # no second copy
+
+
+def _threads() -> set[int]:
+    import os
+
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_copy_for_interims_and_passes_computes_below_the_finals_copy_in_cpu_priority():
+    """A final beside a context pass gets the cores first: the shared copy's compute threads
+    start at the lowered priority, the finals' copy's at the process's, which stays as it was."""
+    from asr_server.inference.priority import thread_nice
+
+    own = thread_nice(threading.get_native_id())
+    before = _threads()
+    runner = WhisperRunner(resolve_model("tiny.en"), cpu_threads=1, workers=2, final_threads=2, background_nice=3)
+    niceness = sorted(thread_nice(tid) for tid in _threads() - before)
+    assert runner.background_nice == 3
+    assert niceness.count(min(19, own + 3)) >= 2  # one compute thread per worker of the shared copy
+    assert own in niceness  # the finals' copy
+    assert thread_nice(threading.get_native_id()) == own
+    assert runner.transcribe(DecodeRequest(np.zeros(16000, np.float32), DecodeKind.FINAL, word_timestamps=True)).text is not None
+    same = WhisperRunner(resolve_model("tiny.en"), cpu_threads=2, final_threads=2, background_nice=3)
+    assert same.background_nice == 0  # no finals' copy to give way to: nothing lowered
+
+
+def test_a_load_lowered_that_fails_raises_in_the_caller():
+    from asr_server.inference.priority import call_lowered
+
+    def broken() -> None:
+        raise ModelNotFound("no weights here")
+
+    with pytest.raises(ModelNotFound, match="no weights"):
+        call_lowered(4, broken)
+    assert call_lowered(0, lambda: threading.get_native_id()) == threading.get_native_id()
