@@ -7,10 +7,12 @@ carries out what each call returns, in order:
 * :class:`Send` - write this JSON message to the client;
 * :class:`~asr_server.events.SubmitJob` - run this decode job, then call
   :meth:`Session.job_done` (or :meth:`Session.job_skipped` if the scheduler
-  skipped it after :meth:`Session.refresh_job` said so);
+  skipped it after :meth:`Session.refresh_job` said so, or
+  :meth:`Session.job_failed` if the model could not decode it);
 * :class:`~asr_server.events.WithdrawJob` - if that submitted job is still
   waiting, have it skipped now (then :meth:`Session.job_skipped` as above);
-  (or :meth:`Session.job_failed` if the model could not decode it);
+  if it already runs, call :meth:`Session.job_running` (the core may go on
+  without its answer, which is still handed back when it comes);
 * :class:`Close` - close the connection with this code (the last output).
 
 Per channel the data flows VAD -> chunker -> incremental decoder.
@@ -222,6 +224,12 @@ class Session:
             return []
         out = self._pipeline(self._decoders[job.channel].job_done(job, hypothesis))
         return out + self._maybe_closed()
+
+    def job_running(self, job: DecodeJob) -> list[SessionOutput]:
+        """A job this core withdrew (:class:`~asr_server.events.WithdrawJob`) was already running."""
+        if self.state is SessionState.CLOSED:
+            return []
+        return self._pipeline(self._decoders[job.channel].job_running(job))
 
     def job_failed(self, job: DecodeJob) -> list[SessionOutput]:
         """The model could not decode ``job`` (the scheduler already retried a final once).

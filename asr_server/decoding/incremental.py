@@ -144,6 +144,7 @@ class ChannelDecoder:
         # them: finals come sooner and cost half, and the transcript that stays is the pass's.
         self.quick_finals = self.context.enabled and self.context.quick_finals
         self._withdrawn: DecodeJob | None = None  # the in-flight job already withdrawn
+        self._abandoned: list[DecodeJob] = []  # stale interims still running, whose answers are dropped
         # Under load, context passes decode no audio they already decided (cheaper, catch up sooner).
         self.lean_context = False
 
@@ -228,8 +229,29 @@ class ChannelDecoder:
             return job.speculative and utt is not None and utt.ended is None and utt.paused_at != job.audio_end
         return utt is None or utt.ended is not None or utt.paused_at is not None
 
+    def job_running(self, job: DecodeJob) -> list[PipelineEvent]:
+        """``job``, withdrawn, was already running: if it is an interim of an utterance that paused or
+        ended, stop waiting for it and decode what is owed now (a pause decode or the final),
+        beside it on another worker; its answer, when it comes, is dropped. A stale pause
+        decode is still waited for: what follows it is only an interim."""
+        if job is not self._in_flight or job.request.kind is not DecodeKind.INTERIM or not self._stale(job):
+            return []
+        self._abandoned.append(job)
+        self._in_flight = None
+        return self._dispatch()
+
+    def _dropped(self, job: DecodeJob) -> bool:
+        """Whether ``job`` was abandoned (see :meth:`job_running`): its answer is not wanted."""
+        for i, abandoned in enumerate(self._abandoned):
+            if abandoned is job:
+                del self._abandoned[i]
+                return True
+        return False
+
     def job_skipped(self, job: DecodeJob) -> list[PipelineEvent]:
         """The scheduler skipped ``job`` (see :meth:`refresh`): decide what runs next."""
+        if self._dropped(job):
+            return []
         if job.request.kind is DecodeKind.CONTEXT:
             return self._context_ended(job, None)
         if job is not self._in_flight:
@@ -244,6 +266,8 @@ class ChannelDecoder:
         covers it); a final is given up: its utterance is finalized with empty
         text, so the transcript and later offsets go on.
         """
+        if self._dropped(job):
+            return []
         if job.request.kind is DecodeKind.CONTEXT:
             return self._context_ended(job, None)
         utt = self._landed(job)
@@ -262,6 +286,8 @@ class ChannelDecoder:
 
     def job_done(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
         """Hand back the result of the job this decoder submitted last."""
+        if self._dropped(job):
+            return []
         if job.request.kind is DecodeKind.CONTEXT:
             return self._context_ended(job, hypothesis)
         utt = self._landed(job)

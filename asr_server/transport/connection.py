@@ -630,9 +630,10 @@ class Connection:
                 case ContextDecided():
                     self._observe_context(output)
                 case WithdrawJob():
-                    # If it was still waiting, its _decode task now gets the skip.
-                    if self.server.scheduler is not None:
-                        self.server.scheduler.withdraw(output.job)
+                    # If it was still waiting, its _decode task now gets the skip; if it runs, the
+                    # core may go on without its answer.
+                    if self.server.scheduler is not None and not self.server.scheduler.withdraw(output.job):
+                        await self._carry_out(self.session.job_running(output.job))
                 case Close():
                     if output.code == 1000 and self.outcome == "disconnected":
                         self.outcome = "completed"

@@ -201,6 +201,34 @@ def test_a_queued_interim_is_withdrawn_when_its_utterance_pauses_so_the_pause_de
     assert pause.speculative and pause.audio_end == int(1.3 * SR)
 
 
+def test_a_running_interim_of_a_paused_utterance_is_left_behind_and_its_answer_dropped():
+    """The scheduler could not withdraw the stale interim (it already runs): the pause decode goes
+    at once, beside it, and the interim's answer, when it comes, changes nothing."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=100))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0)]), SubmitJob)]
+    assert not d.job_running(job)  # still talking: the running interim is waited for
+    ev = d.feed([audio(0, 0.1, voiced=False), UtterancePaused(0, int(1.1 * SR))])
+    assert [e.job for e in only(ev, WithdrawJob)] == [job]
+    (pause,) = [e.job for e in only(d.job_running(job), SubmitJob)]
+    assert pause.speculative and pause.audio_end == int(1.1 * SR) and d.in_flight is pause
+    assert d.job_done(job, Hypothesis("stale words")) == []  # no interim, no second job
+    ev = d.feed([audio(0, 0.4, voiced=False), UtteranceEnded(0, int(1.1 * SR), EndReason.ENDPOINT)])
+    assert not only(ev, SubmitJob)  # the pause decode in flight becomes the final
+    (final,) = only(d.job_done(pause, Hypothesis("the words")), Final)
+    assert (final.offset, final.text) == (0, "the words")
+    assert not d.job_running(pause)  # a final-quality decode is never left behind
+
+
+def test_a_running_pause_decode_after_which_speech_resumed_is_still_waited_for():
+    d = ChannelDecoder(0, StreamOptions(interim_ms=200))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0, voiced=False), UtterancePaused(0, SR)])
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    d.feed([audio(0, 0.4)])  # the speaker goes on: the pause decode is stale
+    assert not d.job_running(job) and d.in_flight is job  # what follows is only an interim
+    (nxt,) = [e.job for e in only(d.job_done(job, Hypothesis("x")), SubmitJob)]
+    assert nxt.request.kind is DecodeKind.INTERIM
+
+
 def test_a_pause_decode_is_withdrawn_when_speech_resumes_and_an_interim_follows():
     d = ChannelDecoder(0, StreamOptions(interim_ms=200))
     ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0, voiced=False), UtterancePaused(0, SR)])
