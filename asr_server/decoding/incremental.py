@@ -98,6 +98,7 @@ class _Utterance:
     interim_len: int = 0  # audio length at the last interim request
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
     last_interim: tuple[str, int] | None = None
+    decoded_end: int = 0  # the end of the audio the newest interim-giving answer heard
     paused_at: int | None = None
     in_silence: bool = False  # the newest audio was not speech
     spec_requested: int | None = None
@@ -232,8 +233,9 @@ class ChannelDecoder:
     def job_running(self, job: DecodeJob) -> list[PipelineEvent]:
         """``job``, withdrawn, was already running: if it is an interim of an utterance that paused or
         ended, stop waiting for it and decode what is owed now (a pause decode or the final),
-        beside it on another worker; its answer, when it comes, is dropped. A stale pause
-        decode is still waited for: what follows it is only an interim."""
+        beside it on another worker; its answer, when it comes, is only shown as an interim
+        (see :meth:`_late_interim`). A stale pause decode is still waited for: what follows it
+        is only an interim."""
         if job is not self._in_flight or job.request.kind is not DecodeKind.INTERIM or not self._stale(job):
             return []
         self._abandoned.append(job)
@@ -241,7 +243,7 @@ class ChannelDecoder:
         return self._dispatch()
 
     def _dropped(self, job: DecodeJob) -> bool:
-        """Whether ``job`` was abandoned (see :meth:`job_running`): its answer is not wanted."""
+        """Whether ``job`` was abandoned (see :meth:`job_running`): nothing waits for its answer."""
         for i, abandoned in enumerate(self._abandoned):
             if abandoned is job:
                 del self._abandoned[i]
@@ -287,14 +289,13 @@ class ChannelDecoder:
     def job_done(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
         """Hand back the result of the job this decoder submitted last."""
         if self._dropped(job):
-            return []
+            return self._late_interim(job, hypothesis)
         if job.request.kind is DecodeKind.CONTEXT:
             return self._context_ended(job, hypothesis)
         utt = self._landed(job)
         out: list[PipelineEvent] = []
         if utt is not None:
-            audio_s = len(job.request.audio) / MODEL_RATE
-            hyp = guard(hypothesis, audio_s, utt.voiced / MODEL_RATE)
+            hyp = self._guarded(utt, job, hypothesis)
             if job.request.kind is DecodeKind.FINAL and not job.speculative:
                 if not self._redo_if_echo(utt, hyp, job.request.prompt):
                     out.extend(self._finalize(utt, hyp))
@@ -306,6 +307,17 @@ class ChannelDecoder:
                     out.extend(self._split(utt, hyp, job.audio_end))
         out.extend(self._dispatch())
         return out
+
+    def _guarded(self, utt: _Utterance, job: DecodeJob, hypothesis: Hypothesis) -> Hypothesis:
+        return guard(hypothesis, len(job.request.audio) / MODEL_RATE, utt.voiced / MODEL_RATE)
+
+    def _late_interim(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
+        """The answer of an interim left behind (see :meth:`job_running`): still shown while its
+        utterance waits for its final and no answer about newer audio has been shown."""
+        utt = self._utterances.get(job.utterance)
+        if utt is None or job.audio_end <= utt.decoded_end:
+            return []
+        return self._interim(utt, self._guarded(utt, job, hypothesis), job.audio_end)
 
     def advance(self, position: int) -> list[PipelineEvent]:
         """``position`` samples of the stream have been received (the context pass waits for pauses)."""
@@ -435,6 +447,7 @@ class ChannelDecoder:
         return self._transcript_len + 1 if self._transcript_len else 0
 
     def _interim(self, utt: _Utterance, hyp: Hypothesis, audio_end: int) -> list[PipelineEvent]:
+        utt.decoded_end = max(utt.decoded_end, audio_end)
         if not self.options.interim_results or not hyp.text:
             return []
         text, stable = utt.agreement.update(hyp.text.split())

@@ -201,9 +201,7 @@ def test_a_queued_interim_is_withdrawn_when_its_utterance_pauses_so_the_pause_de
     assert pause.speculative and pause.audio_end == int(1.3 * SR)
 
 
-def test_a_running_interim_of_a_paused_utterance_is_left_behind_and_its_answer_dropped():
-    """The scheduler could not withdraw the stale interim (it already runs): the pause decode goes
-    at once, beside it, and the interim's answer, when it comes, changes nothing."""
+def _paused_with_a_running_interim():
     d = ChannelDecoder(0, StreamOptions(interim_ms=100))
     (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0)]), SubmitJob)]
     assert not d.job_running(job)  # still talking: the running interim is waited for
@@ -211,12 +209,30 @@ def test_a_running_interim_of_a_paused_utterance_is_left_behind_and_its_answer_d
     assert [e.job for e in only(ev, WithdrawJob)] == [job]
     (pause,) = [e.job for e in only(d.job_running(job), SubmitJob)]
     assert pause.speculative and pause.audio_end == int(1.1 * SR) and d.in_flight is pause
-    assert d.job_done(job, Hypothesis("stale words")) == []  # no interim, no second job
+    return d, job, pause
+
+
+def test_a_running_interim_of_a_paused_utterance_is_left_behind_and_only_shown():
+    """The scheduler could not withdraw the stale interim (it already runs): the pause decode goes
+    at once, beside it; the interim's answer, when it comes first, is shown and starts nothing."""
+    d, job, pause = _paused_with_a_running_interim()
+    ev = d.job_done(job, Hypothesis("stale words"))
+    assert [(e.text, e.end) for e in ev] == [("stale words", 1.0)] and isinstance(ev[0], Interim)
     ev = d.feed([audio(0, 0.4, voiced=False), UtteranceEnded(0, int(1.1 * SR), EndReason.ENDPOINT)])
     assert not only(ev, SubmitJob)  # the pause decode in flight becomes the final
     (final,) = only(d.job_done(pause, Hypothesis("the words")), Final)
     assert (final.offset, final.text) == (0, "the words")
     assert not d.job_running(pause)  # a final-quality decode is never left behind
+
+
+def test_a_left_behind_interim_that_comes_after_newer_words_is_dropped():
+    d, job, pause = _paused_with_a_running_interim()
+    (newer,) = only(d.job_done(pause, Hypothesis("the words")), Interim)
+    assert newer.end == 1.1
+    assert d.job_done(job, Hypothesis("stale")) == []  # older audio than what the client has
+    d.feed([audio(0, 0.4, voiced=False)])
+    (final,) = only(d.feed([UtteranceEnded(0, int(1.1 * SR), EndReason.ENDPOINT)]), Final)
+    assert final.text == "the words"
 
 
 def test_a_running_pause_decode_after_which_speech_resumed_is_still_waited_for():
