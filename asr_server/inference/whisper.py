@@ -150,8 +150,10 @@ class WhisperRunner(Runner):
     @contextmanager
     def _using(self, kind: DecodeKind, burst: bool = False) -> Iterator[None]:
         """Decode on the wide copy if this is a call of finals, not of a burst (then every worker
-        is on finals: a thread per core each would oversubscribe them), and no other call is on it."""
-        wide = kind is DecodeKind.FINAL and not burst and self._wide_model is not None and self._wide_free.acquire(blocking=False)
+        is on finals: a thread per core each would oversubscribe them). A second such call waits
+        for the first if the shared copy computes at a lower priority (there it would get little
+        of the cores until the first ended, then run on fewer threads); else it goes there."""
+        wide = kind is DecodeKind.FINAL and not burst and self._wide_model is not None and self._wide_free.acquire(blocking=self.background_nice > 0)
         self._local.model = self._wide_model if wide else self._base_model
         try:
             yield
@@ -250,11 +252,11 @@ class WhisperRunner(Runner):
         if len(keys) != 1:
             raise ValueError(f"requests in one batch must share a batch key, got {keys}")
         key = keys.pop()
-        t0 = time.monotonic()
         tokenizer = self._tokenizer(key.language)
         out: list[Hypothesis | None] = [None] * len(requests)
         retry: set[int] = set()
         with self._using(key.kind, key.burst):
+            t0 = time.monotonic()  # model time: not the wait for the wide copy
             if self._packs(requests[0]):  # one batch key: alike in this
                 retry = self._decode_packed(tokenizer, requests, out, retry_later)
             self._decode_alone(tokenizer, requests, [i for i, h in enumerate(out) if h is None and i not in retry], key, out)

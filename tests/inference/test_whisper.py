@@ -138,6 +138,25 @@ def test_the_copy_for_interims_and_passes_computes_below_the_finals_copy_in_cpu_
     same = WhisperRunner(resolve_model("tiny.en"), cpu_threads=2, final_threads=2, background_nice=3)
     assert same.background_nice == 0  # no finals' copy to give way to: nothing lowered
 
+    # A second call of finals waits for the finals' copy rather than run on the lowered one.
+    entered = threading.Event()
+    found: dict = {}
+
+    def second_final() -> None:
+        with runner._using(DecodeKind.FINAL):
+            found["model"] = runner.model
+            entered.set()
+
+    with runner._using(DecodeKind.FINAL):
+        wide = runner.model
+        worker = threading.Thread(target=second_final)
+        worker.start()
+        with runner._using(DecodeKind.CONTEXT):  # other kinds go to the shared copy at once
+            assert runner.model is runner._base_model
+        assert not entered.wait(0.2)  # still waiting for the first call of finals
+    worker.join()
+    assert found["model"] is wide is not runner._base_model
+
 
 def test_a_load_lowered_that_fails_raises_in_the_caller():
     from asr_server.inference.priority import call_lowered
