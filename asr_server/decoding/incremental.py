@@ -145,7 +145,7 @@ class ChannelDecoder:
         # them: finals come sooner and cost half, and the transcript that stays is the pass's.
         self.quick_finals = self.context.enabled and self.context.quick_finals
         self._withdrawn: DecodeJob | None = None  # the in-flight job already withdrawn
-        self._abandoned: list[DecodeJob] = []  # stale interims still running, whose answers are dropped
+        self._abandoned: list[DecodeJob] = []  # stale interims still running, left behind (see job_running)
         # Under load, context passes decode no audio they already decided (cheaper, catch up sooner).
         self.lean_context = False
 
