@@ -148,7 +148,7 @@ async def one_client(url: str, name: str, turn: int, delay: float, rounds: int =
 
 
 def model_seconds(port: int) -> dict[str, float]:
-    """Model time spent so far by decode kind (asr_decode_seconds_sum), and decodes run ("decodes_<kind>")."""
+    """Model time spent so far by decode kind (asr_decode_seconds_sum), decodes run ("decodes_<kind>") and model calls ("calls_<kind>")."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -156,6 +156,8 @@ def model_seconds(port: int) -> dict[str, float]:
             out[line.split('"')[1]] = float(line.split()[-1])
         elif line.startswith('asr_batch_size_sum{kind="'):
             out["decodes_" + line.split('"')[1]] = float(line.split()[-1])
+        elif line.startswith('asr_batch_size_count{kind="'):
+            out["calls_" + line.split('"')[1]] = float(line.split()[-1])
         elif line.startswith("asr_finals_packed_total "):
             out["packed"] = float(line.split()[-1])
     return out
@@ -253,6 +255,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         # Final-quality decodes (pause decodes included) per final sent.
         "final_decodes": model.get("decodes_final", 0.0) / finals_sent if finals_sent else float("nan"),
         "packed": model.get("packed", 0.0) / model["decodes_final"] if model.get("decodes_final") else 0.0,
+        # Decodes per model call, by kind: how well streams' work shares a call.
+        "per_call": {k: model.get(f"decodes_{k}", 0.0) / model[f"calls_{k}"] if model.get(f"calls_{k}") else 0.0 for k in ("interim", "final", "context")},
     }
 
 
@@ -292,12 +296,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s), again (delay p50, s) | context lag p50 / p95 (s) | server CPU (cores) | time at load level 1+ | model s/audio s (interim + final + context) | final decodes per final | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s), again (delay p50, s) | context lag p50 / p95 (s) | server CPU (cores) | time at load level 1+ | model s/audio s (interim + final + context) | final decodes per final | decodes per call (interim / final / context) | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
         broken = f" ({r['broken']} broken)" if r["broken"] else ""
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['context_lag50']:.1f} / {r['context_lag95']:.1f} | {r['cpu']:.2f} | {r['degraded']:.0%} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['context_lag50']:.1f} / {r['context_lag95']:.1f} | {r['cpu']:.2f} | {r['degraded']:.0%} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['per_call']['interim']:.1f} / {r['per_call']['final']:.1f} / {r['per_call']['context']:.1f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 
