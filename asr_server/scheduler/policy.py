@@ -209,15 +209,23 @@ class BatchLimits:
     # ... as long as passes took less than this share of the recent model time of
     # interims and passes together (so that overloaded streams still get interims).
     context_share: float = CONTEXT_SHARE
+    # Context passes per model call (0: max_batch). A pass decodes a whole window with beam 5,
+    # which CTranslate2 does no cheaper per pass in a batch: on an H200, 0.13 s per pass alone
+    # or in a batch of 9, 0.19 s in a batch of 16 and 0.33 s in one of 32 (docs/benchmarks.md).
+    context_batch: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_frames < 1 or self.final_frames < 0 or (self.burst_backlog or 0) < 0 or (self.context_max_wait_s or 0) < 0:
+        if self.max_batch < 1 or self.max_frames < 1 or self.final_frames < 0 or (self.burst_backlog or 0) < 0 or (self.context_max_wait_s or 0) < 0 or self.context_batch < 0:
             raise ValueError("batch limits must be positive")
         if not 0.0 <= self.context_share <= 1.0:
             raise ValueError("context_share is a fraction")
 
     def for_finals(self) -> "BatchLimits":
         return replace(self, max_frames=self.final_frames or self.max_frames, final_frames=0)
+
+    def for_contexts(self) -> "BatchLimits":
+        """Passes batch as finals do (full windows), at most ``context_batch`` to a call."""
+        return replace(self.for_finals(), max_batch=min(self.max_batch, self.context_batch or self.max_batch))
 
 
 def form_batch(

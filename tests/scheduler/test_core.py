@@ -228,6 +228,21 @@ def test_a_context_pass_waits_behind_finals_and_interims_until_it_is_overdue():
     assert ran(core, 5.5) == ["interim 1"]
 
 
+def test_context_passes_share_a_call_only_up_to_their_own_cap_while_interims_take_the_full_batch():
+    """Beam search over whole windows costs no less per pass in a larger batch (docs/benchmarks.md, GPU):
+    passes waiting together run ``context_batch`` to a call, and the rest take the next call."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=32, max_frames=32 * 3000, context_batch=3))
+    for i in range(5):
+        core.add(f"c{i}", context(f"pass {i}"), 0.0)
+    assert ran(core, 1.0) == ["pass 0", "pass 1", "pass 2"]
+    assert ran(core, 2.0) == ["pass 3", "pass 4"]
+    for i in range(5):
+        core.add(f"i{i}", interim(f"interim {i}"), 3.0)
+    assert len(ran(core, 3.0)) == 5
+    with pytest.raises(ValueError):
+        BatchLimits(context_batch=-1)
+
+
 def run_for(core: SchedulerCore, start: float, seconds: float) -> list[str]:
     """Schedule at ``start`` and answer the batch ``seconds`` later; the prompts that ran."""
     decision = core.schedule(start, 0)
