@@ -133,6 +133,7 @@ class ChannelDecoder:
         self._utterances: OrderedDict[int, _Utterance] = OrderedDict()
         self._in_flight: DecodeJob | None = None
         self._transcript_len = 0
+        self._last_text = ""  # the latest non-empty final's text, as the client holds it now
         self._prompt = ""
         self._carry: tuple[np.ndarray, int] | None = None  # (audio, voiced samples) after a max-length cut
         self.transcribed_samples = 0
@@ -492,15 +493,20 @@ class ChannelDecoder:
         assert utt.ended is not None
         del self._utterances[utt.index]
         offset = self._next_offset()
-        text = hyp.text
         base = utt.start / MODEL_RATE
         words = tuple(Word(w.word, round(base + w.start, 3), round(base + w.end, 3), w.probability) for w in hyp.words)
+        text = hyp.text
+        if _ends_sentence((self._last_text.split() or [""])[-1]):
+            # A decode that stopped at the prompt's sentence end can start the next in lower case
+            # ("It is all that remains. the second."): the transcript reads as sentences.
+            text, words = _capitalized(text, words)
         sent_words = words if self.options.word_timestamps else ()
         start, end = utt.speech_at / MODEL_RATE, utt.ended.end / MODEL_RATE
         if words:
             start, end = words[0].start, min(end, max(words[-1].end, words[0].start))
         if text:
             self._transcript_len = offset + len(text)
+            self._last_text = text
             # Only a confidently heard final becomes context: a doubtful word in the
             # prompt is copied into the next final (measured: "old-sposed" twice).
             # Nor does a sampled one (its beam decode failed Whisper's checks), or a loop.
@@ -616,7 +622,8 @@ class ChannelDecoder:
         if groups is not None and trusted(covered, groups, self._context_fresh, self._context_decide_to):
             if not repeat:
                 count_votes(covered, groups, spans, self._context_decide_to)
-            out.extend(self._revise(covered, spans, revised_texts(covered, groups, spans, self._context_fresh, self._context_decide_to)))
+            texts = revised_texts(covered, groups, spans, self._context_fresh, self._context_decide_to)
+            out.extend(self._revise(covered, spans, _mended_seams(covered, groups, spans, texts)))
         self._trim()
         return out + self._dispatch_context()
 
@@ -639,6 +646,7 @@ class ChannelDecoder:
             record.offset = position
             position += len(record.text) + 1
         self._transcript_len = position - 1
+        self._last_text = self._done[-1].text
         self._prompt = _tail_words(self._done[-1].text, PROMPT_CHARS)
         revised = self._done[first:]
         words = tuple(w for r in revised for w in r.words) if self.options.word_timestamps else ()
@@ -683,14 +691,68 @@ def _capitalize(record: Finalized) -> None:
     come from a window that may have joined the two sentences ("Babylon, even in the days"),
     while the utterance before kept its own first pass ("Babylon."): the transcript read
     "Babylon. even in the days", and the reading's first words "your journey"."""
-    text = record.text.lstrip()
+    record.text, record.words = _capitalized(record.text, record.words)
+
+
+def _capitalized(text: str, words: tuple[Word, ...]) -> tuple[str, tuple[Word, ...]]:
+    """``text`` and its ``words`` with the first letter a capital."""
+    text = text.lstrip()
     if not text[:1].islower():
-        return
-    record.text = text[:1].upper() + text[1:]
-    if record.words:
-        first = record.words[0]
+        return text, words
+    if words:
+        first = words[0]
         lead = len(first.word) - len(first.word.lstrip())
-        record.words = (replace(first, word=first.word[:lead] + first.word[lead : lead + 1].upper() + first.word[lead + 1 :]), *record.words[1:])
+        words = (replace(first, word=first.word[:lead] + first.word[lead : lead + 1].upper() + first.word[lead + 1 :]), *words[1:])
+    return text[:1].upper() + text[1:], words
+
+
+def _mended_seams(
+    records: list[Finalized], groups: list[list[Word]], spans: list[Span], texts: list[tuple[str, tuple[Word, ...]]]
+) -> list[tuple[str, tuple[Word, ...]]]:
+    """``texts`` (see :func:`revised_texts`) with each seam that reads as neither one sentence
+    going on nor a new one starting ("young man, Unless to be") read as this pass heard it,
+    where the pass heard the same two words there and heard them as one or the other.
+
+    Each utterance's text can come from another hearing: a pass decides one utterance and keeps
+    the next's first pass as lookahead, or a later pass decides the next while the one before
+    keeps an earlier pass's comma (the LibriVox reading in the room, replayed). Only the
+    punctuation of the word before the seam or the case of the word after it changes, never a
+    word; a capital the pass heard after a comma ("name is, Mary") is left as it is."""
+    out = list(texts)
+    for k in range(len(records) - 1):
+        if not groups[k] or not groups[k + 1]:
+            continue
+        last, first = (out[k][0].split() or [""])[-1], (out[k + 1][0].split() or [""])[0]
+        if _ends_sentence(last) or not _starts_sentence(first):
+            continue  # it reads right
+        heard_last = ("".join(w.word for w in groups[k]).split() or [""])[-1]
+        heard_first = ("".join(w.word for w in groups[k + 1]).split() or [""])[0]
+        if not last or not first or normalize_word(heard_last) != normalize_word(last) or normalize_word(heard_first) != normalize_word(first):
+            continue
+        if _ends_sentence(heard_last) and _starts_sentence(heard_first):
+            out[k] = _respelled(records[k], spans[k], out[k], -1, heard_last)
+        elif not _ends_sentence(heard_last) and _first_letter(heard_first).islower():
+            out[k + 1] = _respelled(records[k + 1], spans[k + 1], out[k + 1], 0, heard_first)
+    return out
+
+
+def _respelled(record: Finalized, span: Span, proposed: tuple[str, tuple[Word, ...]], at: int, spelling: str) -> tuple[str, tuple[Word, ...]]:
+    """A proposed text and its words (window times; none: the record's own) with the word at
+    ``at`` (0 or -1) spelled as ``spelling`` (left as it is where the model wrote that word in pieces)."""
+    text, words = proposed
+    if not words:
+        shift = span.start - record.start / MODEL_RATE
+        words = tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in record.words)
+    tokens = text.split()
+    if words:
+        word = words[at]
+        if word.word.strip() != tokens[at]:
+            return proposed
+        lead = word.word[: len(word.word) - len(word.word.lstrip())]
+        changed = replace(word, word=lead + spelling)
+        words = (changed, *words[1:]) if at == 0 else (*words[:-1], changed)
+    tokens[at] = spelling
+    return " ".join(tokens), words
 
 
 def _window_key(request: DecodeRequest, spans: list[Span]) -> tuple:

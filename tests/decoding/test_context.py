@@ -773,3 +773,60 @@ def test_two_context_hearings_outvote_a_first_pass_that_one_context_window_agree
     assert model.windows == [[0, 1], [0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3, 4]]
     assert d.session._decoders[0]._done[0].votes == {word_key(wrong): 2, word_key(right): 2}
     assert d.client.final_text() == " ".join([right, *ALONE[1:]]) == server_transcript(d)
+
+
+SENTENCES = ["He was not an ill-disposed young man.", "Unless to be rather cold-hearted.", "And rather selfish.", "Is to be ill disposed.", "The end of it."]
+
+
+def test_a_seam_between_two_hearings_reads_as_one_sentence_or_as_two_never_as_neither():
+    """The first window heard the first two sentences as one ("young man, unless to be") and
+    decided the first; the later windows heard two sentences there. Each utterance's text comes
+    from another hearing, so the seam read "young man, Unless to be" (the LibriVox reading in the
+    room, replayed). Now it reads as the pass that produced it heard it: every revision, and the
+    transcript at the end, has a capital after a full stop and none after a comma."""
+
+    def heard(n: int, call: int) -> str:
+        if call == 0 and n in (0, 1):
+            return ["He was not an ill-disposed young man,", "unless to be rather cold-hearted."][n]
+        return SENTENCES[n]
+
+    d = _pass_after_every_final(VaryingModel(SENTENCES, heard))
+    revisions = d.of_type("revision")
+    assert revisions[0]["text"].startswith("He was not an ill-disposed young man, unless to be")  # as the first window heard it
+    assert d.client.final_text() == " ".join(SENTENCES) == server_transcript(d)  # as the later ones did
+    for text in [m["text"] for m in revisions] + [d.client.final_text()]:
+        words = text.split()
+        for before, after in zip(words, words[1:]):
+            assert before.endswith(".") == after[:1].isupper(), text
+    for m in revisions:  # the words sent say what the text says
+        assert " ".join(w["word"].strip() for w in m["words"]) == m["text"]
+
+
+def test_a_capital_the_pass_heard_after_a_comma_stays():
+    """A name after a comma is no seam to mend: the pass heard it so too."""
+    alone = ["Sure, my name is,", "Mary Johnson.", *SENTENCES[2:]]
+    d = Driver(TwoPassModel(alone, list(alone)))
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert d.client.final_text() == " ".join(alone) == server_transcript(d)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        ("It is all that remains.", "the second of the seven", "The second of the seven"),
+        ("It is all that remains,", "the second of the seven", "the second of the seven"),
+        ("Ask Mr.", "smith for it", "smith for it"),  # an abbreviation ends no sentence
+    ],
+)
+def test_a_first_pass_final_after_a_sentence_end_starts_with_a_capital(before, after, expected):
+    """A decode prompted with the sentence before can start the next in lower case ("It is all
+    that remains. the second."): the final, and its first word, start with a capital."""
+    d = Driver(TwoPassModel([before, after, *ALONE[2:]], [before, after, *ALONE[2:]]), revisions=False)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    finals = [m for m in d.of_type("final") if m["text"]]
+    assert finals[1]["text"] == expected and finals[1]["words"][0]["word"].strip() == expected.split()[0]
+    check_rules(d)

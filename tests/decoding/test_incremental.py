@@ -451,7 +451,7 @@ def test_a_final_that_only_echoes_its_prompt_is_decoded_again_without_it():
     (job,) = [e.job for e in only(ev, SubmitJob)]
     assert job.request.kind is DecodeKind.FINAL and job.utterance == 1 and job.request.prompt == ""
     (final,) = only(d.job_done(job, Hypothesis("of the")), Final)
-    assert (final.utterance, final.text) == (1, "of the")
+    assert (final.utterance, final.text) == (1, "Of the")  # a capital: the sentence before ended
     # What the unprompted decode hears is the final, a repetition or not.
     d = ChannelDecoder(0, StreamOptions(interim_results=False, revisions=False))
     job = _second_final(d, "Thank you very much.")
