@@ -391,19 +391,35 @@ def merge_words(first: Sequence[Word], second: Sequence[Word]) -> tuple[Word, ..
     less confidently: each stretch of differing words goes to the pass that heard it better.
 
     An insertion is judged against the first pass's mean confidence over the
-    utterance, a deletion against the second pass's.
+    utterance, a deletion against the second pass's. Words both heard take the
+    second pass's casing and punctuation, heard in context, except next to a
+    stretch kept from the first pass: there they are spelled as the first pass
+    spelled them, whose punctuation fits its own words (the call's "great news.
+    Thank you", where the pass heard "great news and thank you" and its "and"
+    was not taken: the merge read "great news thank you").
     """
     a, b = [normalize_word(w.word) for w in first], [normalize_word(w.word) for w in second]
     mean_first, mean_second = _confidence(first), _confidence(second)
-    out: list[Word] = []
+    pieces: list[tuple[list[Word], Sequence[Word]]] = []  # words taken, and for words both heard the first pass's
+    kept: list[bool] = []  # per piece: a differing stretch kept from the first pass
     for op, i1, i2, j1, j2 in SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
         old, new = first[i1:i2], second[j1:j2]
         if op == "equal":
-            out += new  # the same words: the pass's casing and punctuation, heard in context
+            pieces.append((list(new), old))
+            kept.append(False)
             continue
         theirs = _confidence(old) if old else mean_first
         ours = _confidence(new) if new else mean_second
-        out += new if ours >= theirs - CONFIDENCE_MARGIN - 1e-9 else old  # (equal means, summed in another order)
+        take = ours >= theirs - CONFIDENCE_MARGIN - 1e-9  # (equal means, summed in another order)
+        pieces.append((list(new if take else old), ()))
+        kept.append(not take)
+    out: list[Word] = []
+    for n, (words, same) in enumerate(pieces):
+        if same and n > 0 and kept[n - 1]:
+            words[0] = replace(words[0], word=same[0].word)
+        if same and n + 1 < len(pieces) and kept[n + 1]:
+            words[-1] = replace(words[-1], word=same[-1].word)
+        out += words
     return tuple(out)
 
 

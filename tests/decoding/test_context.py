@@ -830,3 +830,17 @@ def test_a_first_pass_final_after_a_sentence_end_starts_with_a_capital(before, a
     finals = [m for m in d.of_type("final") if m["text"]]
     assert finals[1]["text"] == expected and finals[1]["words"][0]["word"].strip() == expected.split()[0]
     check_rules(d)
+
+
+def test_words_next_to_a_stretch_kept_from_the_first_pass_keep_its_punctuation():
+    """The call's customer: the pass heard "great news and thank you" where the first pass had
+    "great news. Thank you"; its "and" was not taken, and the merge read "great news thank you".
+    Next to a kept stretch the words both heard are spelled as the first pass spelled them;
+    elsewhere as the pass, which heard them in context."""
+    from asr_server.decoding.context import merge_words
+
+    first = _words_of("that is great news. Thank you very much.", [0.9] * 8)
+    second = _words_of("That is great news and thank you very much.", [0.95, 0.95, 0.95, 0.95, 0.3, 0.95, 0.95, 0.95, 0.95])
+    assert "".join(w.word for w in merge_words(first, second)) == " That is great news. Thank you very much."
+    taken = _words_of("That is great news and thank you very much.", [0.95] * 9)  # the "and" taken: the pass's spelling throughout
+    assert "".join(w.word for w in merge_words(first, taken)) == " That is great news and thank you very much."
