@@ -406,11 +406,23 @@ def _reload_keys(args: argparse.Namespace, server: AsrServer) -> None:
     log.info("keys reloaded: %s", ", ".join(k.name for k in keys) or "none")
 
 
+def resolved_device(device: str) -> str:
+    """``auto`` as the device it means: CUDA where CTranslate2 sees one, else the CPU. Resolved
+    before anything is sized, since the defaults differ (workers, batch sizes, the memory budget):
+    left as ``auto``, a GPU server ran with the CPU's sizes (a worker per host core)."""
+    if device != "auto":
+        return device
+    import ctranslate2
+
+    return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("faster_whisper").setLevel(logging.WARNING)
     logging.getLogger("websockets").setLevel(logging.WARNING)
+    args.device = resolved_device(args.device)
     try:
         model_path = resolve_model(args.model)
         interim_path = resolve_model(args.interim_model) if args.interim_model else None

@@ -115,3 +115,17 @@ def test_context_passes_are_capped_per_model_call(capsys):
         build_parser().parse_args(["--max-context-batch", "0"])
     assert "at least 1" in capsys.readouterr().err
 6
+
+
+def test_device_auto_is_resolved_before_anything_is_sized(monkeypatch):
+    """--device auto means CUDA where CTranslate2 sees a GPU, else the CPU; the plan's defaults
+    (workers, batch sizes) follow the device it means, not the CPU's for every "auto"."""
+    import ctranslate2
+
+    from asr_server.cli import resolved_device
+
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
+    assert resolved_device("auto") == "cpu"
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    assert resolved_device("auto") == "cuda"
+    assert resolved_device("cpu") == "cpu" and resolved_device("cuda") == "cuda"
