@@ -44,7 +44,7 @@ SEAM_S = 1.0
 
 __all__ = [
     "CONFIDENCE_MARGIN", "ContextOptions", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words", "merge_words",
-    "revised_texts", "count_votes", "heard_in", "reached", "trusted", "word_key", "repeats_itself",
+    "revised_texts", "window_words", "count_votes", "heard_in", "reached", "trusted", "word_key", "repeats_itself",
 ]
 
 
@@ -260,10 +260,15 @@ def revised_texts(
         elif record.votes.get(word_key(heard), 0) >= 2 or not record.words or record.doubtful:
             out.append((heard, tuple(group)))
         else:
-            shift = span.start - record.start / MODEL_RATE  # the first pass's words, in window time
-            merged = merge_words([replace(w, start=w.start + shift, end=w.end + shift) for w in record.words], group)
+            merged = merge_words(window_words(record, span), group)
             out.append((" ".join("".join(w.word for w in merged).split()), merged))
     return out
+
+
+def window_words(record: Finalized, span: Span) -> tuple[Word, ...]:
+    """The record's words (stream times) in the times of a window where it sits at ``span``."""
+    shift = span.start - record.start / MODEL_RATE
+    return tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in record.words)
 
 
 def _outvotes(record: Finalized, heard: tuple[str, ...]) -> bool:

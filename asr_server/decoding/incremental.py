@@ -51,7 +51,8 @@ from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import ContextOptions, Finalized, Span, count_votes, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request
+from .context import (ContextOptions, Finalized, Span, count_votes, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request,
+                      window_words)
 from .stability import LocalAgreement
 from .text import guard, normalize_word, normalized_text
 
@@ -496,7 +497,7 @@ class ChannelDecoder:
         base = utt.start / MODEL_RATE
         words = tuple(Word(w.word, round(base + w.start, 3), round(base + w.end, 3), w.probability) for w in hyp.words)
         text = hyp.text
-        if _ends_sentence((self._last_text.split() or [""])[-1]):
+        if _ends_sentence(_last_word(self._last_text)):
             # A decode that stopped at the prompt's sentence end can start the next in lower case
             # ("It is all that remains. the second."): the transcript reads as sentences.
             text, words = _capitalized(text, words)
@@ -658,7 +659,7 @@ class ChannelDecoder:
         transcript and its text (as it stands before a revision) with a capital."""
         k = self._done.index(record)
         if k:
-            return _ends_sentence((self._done[k - 1].text.split() or [""])[-1])
+            return _ends_sentence(_last_word(self._done[k - 1].text))
         return record.offset == 0 and record.text[:1].isupper()
 
     def _moved_interim(self) -> list[PipelineEvent]:
@@ -722,11 +723,10 @@ def _mended_seams(
     for k in range(len(records) - 1):
         if not groups[k] or not groups[k + 1]:
             continue
-        last, first = (out[k][0].split() or [""])[-1], (out[k + 1][0].split() or [""])[0]
+        last, first = _last_word(out[k][0]), _first_word(out[k + 1][0])
         if _ends_sentence(last) or not _starts_sentence(first):
             continue  # it reads right
-        heard_last = ("".join(w.word for w in groups[k]).split() or [""])[-1]
-        heard_first = ("".join(w.word for w in groups[k + 1]).split() or [""])[0]
+        heard_last, heard_first = _last_word("".join(w.word for w in groups[k])), _first_word("".join(w.word for w in groups[k + 1]))
         if not last or not first or normalize_word(heard_last) != normalize_word(last) or normalize_word(heard_first) != normalize_word(first):
             continue
         if _ends_sentence(heard_last) and _starts_sentence(heard_first):
@@ -740,9 +740,7 @@ def _respelled(record: Finalized, span: Span, proposed: tuple[str, tuple[Word, .
     """A proposed text and its words (window times; none: the record's own) with the word at
     ``at`` (0 or -1) spelled as ``spelling`` (left as it is where the model wrote that word in pieces)."""
     text, words = proposed
-    if not words:
-        shift = span.start - record.start / MODEL_RATE
-        words = tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in record.words)
+    words = words or window_words(record, span)
     tokens = text.split()
     if words:
         word = words[at]
@@ -753,6 +751,14 @@ def _respelled(record: Finalized, span: Span, proposed: tuple[str, tuple[Word, .
         words = (changed, *words[1:]) if at == 0 else (*words[:-1], changed)
     tokens[at] = spelling
     return " ".join(tokens), words
+
+
+def _first_word(text: str) -> str:
+    return (text.split() or [""])[0]
+
+
+def _last_word(text: str) -> str:
+    return (text.split() or [""])[-1]
 
 
 def _window_key(request: DecodeRequest, spans: list[Span]) -> tuple:
