@@ -137,6 +137,9 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
                    help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
     p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
                    help="what decides where speech ends: silero (a learned model, default), webrtc (cheaper, fooled by noise and reverberation), or both")
+    p.add_argument("--talker-floor-db", type=_decibels, default=VadOptions.talker_floor_db,
+                   help="sound this many dB below the talker's level over the last 10 s is not speech: other voices, a television, "
+                        "line echo, a room's echo do not hold a pause open (default %(default)g; 0: off)")
 
 
 def _access_options(p: argparse.ArgumentParser) -> None:
@@ -205,6 +208,13 @@ def _seconds(text: str) -> float:
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError("seconds must be 0 or more")
+    return value
+
+
+def _decibels(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("decibels must be 0 or more")
     return value
 
 
@@ -355,10 +365,14 @@ def _context(args: argparse.Namespace) -> ContextOptions:
                           min_new_s=args.context_min_new_s, quick_finals=args.quick_finals)
 
 
+def _vad(args: argparse.Namespace) -> VadOptions:
+    return VadOptions(detector=args.vad, talker_floor_db=args.talker_floor_db)
+
+
 async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None, access: AccessOptions) -> int:
     plan = _plan(args, model_path)
     server = AsrServer(args.host, args.port, plan.limits, model_name=_public_model_name(args.model), batch=plan.batch,
-                       workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=VadOptions(detector=args.vad),
+                       workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=_vad(args),
                        context=_context(args), access=access, tracing=tracing_from_environment(args.trace_ratio),
                        webhooks=WebhookOptions(args.webhook, args.webhook_secret, tuple(args.webhook_allow)))
     if server.tracing.enabled:

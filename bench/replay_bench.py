@@ -1,6 +1,6 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
-    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--phone] [--context-back-s 24]
+    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--phone] [--context-back-s 24]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--interims]
                                  [--split-after-s 3] [--fast-reader] [--load-streams] [--json out.json]
 
@@ -57,6 +57,7 @@ from stream_bench import DEFAULT_FIXTURES, covering_latencies, load_channels, no
 from asr_server.decoding.context import ContextOptions  # noqa: E402
 from asr_server.events import SubmitJob  # noqa: E402
 from asr_server.inference.types import DecodeKind  # noqa: E402
+from asr_server.audio.vad import VadOptions  # noqa: E402
 from asr_server.inference.whisper import DEFAULT_MODEL, WhisperRunner, resolve_model  # noqa: E402
 from asr_server.inference.windows import LEAN_CONTEXT_PAD_S  # noqa: E402
 from asr_server.options import StreamOptions  # noqa: E402
@@ -71,9 +72,10 @@ PIECE = 1600  # 100 ms at 16 kHz
 class Replayer:
     """One channel through a session; every decode runs as soon as it is asked for."""
 
-    def __init__(self, runner: WhisperRunner, context: ContextOptions, options: StreamOptions, lean: bool = False) -> None:
+    def __init__(self, runner: WhisperRunner, context: ContextOptions, options: StreamOptions, lean: bool = False,
+                 vad: VadOptions = VadOptions()) -> None:
         self.runner = runner
-        self.session = Session("replay", options, context=context)
+        self.session = Session("replay", options, vad_options=vad, context=context)
         self.transcript = Transcript()
         self.finals: list[str] = []
         self.final_at: list[tuple[float, float, float]] = []  # per non-empty final: (audio fed when it came, its start, its end), s
@@ -131,15 +133,15 @@ def streams(args: argparse.Namespace):
     sample rate on the wire) per stream to replay."""
     if not args.load_streams:
         for name in args.fixtures.split(","):
-            yield name, noisy_pcm(name, args.noise_db, args.room, args.phone)[1], MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone)
+            yield name, noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db)[1], MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db)
         return
     rounds = 2
     for name in LOAD_FIXTURES:
-        channels = noisy_pcm(name, args.noise_db, args.room, args.phone)[1]
+        channels = noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db)[1]
         for turn in (0, 1):  # as load_bench.py deals the first two copies of a recording
             cuts = [int(rotation_cut(MANIFEST[name], t) * 16000) for t in round_turns(turn, rounds)]
             audio = [np.concatenate([np.concatenate([a[at:], a[:at]]) for at in cuts]) for a in channels]
-            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"], wire_rate(name, args.noise_db, args.room, args.phone)
+            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db)
 
 
 
@@ -148,6 +150,8 @@ def main() -> None:
     ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
     ap.add_argument("--noise-db", type=float, default=None, help="continuous pink noise this many dB below the speech")
     ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
+    ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the VAD gate's option (0: off)")
+    ap.add_argument("--voices-db", type=float, default=None, help="three other people talking (backwards: no words) this many dB below the speech")
     ap.add_argument("--phone", action="store_true", help="as a phone line carries it: 300-3400 Hz, 8 kHz mu-law, decoded as the server does")
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
     ap.add_argument("--lean", action="store_true", help="passes as under load: only the utterances they decide, on the lean window")
@@ -183,7 +187,7 @@ def main() -> None:
         options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s)
         for ch, audio in enumerate(channels):
             reference = normalize(" ".join(references[ch]))
-            replayer = Replayer(runner, context, options, args.lean)
+            replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db))
             first, revised = replayer.run(audio)
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]

@@ -201,6 +201,21 @@ def reverberate(audio: np.ndarray, rt60_s: float, seed: int) -> np.ndarray:
     return (wet / np.sqrt(2)).astype(np.float32)
 
 
+def voices(n: int, seed: int, talkers: int = 3) -> np.ndarray:
+    """Other people talking in the background, unit RMS at 16 kHz: ``talkers`` voices, each one of
+    the project's two human recordings (LibriVox, LJ Speech) played backwards from a random point
+    and looped. Backwards speech keeps what a voice-activity detector hears as speech (Silero
+    gives it 0.6-0.9 in pauses at 20 dB down, as it does forwards) and carries no words a model
+    could transcribe, so the WER still measures the speaker's words."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(n)
+    for k in range(talkers):
+        source = _load_channels(("librivox_16k.s16le", "ljspeech_babylon_16k.s16le")[k % 2])[0][::-1].astype(np.float64)
+        looped = np.tile(np.roll(source, int(rng.integers(len(source)))), n // len(source) + 1)[:n]
+        out += looped / np.sqrt(np.mean(looped**2))
+    return (out / np.sqrt(np.mean(out**2))).astype(np.float32)
+
+
 def speech_level(audio: np.ndarray, spans: list[list[float]]) -> float:
     speech = np.concatenate([audio[int(a * 16000) : int(b * 16000)] for a, b in spans])
     return float(np.sqrt(np.mean(speech.astype(np.float64) ** 2)))
@@ -227,9 +242,11 @@ def load_channels(name: str) -> list[np.ndarray]:
 ROOM_TONE_DB = 35.0  # a quiet meeting room's hum and air, below the talker's speech level
 
 
-def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool = False) -> tuple[bytes, list[np.ndarray]]:
+def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool = False,
+              voices_db: float | None = None) -> tuple[bytes, list[np.ndarray]]:
     """The fixture at 16 kHz as s16le: with ``room``, reverberated (RT60 0.5 s) over room tone
-    ``ROOM_TONE_DB`` below its speech level; with ``snr_db``, continuous pink noise that far below it.
+    ``ROOM_TONE_DB`` below its speech level; with ``snr_db``, continuous pink noise that far below it;
+    with ``voices_db``, other people talking (:func:`voices`) that far below it.
     With ``phone``, the bytes are what a telephone line delivers instead
     (:func:`tests.harness.phone_line`: 8 kHz G.711 mu-law), and the arrays that audio as the
     server decodes it, at 16 kHz.
@@ -245,6 +262,8 @@ def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool =
             audio = reverberate(audio, 0.5, 5 + ch) + pink_noise(len(audio), 21 + ch, band) * level * 10 ** (-ROOM_TONE_DB / 20)
         if snr_db is not None:
             audio = audio + pink_noise(len(audio), 11 + ch, band) * level * 10 ** (-snr_db / 20)
+        if voices_db is not None:
+            audio = audio + voices(len(audio), 31 + ch) * level * 10 ** (-voices_db / 20)
         mixed.append(np.clip(audio, -1, 1).astype(np.float32))
     if phone:
         return phone_line(mixed)
@@ -252,16 +271,17 @@ def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool =
     return (planar.T.reshape(-1) * 32767).astype("<i2").tobytes(), mixed
 
 
-def wire_rate(name: str, snr_db: float | None, room: bool = False, phone: bool = False) -> int:
+def wire_rate(name: str, snr_db: float | None, room: bool = False, phone: bool = False, voices_db: float | None = None) -> int:
     """The sample rate the benches stream a recording at (the server's VAD treats 8 kHz streams
     as telephone audio): its own clean, 16 kHz with noise or room, 8 kHz over a phone line."""
     if phone:
         return 8000
-    return 16000 if snr_db is not None or room else MANIFEST[name]["sample_rate"]
+    return 16000 if snr_db is not None or room or voices_db is not None else MANIFEST[name]["sample_rate"]
 
 
-async def replay_noisy(url: str, name: str, snr_db: float | None, room: bool = False, phone: bool = False, **options) -> tuple[Replay, list[np.ndarray]]:
-    data, mixed = noisy_pcm(name, snr_db, room, phone)
+async def replay_noisy(url: str, name: str, snr_db: float | None, room: bool = False, phone: bool = False,
+                       voices_db: float | None = None, **options) -> tuple[Replay, list[np.ndarray]]:
+    data, mixed = noisy_pcm(name, snr_db, room, phone, voices_db)
     n = len(mixed)
     result = Replay(name)
     wire = {"encoding": "mulaw", "sample_rate": 8000} if phone else {"encoding": "pcm_s16le", "sample_rate": 16000}
@@ -347,6 +367,7 @@ def main() -> None:
     ap.add_argument("--noise-db", type=float, default=None, help="add continuous pink noise this many dB below the speech (raw 16 kHz replay)")
     ap.add_argument("--room", action="store_true", help="reverberate the audio (RT60 0.5 s) over room tone 35 dB below the speech")
     ap.add_argument("--phone", action="store_true", help="send the audio as a phone line carries it: 300-3400 Hz, 8 kHz mu-law")
+    ap.add_argument("--voices-db", type=float, default=None, help="add three other people talking (backwards: no words) this many dB below the speech")
     ap.add_argument("--revisions", default="true", help="the stream option (true/false)")
     ap.add_argument("--split-after-s", default=None, help="the stream option (default: the server's)")
     ap.add_argument("--fast-reader", action="store_true", help="every pause in the (one-channel) recordings cut to 0.12 s, as a fast reader leaves")
@@ -376,11 +397,11 @@ def main() -> None:
             entry = MANIFEST[name]
             for run in range(args.runs):
                 dry = list(load_channels(name))
-                if args.noise_db is None and not args.room and not args.phone and not args.fast_reader:
+                if args.noise_db is None and args.voices_db is None and not args.room and not args.phone and not args.fast_reader:
                     r = asyncio.run(replay(url, name, realtime=True, **stream_options))
                     heard = dry
                 else:
-                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, args.room, args.phone, **stream_options))
+                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, args.room, args.phone, args.voices_db, **stream_options))
                 audio_s += r.of_type("closed")[0].message["audio_received_s"]
                 refined = r.transcript()
                 for ch in range(entry["channels"]):
@@ -419,6 +440,7 @@ def report(args, rows, totals, latencies, first_interims, revision_delays, conte
     delays, again = revision_delays
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
+    noise += f", three voices talking backwards {args.voices_db:g} dB below speech" if args.voices_db is not None else ""
     noise += ", over a phone line (300-3400 Hz, 8 kHz mu-law)" if args.phone else ""
     print(f"# single stream, real-time pace{noise}, revisions={args.revisions}, {args.runs} run(s) per fixture, tiny.en {args.compute_type}, {os.cpu_count()} cores")
     print("| fixture | WER first-pass finals | WER after revisions | WER offline | final latency p50 / p95 (s), sentences matched |")

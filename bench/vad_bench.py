@@ -1,10 +1,11 @@
 """Endpointing benchmark: where each voice-activity detector says speech ended.
 
-    python bench/vad_bench.py [--fixtures a,b,...] [--endpoint-ms 500] [--phone] [--detectors webrtc,silero,both]
+    python bench/vad_bench.py [--fixtures a,b,...] [--endpoint-ms 500] [--phone] [--detectors webrtc,silero,both] [--talker-floor-db 20] [--talker-hold-ms 150]
 
 Runs the server's own VAD gate and chunker (no model, no server) over each
 fixture channel as recorded, in a reverberant room with room tone, and under
-continuous pink noise 20 and 10 dB below the speech (the conditions of
+continuous pink noise 20 and 10 dB below the speech, and with three other
+people talking 20 and 15 dB below it (``--voices-db``; the conditions of
 ``stream_bench.py``), for each detector (``webrtc``, ``silero``, ``both``); with
 ``--phone``, every condition as a telephone line delivers it (``stream_bench.py
 --phone``: 300-3400 Hz, 8 kHz mu-law).
@@ -16,9 +17,12 @@ Per detector and condition it reports:
 * sentences that got an endpoint of their own (the rest merged with the next
   one or were missed), and sentences whose utterance ends before their speech
   does (clipped words);
+* utterances in all (more than sentences: some ended at a pause inside a
+  sentence, or hold no sentence);
 * false starts: utterances that hold no sentence;
 * speech found in 60 s of noise alone at each condition's level (what a
-  model would be asked to transcribe in an empty room);
+  model would be asked to transcribe in an empty room; not for other voices,
+  which are speech);
 * CPU time of the gate per audio second.
 
 Not a test: it prints a table.
@@ -44,7 +48,9 @@ from asr_server.audio.vad import DETECTORS, VadGate, VadOptions  # noqa: E402
 from asr_server.inference.fw import silero_vad_path  # noqa: E402
 from tests.harness import MANIFEST, load_channels, phone_line  # noqa: E402
 
-CONDITIONS = {"clean": (None, False), "room": (None, True), "noise 20 dB": (20.0, False), "noise 10 dB": (10.0, False)}
+# (pink noise dB below the speech, reverberant room, other voices dB below the speech)
+CONDITIONS = {"clean": (None, False, None), "room": (None, True, None), "noise 20 dB": (20.0, False, None), "noise 10 dB": (10.0, False, None),
+              "voices 20 dB": (None, False, 20.0), "voices 15 dB": (None, False, 15.0)}
 PIECE = 320  # 20 ms pieces, as a browser sends
 
 
@@ -82,7 +88,7 @@ def score(utts, spans, ends) -> dict:
             delays.append(last[2] / 16000 - end)
             clipped += last[1] / 16000 < end - 0.05
     false = sum(1 for u in utts if not any(u[0] < b * 16000 and u[1] > a * 16000 for a, b in spans))
-    return {"delays": delays, "own": own, "clipped": clipped, "false": false}
+    return {"delays": delays, "own": own, "clipped": clipped, "false": false, "utterances": len(utts)}
 
 
 def main() -> None:
@@ -91,32 +97,36 @@ def main() -> None:
     ap.add_argument("--endpoint-ms", type=int, default=500)
     ap.add_argument("--phone", action="store_true", help="every condition as a phone line carries it (300-3400 Hz, 8 kHz mu-law)")
     ap.add_argument("--detectors", default=",".join(DETECTORS), help="detectors to compare, comma-separated")
+    ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the gate's option (0: off)")
+    ap.add_argument("--talker-hold-ms", type=int, default=VadOptions.talker_hold_ms, help="the gate's option")
     args = ap.parse_args()
     model = SileroModel(silero_vad_path())
     print(f"# endpoint {args.endpoint_ms} ms; fixtures {args.fixtures}{'; over a phone line' if args.phone else ''}")
-    print("| condition | detector | endpoint delay p50 / p95 (s) | own endpoint | clipped | false starts | speech in 60 s of noise alone (s) | gate CPU s/s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for cond, (snr, room) in CONDITIONS.items():
+    print("| condition | detector | endpoint delay p50 / p95 (s) | own endpoint | utterances | clipped | false starts | speech in 60 s of noise alone (s) | gate CPU s/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for cond, (snr, room, voices_db) in CONDITIONS.items():
         for detector in args.detectors.split(","):
-            options = VadOptions(detector=detector)
-            total = {"delays": [], "own": 0, "clipped": 0, "false": 0, "n": 0}
+            options = VadOptions(detector=detector, talker_floor_db=args.talker_floor_db, talker_hold_ms=args.talker_hold_ms)
+            total = {"delays": [], "own": 0, "clipped": 0, "false": 0, "utterances": 0, "n": 0}
             cpu = audio_s = 0.0
             for name in args.fixtures.split(","):
-                heard = load_channels(name) if snr is None and not room and not args.phone else noisy_pcm(name, snr, room, args.phone)[1]
+                plain = snr is None and not room and voices_db is None and not args.phone
+                heard = load_channels(name) if plain else noisy_pcm(name, snr, room, args.phone, voices_db)[1]
                 dry = load_channels(name)
-                as_sent = options.for_rate(wire_rate(name, snr, room, args.phone))  # as the server takes the stream
+                as_sent = options.for_rate(wire_rate(name, snr, room, args.phone, voices_db))  # as the server takes the stream
                 for ch, audio in enumerate(heard):
                     spans = MANIFEST[name]["spans"][ch]
                     utts, spent = utterances(np.asarray(audio, np.float32), as_sent, args.endpoint_ms, model)
                     s = score(utts, spans, speech_ends(dry[ch], spans))
-                    for k in ("own", "clipped", "false"):
+                    for k in ("own", "clipped", "false", "utterances"):
                         total[k] += s[k]
                     total["delays"] += s["delays"]
                     total["n"] += len(spans)
                     cpu, audio_s = cpu + spent, audio_s + len(audio) / 16000
-            idle = noise_alone(snr, room, options.for_rate(8000 if args.phone else 16000), args.endpoint_ms, model, args.phone)
+            # Other voices alone are speech, rightly found: nothing to report for them.
+            idle = "-" if voices_db is not None else f"{noise_alone(snr, room, options.for_rate(8000 if args.phone else 16000), args.endpoint_ms, model, args.phone):.1f}"
             d = total["delays"]
-            print(f"| {cond} | {detector} | {pct(d, 0.5):.2f} / {pct(d, 0.95):.2f} | {total['own']}/{total['n']} | {total['clipped']} | {total['false']} | {idle:.1f} | {cpu / audio_s:.4f} |")
+            print(f"| {cond} | {detector} | {pct(d, 0.5):.2f} / {pct(d, 0.95):.2f} | {total['own']}/{total['n']} | {total['utterances']} | {total['clipped']} | {total['false']} | {idle} | {cpu / audio_s:.4f} |")
 
 
 def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms: int, model: SileroModel, phone: bool = False) -> float:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from asr_server.audio.vad import VadOptions
 from asr_server.cli import build_parser
 
 
@@ -17,6 +18,16 @@ def test_the_vad_defaults_to_silero_and_takes_only_known_detectors():
     assert build_parser().parse_args([]).vad == "silero"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--vad", "energy"])
+
+
+def test_the_talker_floor_reaches_the_vad_and_negative_decibels_are_refused(capsys):
+    from asr_server.cli import _vad
+
+    assert _vad(build_parser().parse_args([])).talker_floor_db == VadOptions().talker_floor_db > 0
+    assert _vad(build_parser().parse_args(["--talker-floor-db", "0", "--vad", "both"])) == VadOptions(detector="both", talker_floor_db=0.0)
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--talker-floor-db", "-3"])
+    assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err
 
 
 def test_the_context_pass_settings_reach_the_server_and_negative_seconds_are_refused(capsys):

@@ -1,6 +1,9 @@
+from dataclasses import replace
+
 import numpy as np
 
-from asr_server.audio.vad import FRAME_SAMPLES, VadGate, VadOptions
+from asr_server.audio.chunker import Chunker, EndReason, UtteranceEnded
+from asr_server.audio.vad import FRAME_SAMPLES, TalkerLevel, VadGate, VadOptions
 
 from ..harness import MANIFEST, load_mono
 
@@ -65,3 +68,79 @@ def test_telephone_streams_take_the_narrowband_thresholds():
     assert narrow.speech_threshold < options.speech_threshold and narrow.detector == options.detector
     assert options.for_rate(16000) == options and options.for_rate(48000) == options
     assert options.for_rate(None) == options  # a container's rate is not known up front
+
+
+def tone(seconds: float, dbfs: float) -> np.ndarray:
+    t = np.arange(int(seconds * 16000)) / 16000
+    return (np.sin(2 * np.pi * 220 * t) * np.sqrt(2) * 10 ** (dbfs / 20)).astype(np.float32)
+
+
+def voiced_flags(options: VadOptions, audio: np.ndarray) -> str:
+    """Speech flags of ``audio`` through a gate whose detector calls every frame voiced."""
+    gate = VadGate(options, classifier=lambda pcm: True)
+    return "".join("S" if f.speech else "." for f in gate.feed(audio))
+
+
+EVERY_FRAME = VadOptions(detector="webrtc", window=5, threshold=3, talker_hold_ms=0)
+
+
+def test_a_voice_far_below_the_talker_does_not_hold_speech_open():
+    # A talker at -12 dBFS, then only a voice 25 dB under them (a television, a neighbour's call):
+    # a detector rightly hears speech, but the talker's pause must still come.
+    audio = np.concatenate([tone(1.0, -12), tone(1.5, -37)])
+    flags = voiced_flags(EVERY_FRAME, audio)
+    assert flags[:33].count("S") >= 30
+    assert flags[-40:] == "." * 40
+    assert voiced_flags(replace(EVERY_FRAME, talker_floor_db=0), audio)[-40:] == "S" * 40  # the gate off: held open
+
+
+def test_speech_within_the_floor_keeps_going():
+    # Syllables vary: a talker 12 dB quieter for a while is still the talker.
+    audio = np.concatenate([tone(1.0, -12), tone(1.0, -24), tone(0.5, -14)])
+    flags = voiced_flags(EVERY_FRAME, audio)
+    assert "." not in flags[3:]
+
+
+def test_a_quieter_talker_is_heard_once_the_window_has_passed():
+    # The level is set by the last talker_window_s of speech: someone quieter who talks on after the
+    # loud talker stopped is heard again once the window has passed.
+    options = replace(EVERY_FRAME, talker_window_s=1.0)
+    audio = np.concatenate([tone(1.0, -12), tone(2.5, -40)])
+    flags = voiced_flags(options, audio)
+    quiet = flags[37:]  # past the vote's few frames of lag
+    assert quiet[:20] == "." * 20
+    assert quiet[-30:] == "S" * 30
+
+
+def test_the_first_frames_set_the_level():
+    level = TalkerLevel(window=100, floor_db=20, warmup=3)
+    assert [level.hears(i, -60.0 + i, True) for i in range(3)] == [True, True, True]  # no level yet: every frame passes
+    assert level.level is not None and -59.0 < level.level < -57.0
+    assert level.hears(3, -70.0, True) is True  # within 20 dB of about -58
+    assert level.hears(4, -90.0, True) is False
+    assert level.hears(5, -50.0, False) is False  # what the detector did not call speech never is
+
+
+def test_a_short_dip_under_the_floor_stays_speech():
+    # A pause inside a sentence, or a soft last syllable, shorter than the hold: as the detector heard it.
+    options = replace(EVERY_FRAME, talker_hold_ms=150)
+    dip = np.concatenate([tone(1.0, -12), tone(0.12, -40), tone(0.5, -12)])
+    assert "." not in voiced_flags(options, dip)[3:]
+    long_dip = np.concatenate([tone(1.0, -12), tone(0.6, -40), tone(0.5, -12)])
+    flags = voiced_flags(options, long_dip)
+    assert "." not in flags[3:38] and flags[43:50] == "." * 7  # held 5 frames (150 ms), then not speech
+
+
+def test_sentences_end_under_other_voices_20_db_down():
+    # Read sentences with another recording played backwards 20 dB under them (speech to Silero, no
+    # words): each sentence's pause still ends an utterance near the end of that sentence.
+    name = "librivox_16k.s16le"
+    audio, spans = load_mono(name), MANIFEST[name]["spans"][0]
+    other = np.resize(load_mono("ljspeech_babylon_16k.s16le")[::-1], len(audio))
+    level = np.sqrt(np.mean(np.concatenate([audio[int(a * 16000) : int(b * 16000)] for a, b in spans]) ** 2))
+    heard = (audio + other / np.sqrt(np.mean(other**2)) * level * 10 ** (-20 / 20)).astype(np.float32)
+    chunker = Chunker()
+    ends = [e.end / 16000 for e in chunker.feed(VadGate().feed(heard)) if isinstance(e, UtteranceEnded) and e.reason is EndReason.ENDPOINT]
+    for i, (_, end) in enumerate(spans):
+        following = spans[i + 1][0] if i + 1 < len(spans) else float("inf")
+        assert any(end - 0.3 <= t < following for t in ends), f"sentence {i} (ends {end} s) got no endpoint of its own: {ends}"
