@@ -1,6 +1,6 @@
 """Load benchmark: N concurrent real-time streams against one server.
 
-    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--sync] [--noise-db 20] [--max-channels N] [--server-arg=--max-batch=4]
+    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--sync] [--noise-db 20] [--voices-db 20] [--max-channels N] [--server-arg=--max-batch=4]
 
 For each N, starts N clients at once (start times spread over one second,
 seeded), each replaying a real fixture at real-time pace (fixtures are dealt
@@ -14,7 +14,8 @@ level 1 or higher (where context passes are lean), peak memory, refused streams 
 long the slowest refusal took from connecting. Between levels it waits for the
 server's load level to return to 0.
 With ``--noise-db N`` every stream carries continuous pink noise N dB below its
-speech (sent as raw 16 kHz), so pauses are not digital silence.
+speech (sent as raw 16 kHz), so pauses are not digital silence; with
+``--voices-db N``, three other people talking N dB below it (``stream_bench.voices``).
 With ``--sync`` every stream starts at the same instant with the same recording
 (LibriVox, not rotated), so their finals come due together: the burst case.
 It stops the sweep once p95 final latency exceeds --limit (default 1.5 s) and
@@ -47,6 +48,7 @@ from tests.wer import edit_distance, normalize  # noqa: E402
 REVISIONS = ["true"]  # the streams' option, set from the command line
 EXTRA_OPTIONS: dict[str, str] = {}  # more stream options from the command line (--split-after-s)
 NOISE_DB: list[float | None] = [None]  # continuous pink noise this far below the speech (None: as recorded)
+VOICES_DB: list[float | None] = [None]  # other people talking this far below the speech (None: nobody)
 FIXTURES = ["librivox_16k.s16le", "espeak_8k.mulaw", "cards_44k.f32le", "call_8k_stereo.s16le"]
 
 
@@ -60,11 +62,11 @@ def rss_mib(pid: int) -> float:
 @functools.lru_cache(maxsize=None)
 def source(name: str) -> tuple[bytes, dict, float]:
     """What a client streams: the fixture's bytes, the stream options, and bytes per second.
-    With noise, the recording decoded to 16 kHz with the noise mixed in (raw s16le)."""
+    With noise or voices, the recording decoded to 16 kHz with them mixed in (raw s16le)."""
     entry = MANIFEST[name]
-    if NOISE_DB[0] is None:
+    if NOISE_DB[0] is None and VOICES_DB[0] is None:
         return (FIXTURE_DIR / name).read_bytes(), entry, bytes_per_second(name)
-    data, _ = noisy_pcm(name, NOISE_DB[0])
+    data, _ = noisy_pcm(name, NOISE_DB[0], voices_db=VOICES_DB[0])
     return data, dict(entry, encoding="pcm_s16le", sample_rate=16000), 16000 * 2 * entry["channels"]
 
 
@@ -270,6 +272,7 @@ def main() -> None:
     ap.add_argument("--revisions", default="true", help="the streams' revisions option (true/false)")
     ap.add_argument("--split-after-s", default=None, help="the streams' split_after_s option (default: the server's)")
     ap.add_argument("--noise-db", type=float, default=None, help="mix continuous pink noise this many dB below the speech into every stream (sent as raw 16 kHz)")
+    ap.add_argument("--voices-db", type=float, default=None, help="mix three other people talking (backwards: no words) this many dB below the speech into every stream")
     ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control; auto: the server's measured capacity")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
@@ -278,6 +281,7 @@ def main() -> None:
     if args.split_after_s is not None:
         EXTRA_OPTIONS["split_after_s"] = args.split_after_s
     NOISE_DB[0] = args.noise_db
+    VOICES_DB[0] = args.voices_db
     admission = [] if args.max_channels in ("", "auto") else ["--max-channels", args.max_channels]
     proc, port = start_server(args.compute_type, *admission, *args.server_arg)
     print(machine_line(port), flush=True)
