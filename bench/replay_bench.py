@@ -54,10 +54,10 @@ from asr_client import Transcript  # noqa: E402
 from load_bench import FIXTURES as LOAD_FIXTURES, replayed, rotation_cut, round_turns  # noqa: E402
 from stream_bench import DEFAULT_FIXTURES, covering_latencies, load_channels, noisy_pcm, offline_text, pct, speech_ends, use_fast_reader, wire_rate  # noqa: E402
 
+from asr_server.audio.vad import VadOptions  # noqa: E402
 from asr_server.decoding.context import ContextOptions  # noqa: E402
 from asr_server.events import SubmitJob  # noqa: E402
 from asr_server.inference.types import DecodeKind  # noqa: E402
-from asr_server.audio.vad import VadOptions  # noqa: E402
 from asr_server.inference.whisper import DEFAULT_MODEL, WhisperRunner, resolve_model  # noqa: E402
 from asr_server.inference.windows import LEAN_CONTEXT_PAD_S  # noqa: E402
 from asr_server.options import StreamOptions  # noqa: E402

@@ -180,11 +180,17 @@ def pink_noise(n: int, seed: int, band_hz: float | None = None) -> np.ndarray:
         held = np.repeat(rng.standard_normal(n // step + 2), step)[:n]
         out += held
     out += rng.standard_normal(n)
-    if band_hz is not None and band_hz < 8000:
-        spectrum = np.fft.rfft(out)
-        spectrum[np.fft.rfftfreq(n, 1 / 16000) > band_hz] = 0
-        out = np.fft.irfft(spectrum, n)
+    out = band_limited(out, band_hz)
     return (out / np.sqrt(np.mean(out**2))).astype(np.float32)
+
+
+def band_limited(audio: np.ndarray, band_hz: float | None) -> np.ndarray:
+    """``audio`` (16 kHz) with nothing above ``band_hz`` (None: as it is)."""
+    if band_hz is None or band_hz >= 8000:
+        return audio
+    spectrum = np.fft.rfft(audio)
+    spectrum[np.fft.rfftfreq(len(audio), 1 / 16000) > band_hz] = 0
+    return np.fft.irfft(spectrum, len(audio))
 
 
 def reverberate(audio: np.ndarray, rt60_s: float, seed: int) -> np.ndarray:
@@ -201,18 +207,21 @@ def reverberate(audio: np.ndarray, rt60_s: float, seed: int) -> np.ndarray:
     return (wet / np.sqrt(2)).astype(np.float32)
 
 
-def voices(n: int, seed: int, talkers: int = 3) -> np.ndarray:
+def voices(n: int, seed: int, band_hz: float | None = None, talkers: int = 3) -> np.ndarray:
     """Other people talking in the background, unit RMS at 16 kHz: ``talkers`` voices, each one of
     the project's two human recordings (LibriVox, LJ Speech) played backwards from a random point
-    and looped. Backwards speech keeps what a voice-activity detector hears as speech (Silero
-    gives it 0.6-0.9 in pauses at 20 dB down, as it does forwards) and carries no words a model
-    could transcribe, so the WER still measures the speaker's words."""
+    and looped; with ``band_hz``, nothing above it (see :func:`pink_noise`). Backwards speech keeps
+    what a voice-activity detector hears as speech (Silero gives it about what it gives forwards:
+    in a speaker's pauses, with one voice 20 dB under them, a median of 0.64-0.83 backwards and
+    0.66-0.91 forwards) and carries no words a model could transcribe, so the WER still measures
+    the speaker's words."""
     rng = np.random.default_rng(seed)
     out = np.zeros(n)
     for k in range(talkers):
         source = _load_channels(("librivox_16k.s16le", "ljspeech_babylon_16k.s16le")[k % 2])[0][::-1].astype(np.float64)
         looped = np.tile(np.roll(source, int(rng.integers(len(source)))), n // len(source) + 1)[:n]
         out += looped / np.sqrt(np.mean(looped**2))
+    out = band_limited(out, band_hz)
     return (out / np.sqrt(np.mean(out**2))).astype(np.float32)
 
 
@@ -263,7 +272,7 @@ def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool =
         if snr_db is not None:
             audio = audio + pink_noise(len(audio), 11 + ch, band) * level * 10 ** (-snr_db / 20)
         if voices_db is not None:
-            audio = audio + voices(len(audio), 31 + ch) * level * 10 ** (-voices_db / 20)
+            audio = audio + voices(len(audio), 31 + ch, band) * level * 10 ** (-voices_db / 20)
         mixed.append(np.clip(audio, -1, 1).astype(np.float32))
     if phone:
         return phone_line(mixed)
