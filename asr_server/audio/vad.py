@@ -62,8 +62,8 @@ class VadOptions:
     narrowband_release_threshold: float = 0.15
     # A frame this many dB below the talker's level (see TalkerLevel) is not speech; 0: off.
     # Measured by bench/vad_bench.py: with three other voices 20 dB under the speaker Silero calls
-    # them speech (probability 0.6-0.9 in the pauses) and 21 of 31 sentences got an endpoint of
-    # their own; with this, 30 of 31 (27 -> 30 over a phone line). 25 dB left 25 of 31; 15 dB cut clean
+    # them speech (probability 0.6-0.9 in the pauses) and 25 of 31 sentences got an endpoint of
+    # their own; with this, 30 of 31 (27 -> 30 over a phone line). 25 dB gave 28 of 31; 15 dB cut clean
     # speech more (one sentence of 31 merged into the next; telephone speech in 65 utterances, not 57).
     talker_floor_db: float = 20.0
     talker_window_s: float = 10.0  # the frames that passed as speech in this much of the stream set the level
