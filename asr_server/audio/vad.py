@@ -144,14 +144,20 @@ class TalkerLevel:
             return None
         return float(np.percentile([db for _, db in self._frames], 90))
 
+    def _below(self, db: float) -> bool:
+        """Whether ``db`` is under the floor (the level's percentile is only worked out for frames a
+        detector called speech: the rest are not the talker's either way)."""
+        if not self.floor_db:
+            return False
+        level = self.level
+        return level is not None and db < level - self.floor_db
+
     def hears(self, index: int, db: float, voiced: bool) -> bool:
         """Whether frame ``index`` at ``db`` dBFS, which a detector called ``voiced`` or not, is the
         talker speaking (if so it counts toward the level)."""
         while self._frames and self._frames[0][0] <= index - self.window:
             self._frames.popleft()
-        level = self.level
-        below = bool(self.floor_db) and level is not None and db < level - self.floor_db
-        if voiced and not below:
+        if voiced and not self._below(db):
             self._away = 0
             self._recent.append(True)
             self._frames.append((index, db))
