@@ -8,7 +8,8 @@ round-robin; the copies of one fixture start at different sentences, the
 recording rotated at a pause, so that streams carry different speech at any
 moment, as independent callers do), and reports per N: final latency p50/p95 (from where each
 sentence's speech ends, found in the recording's energy, to its final), time to first interim, interim lag (per
-utterance, from its speech start as the server found it to its first interim) p50/p95, interims per stream-second, word error rate of
+utterance begun with speech, from where the server heard it begin to its first text, an interim or its
+final; utterances that a sentence split continued are left out, their words were shown already) p50/p95, interims per stream-second, word error rate of
 the finals, server CPU (cores busy), the share of the run the server spent at load
 level 1 or higher (where context passes are lean), peak memory, refused streams and how
 long the slowest refusal took from connecting. Between levels it waits for the
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stream_bench import bucket_quantile, cpu_seconds, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, speech_ends, start_server  # noqa: E402
+from stream_bench import bucket_quantile, cpu_seconds, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, speech_ends, start_server, text_lags  # noqa: E402
 
 from asr_client import stream_bytes  # noqa: E402
 
@@ -49,6 +50,7 @@ REVISIONS = ["true"]  # the streams' option, set from the command line
 EXTRA_OPTIONS: dict[str, str] = {}  # more stream options from the command line (--split-after-s)
 NOISE_DB: list[float | None] = [None]  # continuous pink noise this far below the speech (None: as recorded)
 VOICES_DB: list[float | None] = [None]  # other people talking this far below the speech (None: nobody)
+MESSAGES_TO: list[str | None] = [None]  # a file for every stream's messages as received (JSON lines; None: not kept)
 FIXTURES = ["librivox_16k.s16le", "espeak_8k.mulaw", "cards_44k.f32le", "call_8k_stereo.s16le"]
 
 
@@ -165,6 +167,14 @@ def model_seconds(port: int) -> dict[str, float]:
     return out
 
 
+def keep_messages(path: str, n: int, results: list) -> None:
+    """Append each stream's messages, with the seconds into the stream each came, to ``path``."""
+    with open(path, "a", encoding="utf-8") as out:
+        for stream, (_entry, r, _code, _refused) in enumerate(results):
+            for t in r.messages if r is not None else []:
+                out.write(json.dumps({"streams": n, "stream": stream, "fixture": r.fixture, "at": round(t.at, 3), "message": t.message}) + "\n")
+
+
 def wait_calm(port: int, limit_s: float = 60.0) -> None:
     """Let the server's load level fall back to 0 between sweep levels."""
     deadline = time.monotonic() + limit_s
@@ -190,12 +200,14 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     else:
         clients = [one_client(url, FIXTURES[i % len(FIXTURES)], i // len(FIXTURES), rng.random(), rounds) for i in range(n)]
     results = await asyncio.gather(*clients)
+    if MESSAGES_TO[0]:
+        keep_messages(MESSAGES_TO[0], n, results)
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
     model1, lag1 = model_seconds(port), lag_buckets(port)
     model = {k: model1[k] - model0.get(k, 0.0) for k in model1}
     watcher.cancel()
     latencies, first, interims, errors, words, refused, stream_s = [], [], 0, 0, 0, 0, 0.0
-    lags: list[float] = []  # per utterance: from its speech start (as the server found it) to its first interim
+    lags: list[float] = []  # per utterance begun with speech: from where the server heard it begin to its first text
     finals_sent = 0
     refined_errors = 0
     delays: list[float] = []  # revisions of an utterance no revision had changed before
@@ -217,10 +229,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         starts = [s for spans in entry["spans"] for s, _ in spans]
         if r.of_type("interim"):
             first.append(r.of_type("interim")[0].at - min(starts))
-        seen: dict[tuple[int, int], float] = {}
-        for t in r.of_type("interim"):
-            seen.setdefault((t.message["channel"], t.message["utterance"]), t.at - t.message["start"])
-        lags += seen.values()
+        lags += text_lags(r)
         for ch in range(entry["channels"]):
             finals = [t for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
             for end in entry["ends"][ch]:
@@ -276,7 +285,9 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control; auto: the server's measured capacity")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
+    ap.add_argument("--messages", default=None, help="append every stream's messages to this file (JSON lines, with the seconds into the stream each came)")
     args = ap.parse_args()
+    MESSAGES_TO[0] = args.messages
     REVISIONS[0] = args.revisions
     if args.split_after_s is not None:
         EXTRA_OPTIONS["split_after_s"] = args.split_after_s

@@ -15,7 +15,9 @@ reports per fixture and overall:
   the same model and compute type (beam 5, computed in the same run);
 * revisions per final, and the revision delay: how long the first utterance a revision
   changed had shown its first-pass text;
-* time to first interim, from the start of the first sentence;
+* time to first interim, from the start of the first sentence, and for every utterance
+  begun with speech the time from where the server heard it begin to its first text (an
+  interim, or its final if none came before);
 * compute per audio second: the server process's CPU seconds, and the model's decode
   seconds by kind (interim, final, context; from /metrics).
 
@@ -336,6 +338,18 @@ def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float]]:
     return first, again
 
 
+def text_lags(r: Replay) -> list[float]:
+    """Per utterance that began with speech (a ``speech_start``; not one that a sentence split or a
+    length cut continued, whose words were on screen already): seconds from where the server
+    heard the speech begin to the first text of it the client got, an interim or its final."""
+    began = {(t.message["channel"], t.message["utterance"]): t.message["at"] for t in r.of_type("speech_start")}
+    shown: dict[tuple[int, int], float] = {}
+    for t in r.messages:
+        if t.message.get("type") in ("interim", "final") and t.message.get("text"):
+            shown.setdefault((t.message["channel"], t.message["utterance"]), t.at)
+    return [shown[k] - at for k, at in began.items() if k in shown]
+
+
 def lag_buckets(port: int) -> dict[float, float]:
     """The server's asr_context_lag_seconds histogram so far: upper bound -> cumulative count."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -396,6 +410,7 @@ def main() -> None:
     print(machine_line(port), flush=True)
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims, delays, again = [], [], [], [], []
+    text_lag: list[float] = []  # per utterance begun with speech: to its first text (see text_lags)
     by_fixture: dict[str, list[float]] = {}
     texts: dict[str, dict[str, str]] = {}  # per fixture channel: the reference and what the client held
     totals = {"first": 0, "refined": 0, "offline": 0, "words": 0, "finals": 0, "revisions": 0}
@@ -435,6 +450,7 @@ def main() -> None:
                 interims = r.of_type("interim")
                 if interims:
                     first_interims.append(interims[0].at - min(s for spans in entry["spans"] for s, _ in spans))
+                text_lag += text_lags(r)
         cpu = cpu_seconds(proc.pid) - cpu0
         model1, lag1 = model_seconds(port), lag_buckets(port)
     finally:
@@ -442,10 +458,11 @@ def main() -> None:
         proc.wait(10)
     rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
     lag = (bucket_quantile(lag0, lag1, 0.5), bucket_quantile(lag0, lag1, 0.95))
-    report(args, rows, totals, latencies, first_interims, (delays, again), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts)
+    report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts)
 
 
-def report(args, rows, totals, latencies, first_interims, revision_delays, context_lag, cpu, audio_s, model, texts) -> None:
+def report(args, rows, totals, latencies, interim_figures, revision_delays, context_lag, cpu, audio_s, model, texts) -> None:
+    first_interims, text_lag = interim_figures
     delays, again = revision_delays
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
@@ -463,6 +480,8 @@ def report(args, rows, totals, latencies, first_interims, revision_delays, conte
     print(f"final latency from the end of speech found in the audio (s): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} (n={len(latencies)})")
     if first_interims:
         print(f"time to first interim (s): median {statistics.median(first_interims):.2f}, max {max(first_interims):.2f} (n={len(first_interims)})")
+    if text_lag:
+        print(f"first text of each utterance, from where its speech began (s): p50 {pct(text_lag, 0.5):.2f}, p95 {pct(text_lag, 0.95):.2f}, max {max(text_lag):.2f} (n={len(text_lag)})")
     print(f"revisions: {totals['revisions']} for {totals['finals']} finals; delay from the first changed final (s): p50 {pct(delays, 0.5):.2f}, p95 {pct(delays, 0.95):.2f} (n={len(delays)}); "
           f"of an utterance revised before (outvoted): p50 {pct(again, 0.5):.2f} (n={len(again)})")
     print(f"context lag, from a final to the pass that decided it, changed or not (server histogram, s): p50 {context_lag[0]:.1f}, p95 {context_lag[1]:.1f}")
@@ -470,7 +489,7 @@ def report(args, rows, totals, latencies, first_interims, revision_delays, conte
     print(f"compute per audio second: server CPU {cpu / audio_s:.3f} s/s; model time by kind: {kinds} ({audio_s:.0f} s of audio)")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "totals": totals, "latencies": latencies, "delays": delays, "again": again,
-                                                "first_interims": first_interims, "cpu_per_audio_s": cpu / audio_s,
+                                                "first_interims": first_interims, "text_lags": text_lag, "cpu_per_audio_s": cpu / audio_s,
                                                 "model_per_audio_s": {k: v / audio_s for k, v in model.items()}, "texts": texts}, indent=1))
 
 
