@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--compute-type", default="auto", help="CTranslate2 compute type: auto, int8, float16, float32, ... (default auto)")
     p.add_argument("--cpu-threads", type=int, default=0, help="threads per model worker on CPU (default: cores / workers)")
-    p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: one per core on CPU; on CUDA 6 for models of up to 200 MB of weights, such as tiny.en, else 3)")
+    p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: on CPU one per core, plus one kept for finals on 2+ cores; on CUDA 6 for models of up to 200 MB of weights, such as tiny.en, else 3)")
     _decoding_options(p)
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
@@ -307,6 +307,17 @@ def _cuda_workers(model_path: str | None) -> int:
     return CUDA_WORKERS_SMALL if size <= SMALL_MODEL_BYTES else CUDA_WORKERS
 
 
+def _cpu_workers(cores: int) -> int:
+    """Default workers on CPU: one per core for interims and context passes, and on two cores or
+    more one more, since background work never takes the last worker (it stays free for finals).
+    With a worker per core only, two cores left interims one worker, and a context pass (1.5-3 s
+    on a slow core) held it: a new sentence's first text came p95 4.0 s after its speech began,
+    against 0.95 s with the extra worker (docs/benchmarks.md, thirteenth session). Background
+    calls compute at a lower priority than finals (``--background-nice``), so the extra thread
+    costs finals little."""
+    return cores + 1 if cores >= 2 else cores
+
+
 def _plan(args: argparse.Namespace, model_path: str | None = None) -> _Plan:
     cores = os.cpu_count() or 1
     max_channels = args.max_channels or 0  # None: measured (see _capacity)
@@ -314,7 +325,7 @@ def _plan(args: argparse.Namespace, model_path: str | None = None) -> _Plan:
     batch_seconds = args.max_batch_seconds or (30.0 * max_batch if args.device == "cuda" else 60.0)
     max_frames = max(1, int(batch_seconds * 100))
     final_frames = max(1, int((args.final_batch_seconds or (batch_seconds if args.device == "cuda" else 30.0)) * 100))
-    workers = args.workers or (_cuda_workers(model_path) if args.device == "cuda" else cores)
+    workers = args.workers or (_cuda_workers(model_path) if args.device == "cuda" else _cpu_workers(cores))
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
                     webrtc_connect_timeout_s=args.webrtc_connect_timeout, resume_ttl_s=args.resume_ttl,
                     ended_session_ttl_s=args.ended_session_ttl)

