@@ -359,16 +359,22 @@ class SchedulerCore:
 
         A pause decode has slack (the endpoint comes ``endpoint - tail`` later)
         and a final alone costs a whole window, where two share one for little
-        more. So while another worker is busy, a lone young pause decode that
-        could share its call waits up to ``pack_hold_s``; the worker takes
-        interims meanwhile. Idle servers never hold.
+        more. So while another worker is busy with another stream's work, a
+        lone young pause decode that could share its call waits up to
+        ``pack_hold_s``; the worker takes interims meanwhile. Idle servers never
+        hold, nor do servers busy only with the same stream (its own interim
+        left behind at the pause, its context pass): no window-mate is coming,
+        and where the decode takes longer than the slack (a slow core, or a long
+        utterance's 200 ms endpoint) the hold was added to the final's latency.
         """
-        if self.pack_hold_s <= 0 or not self._running or len(self._finals) != 1:
+        if self.pack_hold_s <= 0 or len(self._finals) != 1:
             return None
         [ticket] = self._finals.waiting()
         entry = ticket.item
         until = entry.queued_at + self.pack_hold_s
         if not entry.job.speculative or entry.alone or until <= now:
+            return None
+        if all(e.owner == entry.owner for b in self._running.values() for e in b.entries):
             return None
         try:
             if self.runner.window_frames(entry.request) >= self._final_limits.max_frames:

@@ -199,6 +199,16 @@ def test_a_pack_hold_ends_and_idle_servers_or_endpoint_finals_never_hold():
     assert core.schedule(1.0, 1).batch is not None
 
 
+def test_a_pause_decode_is_not_held_while_only_its_own_stream_keeps_a_worker_busy():
+    """One stream's own interim, left behind at the pause, brings no window-mate: holding its pause
+    decode only added to the final's latency where the decode outlasts the endpoint's slack."""
+    core = SchedulerCore(ThirdOfAWindow(), BatchLimits(max_batch=4, final_frames=3000), workers=2, pack_hold_s=0.2)
+    core.add("a", interim("own"), 0.0)
+    assert core.schedule(0.0, 0).batch is not None
+    core.add("a", final("a", speculative=True), 1.0)
+    assert [r.prompt for r in core.schedule(1.0, 1).batch.requests] == ["a"]
+
+
 def test_the_queues_hold_only_live_jobs_after_many_sessions():
     """A fair queue that kept every ticket it ever held grew by each job's audio forever."""
     core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=2))
