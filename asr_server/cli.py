@@ -118,6 +118,18 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S,
                    help="under load a context pass decodes only the utterances it decides, on their audio plus this many seconds "
                         f"(default {LEAN_CONTEXT_PAD_S:g}; 30: the full window, as at rest)")
+    _context_options(p)
+    p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
+                   help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
+    p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
+                   help="what decides where speech ends: silero (a learned model, default), webrtc (cheaper, fooled by noise and reverberation), or both")
+    p.add_argument("--talker-floor-db", type=_decibels, default=VadOptions.talker_floor_db,
+                   help="sound this many dB below the talker's level over the last 10 s is not speech: other voices, a television, "
+                        "line echo, a room's echo do not hold a pause open (default %(default)g; 0: off)")
+
+
+def _context_options(p: argparse.ArgumentParser) -> None:
+    """The context pass (second pass), and the first-pass finals it refines under load."""
     defaults = ContextOptions()
     p.add_argument("--context-window-s", type=_seconds, default=defaults.window_s,
                    help=f"audio one context pass decodes at most, utterances and gaps (default {defaults.window_s:g}; at most 30)")
@@ -133,13 +145,9 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
                    help=f"that share, 0 to 1 (default {CONTEXT_SHARE:g}): past it, overloaded streams get interims before overdue passes")
     p.add_argument("--max-context-batch", type=_count, default=8,
                    help="context passes per model call (default 8: beam search over whole windows costs no less per pass in larger batches)")
-    p.add_argument("--pack-finals", action=argparse.BooleanOptionalAction, default=True,
-                   help="finals waiting together share one 30 s encoder window (default on; needs --final-encoder-pad-s 30)")
-    p.add_argument("--vad", default=VadOptions.detector, choices=DETECTORS,
-                   help="what decides where speech ends: silero (a learned model, default), webrtc (cheaper, fooled by noise and reverberation), or both")
-    p.add_argument("--talker-floor-db", type=_decibels, default=VadOptions.talker_floor_db,
-                   help="sound this many dB below the talker's level over the last 10 s is not speech: other voices, a television, "
-                        "line echo, a room's echo do not hold a pause open (default %(default)g; 0: off)")
+    p.add_argument("--busy-finals", action=argparse.BooleanOptionalAction, default=True,
+                   help="while the server is loaded (a final was late), quick finals decode as finals in a burst do: greedily on the "
+                        "audio plus --burst-final-encoder-pad-s, a third of the model time; the context pass refines them (default on)")
 
 
 def _access_options(p: argparse.ArgumentParser) -> None:
@@ -373,7 +381,7 @@ def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan) -> C
 
 def _context(args: argparse.Namespace) -> ContextOptions:
     return ContextOptions(window_s=min(30.0, args.context_window_s), back_s=args.context_back_s,
-                          min_new_s=args.context_min_new_s, quick_finals=args.quick_finals)
+                          min_new_s=args.context_min_new_s, quick_finals=args.quick_finals, busy_finals=args.busy_finals)
 
 
 def _vad(args: argparse.Namespace) -> VadOptions:

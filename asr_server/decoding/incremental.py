@@ -148,7 +148,8 @@ class ChannelDecoder:
         self.quick_finals = self.context.enabled and self.context.quick_finals
         self._withdrawn: DecodeJob | None = None  # the in-flight job already withdrawn
         self._abandoned: list[DecodeJob] = []  # stale interims still running, left behind (see job_running)
-        # Under load, context passes decode no audio they already decided (cheaper, catch up sooner).
+        # Under load, context passes decode no audio they already decided (cheaper, catch up sooner),
+        # and quick finals are busy ones (ContextOptions.busy_finals).
         self.lean_context = False
 
     # -- state the session looks at -------------------------------------------------
@@ -423,6 +424,7 @@ class ChannelDecoder:
             word_timestamps=final or self._may_split(utt, end),
             model="interim" if self.interim_model and not final else "",
             short_window=self.quick_finals if final else self.interim_short_window,
+            busy=final and self.quick_finals and self.lean_context and self.context.busy_finals,
         )
         job = DecodeJob(self.channel, utt.index, request, speculative, end)
         self._in_flight = job

@@ -47,6 +47,9 @@ class DecodeRequest:
     # load) on the audio plus the runner's lean-context pad.
     short_window: bool = False
     burst: bool = False  # a final in a burst: greedy, on the audio plus the runner's burst pad
+    # A quick final while the server is loaded (a final was late): greedy on the burst window
+    # too, but not in a burst (on CPU it keeps the finals' own copy of the weights).
+    busy: bool = False
     pack: bool = True  # a final that may share a window with other finals (see plan_packs)
 
     @property
@@ -114,3 +117,4 @@ class BatchKey:
     prompt_tokens: int
     quick: bool = False  # quick finals: on the quick window
     burst: bool = False  # finals in a burst: greedy, on the burst window
+    busy: bool = False  # quick finals under load: greedy, on the burst window, not in a burst

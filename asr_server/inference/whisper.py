@@ -238,7 +238,8 @@ class WhisperRunner(Runner):
             return BatchKey(request.kind, request.language, FULL_WINDOW_FRAMES, -1)
         tokens = self._prompt_tokens(self._tokenizer(request.language), request.prompt)
         final = request.kind is DecodeKind.FINAL
-        return BatchKey(request.kind, request.language, self.window_frames(request), len(tokens), final and request.short_window, final and request.burst)
+        return BatchKey(request.kind, request.language, self.window_frames(request), len(tokens), final and request.short_window, final and request.burst,
+                        final and request.busy and not request.burst)
 
     def transcribe(self, request: DecodeRequest) -> Hypothesis:
         [hyp] = self.transcribe_batch([request])
@@ -308,7 +309,7 @@ class WhisperRunner(Runner):
 
     def _beam(self, kind: DecodeKind, request: DecodeRequest) -> int:
         if kind is DecodeKind.FINAL:
-            return 1 if request.burst else self.quick_final_beam_size if request.short_window else self.final_beam_size
+            return 1 if request.burst or request.busy else self.quick_final_beam_size if request.short_window else self.final_beam_size
         return FINAL_BEAM_SIZE if kind.final_quality else 1
 
     def _words(self, tokenizer: Any, items: list[_Item], texts: list[list[int]], features: np.ndarray, encoded: Any) -> list[tuple[Word, ...]]:

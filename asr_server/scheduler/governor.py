@@ -16,8 +16,9 @@ steps, in order:
 
 1. ``FEWER_INTERIMS`` - interims every ``interim_factor`` times more audio,
    and on the runner's short encoder window (cheaper, less accurate); context
-   passes lean (only the utterances they decide) once a final was late
-   through a raise period, until the level is back at 0;
+   passes lean (only the utterances they decide) and quick finals busy
+   (greedy on the burst window) once a final was late through a raise
+   period, until the level is back at 0;
 2. ``INTERIM_MODEL`` - interims on the smaller ``--interim-model`` (without
    one: interims slowed by the factor once more);
 3. ``REFUSE_BATCH`` - new ``batch`` streams are refused;
@@ -67,7 +68,7 @@ class LoadSettings:
     scale: int = 1  # times the requested interim_ms
     model: bool = False  # on the smaller --interim-model
     short_window: bool = False  # on the short encoder window
-    lean_context: bool = False  # context passes decode only the utterances they decide
+    lean_context: bool = False  # context passes decode only the utterances they decide, quick finals are busy
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,8 @@ class LoadGovernor:
         return self.level >= Level.FEWER_INTERIMS
 
     def lean_context(self) -> bool:
-        """Whether context passes leave out the decided audio before the new utterances: from the
+        """Whether context passes leave out the decided audio before the new utterances (and quick
+        finals are busy ones, :attr:`~asr_server.decoding.context.ContextOptions.busy_finals`): from the
         first level, once a final was late through a raise period. Interims lagging alone (one
         stream on a slow machine, its interims waiting behind the pass itself) make interims
         cheaper but leave passes whole: a lean pass decides its utterances without the context

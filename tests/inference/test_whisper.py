@@ -27,6 +27,27 @@ def test_real_model_interim_and_final(whisper_runner):
     assert final.words and all(0 <= w.start <= w.end <= len(audio) / 16000 + 0.01 for w in final.words)
 
 
+def test_a_busy_final_decodes_greedily_on_the_burst_window_but_not_as_a_burst(whisper_runner):
+    """A quick final under load costs what a burst final does, yet keeps the finals' own copy of
+    the weights (a burst has every worker on finals; a busy final has the cores to itself) and
+    its own batches: a quick final's beam or a burst's copy would be the wrong one for it."""
+    from ..harness import MANIFEST, load_mono
+    from ..wer import wer
+
+    start, end = MANIFEST["espeak_16k.wav"]["spans"][0][1]
+    audio = load_mono("espeak_16k.wav")[int((start - 0.3) * 16000) : int((end + 0.2) * 16000)]
+    quick = DecodeRequest(audio, DecodeKind.FINAL, word_timestamps=True, short_window=True)
+    busy = DecodeRequest(audio, DecodeKind.FINAL, word_timestamps=True, short_window=True, busy=True)
+    burst = DecodeRequest(audio, DecodeKind.FINAL, word_timestamps=True, short_window=True, burst=True)
+    assert whisper_runner.window_frames(busy) == whisper_runner.window_frames(burst) < whisper_runner.window_frames(quick)
+    assert whisper_runner._beam(DecodeKind.FINAL, busy) == 1 < whisper_runner._beam(DecodeKind.FINAL, quick)
+    keys = {whisper_runner.batch_key(r) for r in (quick, busy, burst)}
+    assert len(keys) == 3 and not whisper_runner.batch_key(busy).burst  # burst in the key: the shared copy
+    hyp = whisper_runner.transcribe(busy)
+    assert wer(MANIFEST["espeak_16k.wav"]["references"][0][1], hyp.text) <= 0.2, hyp.text  # as in the test above
+    assert hyp.words  # the guards and the context pass need its words
+
+
 def test_model_resolution(tmp_path):
     assert resolve_model("tiny.en").endswith("model")
     with pytest.raises(ModelNotFound, match="model.bin"):
