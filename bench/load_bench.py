@@ -13,7 +13,8 @@ final; utterances that a sentence split continued are left out, their words were
 the finals, server CPU (cores busy), the share of the run the server spent at load
 level 1 or higher (where context passes are lean), peak memory, refused streams and how
 long the slowest refusal took from connecting. Between levels it waits for the
-server's load level to return to 0.
+server's load level to return to 0. ``--metrics FILE`` keeps the server's
+metrics after each level (where finals waited, how long their calls took).
 With ``--noise-db N`` every stream carries continuous pink noise N dB below its
 speech (sent as raw 16 kHz), so pauses are not digital silence; with
 ``--voices-db N``, three other people talking N dB below it (``stream_bench.voices``).
@@ -51,6 +52,7 @@ EXTRA_OPTIONS: dict[str, str] = {}  # more stream options from the command line 
 NOISE_DB: list[float | None] = [None]  # continuous pink noise this far below the speech (None: as recorded)
 VOICES_DB: list[float | None] = [None]  # other people talking this far below the speech (None: nobody)
 MESSAGES_TO: list[str | None] = [None]  # a file for every stream's messages as received (JSON lines; None: not kept)
+METRICS_TO: list[str | None] = [None]  # a file for the server's metrics after each level (None: not kept)
 FIXTURES = ["librivox_16k.s16le", "espeak_8k.mulaw", "cards_44k.f32le", "call_8k_stereo.s16le"]
 
 
@@ -175,6 +177,15 @@ def keep_messages(path: str, n: int, results: list) -> None:
                 out.write(json.dumps({"streams": n, "stream": stream, "fixture": r.fixture, "at": round(t.at, 3), "message": t.message}) + "\n")
 
 
+def keep_metrics(path: str, n: int, port: int) -> None:
+    """Append the server's metrics as they stand after the level of ``n`` streams (cumulative since
+    it started: its histograms show where finals waited, ``asr_queue_wait_seconds``, and how long
+    their calls took, ``asr_decode_seconds``)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(f"# load_bench: after the level of N={n}\n{text}")
+
+
 def wait_calm(port: int, limit_s: float = 60.0) -> None:
     """Let the server's load level fall back to 0 between sweep levels."""
     deadline = time.monotonic() + limit_s
@@ -204,6 +215,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         keep_messages(MESSAGES_TO[0], n, results)
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
     model1, lag1 = model_seconds(port), lag_buckets(port)
+    if METRICS_TO[0]:
+        keep_metrics(METRICS_TO[0], n, port)
     model = {k: model1[k] - model0.get(k, 0.0) for k in model1}
     watcher.cancel()
     latencies, first, interims, errors, words, refused, stream_s = [], [], 0, 0, 0, 0, 0.0
@@ -285,9 +298,11 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control; auto: the server's measured capacity")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
+    ap.add_argument("--metrics", default=None, help="append the server's metrics (Prometheus text) after each level to this file")
     ap.add_argument("--messages", default=None, help="append every stream's messages to this file (JSON lines, with the seconds into the stream each came)")
     args = ap.parse_args()
     MESSAGES_TO[0] = args.messages
+    METRICS_TO[0] = args.metrics
     REVISIONS[0] = args.revisions
     if args.split_after_s is not None:
         EXTRA_OPTIONS["split_after_s"] = args.split_after_s
