@@ -266,8 +266,9 @@ def test_an_interim_still_wanted_is_never_withdrawn_and_a_final_never():
     assert not only(d.feed([UtteranceStarted(1, SR, SR), audio(1, 0.5)]), WithdrawJob)
 
 
-def _final_request(options: StreamOptions, context=None):
+def _final_request(options: StreamOptions, context=None, lean: bool = False):
     d = ChannelDecoder(0, options, context)
+    d.lean_context = lean  # as Session.set_load sets it once a final was late
     d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0)])
     d.job_done(d.in_flight, Hypothesis("one"))
     ev = d.feed([UtteranceEnded(0, SR, EndReason.ENDPOINT)])
@@ -284,25 +285,16 @@ def test_first_pass_finals_are_quick_only_when_a_context_pass_refines_them():
     assert not _final_request(StreamOptions(revisions=True), ContextOptions(quick_finals=False)).short_window
 
 
-def _busy_final(options: StreamOptions, context=None, lean: bool = True) -> bool:
-    d = ChannelDecoder(0, options, context)
-    d.lean_context = lean  # as Session.set_load sets it once a final was late
-    d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0)])
-    d.job_done(d.in_flight, Hypothesis("one"))
-    (job,) = [e.job for e in only(d.feed([UtteranceEnded(0, SR, EndReason.ENDPOINT)]), SubmitJob)]
-    return job.request.busy
-
-
 def test_quick_finals_are_busy_only_while_the_server_is_loaded_and_a_pass_refines_them():
     """Under load (passes lean since a final was late) a quick final decodes as a burst final does;
     a stream whose first pass is what stays (no revisions, or full finals) keeps its full final."""
     from asr_server.decoding.context import ContextOptions
 
-    assert _busy_final(StreamOptions(revisions=True))
-    assert not _busy_final(StreamOptions(revisions=True), lean=False)  # the server is not loaded
-    assert not _busy_final(StreamOptions(revisions=False))
-    assert not _busy_final(StreamOptions(revisions=True), ContextOptions(quick_finals=False))
-    assert not _busy_final(StreamOptions(revisions=True), ContextOptions(busy_finals=False))
+    assert _final_request(StreamOptions(revisions=True), lean=True).busy
+    assert not _final_request(StreamOptions(revisions=True)).busy  # the server is not loaded
+    assert not _final_request(StreamOptions(revisions=False), lean=True).busy
+    assert not _final_request(StreamOptions(revisions=True), ContextOptions(quick_finals=False), lean=True).busy
+    assert not _final_request(StreamOptions(revisions=True), ContextOptions(busy_finals=False), lean=True).busy
 
 
 def test_a_vocabulary_prompt_goes_ahead_of_the_text_before_in_every_decode():
