@@ -77,7 +77,8 @@ class ContextOptions:
     # as finals in a burst do: greedy on the burst window, a third of a quick final's model
     # time; the pass brings the accuracy back. 16 streams on 2 cores, four runs each: finals
     # p50 1.16-1.46 -> 0.73-0.77 s, p95 2.61-3.53 -> 1.95-2.78 s; WER after revisions the same,
-    # the first pass 1-2 points worse (docs/benchmarks.md, fourteenth session).
+    # the first pass 1-2 points worse; at 8 streams revisions may come later (docs/benchmarks.md,
+    # fourteenth session).
     busy_finals: bool = True
 
 
