@@ -50,6 +50,12 @@ class Metrics:
             "Final decodes that shared a 30 s encoder window with other finals (the rest of asr_batch_size_sum{kind=\"final\"} ran alone)",
             registry=r,
         )
+        self.finals_greedy = Counter(
+            "asr_finals_greedy_total",
+            "Final decodes made greedy on a short window because of load: in a burst (more finals waiting than workers) "
+            "or busy (the server loaded, a final late); the context pass refines them",
+            ["why"], registry=r,
+        )
         self.decodes_skipped = Counter(
             "asr_decodes_skipped_total",
             "Waiting decodes dropped as stale: interims whose utterance paused or ended, pause decodes after speech resumed",

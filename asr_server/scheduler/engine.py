@@ -285,6 +285,9 @@ class Scheduler:
         self.metrics.batch_size.labels(kind).observe(len(batch.entries))
         self.metrics.decode_seconds.labels(kind).observe(sum(h.decode_s for _, h in outcome.done))
         self.metrics.finals_packed.inc(sum(1 for _, h in outcome.done if h.packed))
+        for entry, _ in outcome.done:
+            if entry.request.burst or entry.request.busy:
+                self.metrics.finals_greedy.labels("burst" if entry.request.burst else "busy").inc()
         for entry in batch.entries:
             if not entry.alone:
                 self.metrics.queue_wait_seconds.labels(kind).observe(batch.started_at - entry.queued_at)

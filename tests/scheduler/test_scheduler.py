@@ -221,3 +221,25 @@ def test_a_worker_task_that_dies_is_replaced_and_its_batch_answered():
     # The dead worker's final was retried alone by the new worker, and answered.
     assert first[1].text == "first" and calls == [["first"], ["first"], ["second"]]
     assert second[1].text == "second"
+
+
+def test_finals_made_greedy_by_load_are_counted_by_why():
+    """Operators see how much of the first pass the load degraded: busy finals (the server loaded)
+    and burst finals (more waiting than workers), not the quick finals asked for at rest."""
+    from asr_server.metrics import Metrics
+
+    def final(tag, **flags):
+        return DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag, short_window=True, **flags), False, 1600)
+
+    metrics = Metrics()
+
+    async def main():
+        s = Scheduler(FakeRunner(lambda r: r.prompt), metrics, BatchLimits(burst_backlog=0), workers=1)
+        s.start()
+        for tag, flags in (("quick", {}), ("busy", {"busy": True}), ("burst", {"burst": True}), ("busy again", {"busy": True})):
+            await s.decode(tag, final(tag, **flags))
+        await s.stop()
+
+    asyncio.run(main())
+    counted = {why: metrics.finals_greedy.labels(why)._value.get() for why in ("busy", "burst")}
+    assert counted == {"busy": 2, "burst": 1}
