@@ -56,6 +56,11 @@ class DecodeRequest:
     def duration(self) -> float:
         return len(self.audio) / SAMPLE_RATE
 
+    @property
+    def cut_back(self) -> bool:
+        """Cut back for load, in a burst or busy: a final decoded greedily on the burst window."""
+        return self.burst or self.busy
+
 
 @dataclass(frozen=True)
 class Word:

@@ -309,7 +309,7 @@ class WhisperRunner(Runner):
 
     def _beam(self, kind: DecodeKind, request: DecodeRequest) -> int:
         if kind is DecodeKind.FINAL:
-            return 1 if request.burst or request.busy else self.quick_final_beam_size if request.short_window else self.final_beam_size
+            return 1 if request.cut_back else self.quick_final_beam_size if request.short_window else self.final_beam_size
         return FINAL_BEAM_SIZE if kind.final_quality else 1
 
     def _words(self, tokenizer: Any, items: list[_Item], texts: list[list[int]], features: np.ndarray, encoded: Any) -> list[tuple[Word, ...]]:

@@ -93,7 +93,7 @@ def window_frames(request: DecodeRequest, pads: Pads) -> int:
             return FULL_WINDOW_FRAMES  # as offline transcription: the whole 30 s window
         pad = pads.lean_context
     elif request.kind is DecodeKind.FINAL:
-        if request.burst or request.busy:
+        if request.cut_back:
             pad = pads.burst_final
         elif request.short_window:
             pad = pads.quick_final

@@ -286,7 +286,7 @@ class Scheduler:
         self.metrics.decode_seconds.labels(kind).observe(sum(h.decode_s for _, h in outcome.done))
         self.metrics.finals_packed.inc(sum(1 for _, h in outcome.done if h.packed))
         for entry, _ in outcome.done:
-            if entry.request.burst or entry.request.busy:
+            if entry.request.cut_back:
                 self.metrics.finals_greedy.labels("burst" if entry.request.burst else "busy").inc()
         for entry in batch.entries:
             if not entry.alone:
