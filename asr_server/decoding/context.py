@@ -197,7 +197,7 @@ def split_words(words: Sequence[Word], spans: Sequence[Span], texts: Sequence[st
     reading's revised transcript).
     """
     by_time = [min(range(len(spans)), key=lambda j: _distance((w.start + w.end) / 2, spans[j])) for w in words]
-    if texts is not None:
+    if texts is not None and words:  # no words (the guards dropped a loop): nothing to match
         starts = [k for k, w in enumerate(words) if k == 0 or w.word[:1].isspace()]  # each whole word's first piece
         wholes = ["".join(w.word for w in words[a:b]) for a, b in zip(starts, [*starts[1:], len(words)], strict=True)]
         for n, j in _matched_spans([normalize_word(w) for w in wholes], texts).items():

@@ -190,6 +190,20 @@ def test_nothing_is_sent_when_the_context_pass_agrees():
     assert d.client.final_text() == " ".join(ALONE)
 
 
+def test_a_pass_that_hears_no_words_changes_nothing_and_the_stream_still_closes():
+    """A window where Whisper heard nothing, or whose words the guards dropped as a loop (seen at 8
+    streams under load: the session ended with internal_error when its last pass came back)."""
+    model = TwoPassModel(ALONE, [""] * len(ALONE))
+    d = Driver(model)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    assert model.context_requests >= 1 and not d.of_type("revision") and not d.of_type("error")
+    assert d.messages[-1]["type"] == "closed" and d.close.code == 1000
+    assert d.client.final_text() == " ".join(ALONE) == server_transcript(d)
+    check_rules(d)
+
+
 @pytest.mark.parametrize("change", ["shorter", "longer"])
 def test_a_revision_before_a_live_interim_moves_the_interim_with_the_transcript(change):
     together = list(ALONE)
