@@ -134,4 +134,6 @@ def test_any_order_of_scheduler_answers_ends_in_closed_with_the_transcript_the_c
     assert [m["seq"] for m in d.messages] == list(range(1, len(d.messages) + 1))
     assert d.messages[-1]["type"] == "closed"
     for ch, decoder in enumerate(d.session._decoders):
-        assert d.client.final_text(ch) == " ".join(r.text for r in decoder._done if r.text)
+        held = [r for r in decoder._done if r.text]  # the finals the server still holds (older ones are let go)
+        client = d.client.final_text(ch)
+        assert client[held[0].offset :] == " ".join(r.text for r in held) if held else client == ""
