@@ -76,6 +76,30 @@ def _collapse_loops(units: list[Word]) -> list[Word]:
     return [units[j] for j in out_idx]
 
 
+def _collapse_doubled(units: list[Word]) -> list[Word]:
+    """A phrase of two words or more heard twice in a row where the audio holds it once: the two
+    copies together spoken faster than ``MAX_WORDS_PER_SECOND``. Whisper doubles a short utterance
+    so ("10 of close. 10 of close." for 0.78 s of "ten of clubs" after a prompt, the copies' words
+    aligned into the same 0.8 s, two of them at zero length), and no later pass removes it: the
+    pass hears the audio the same way. One copy is kept, each word from the copy that gave it more
+    of the audio."""
+    keys = [normalize_word(u.word) for u in units]
+    i = 0
+    while i < len(units):
+        for n in range(min(8, (len(units) - i) // 2), 1, -1):
+            first, second = units[i : i + n], units[i + n : i + 2 * n]
+            if not all(keys[i : i + n]) or keys[i : i + n] != keys[i + n : i + 2 * n]:
+                continue
+            span = second[-1].end - first[0].start
+            if span * MAX_WORDS_PER_SECOND < 2 * n:
+                kept = [a if a.end - a.start >= b.end - b.start else b for a, b in zip(first, second)]
+                units = units[:i] + kept + units[i + 2 * n :]
+                keys = keys[:i] + keys[i : i + n] + keys[i + 2 * n :]
+                break
+        i += 1
+    return units
+
+
 def _collapse_stutter(word: Word) -> Word:
     # "y-y-y-y-y-yes" style loops inside one token.
     parts = word.word.split("-")
@@ -156,6 +180,8 @@ def guard(hyp: Hypothesis, audio_s: float, voiced_s: float) -> Hypothesis:
                 return replace(hyp, text="", words=(), dropped=tuple(dropped))
     destuttered = [w for w in (_collapse_stutter(u) for u in units) if not _is_babble(w)]
     collapsed = _collapse_loops(destuttered)
+    if hyp.words:
+        collapsed = _collapse_doubled(collapsed)
     if len(collapsed) < len(units) or destuttered != units:
         dropped.append("repetition")
     limit = math.ceil(MAX_WORDS_PER_SECOND * max(audio_s, 0.5)) + 2

@@ -30,6 +30,23 @@ def test_repetition_loops_are_cut():
     assert loop.text.count("and then") == 3
 
 
+def test_a_phrase_doubled_into_the_time_of_one_is_heard_once():
+    """As seen after a prompt, for 0.78 s of "ten of clubs": the two copies' words squeezed into it."""
+    spec = [("10", 0.0, 0.4, 0.83), ("of", 0.4, 0.56, 0.91), ("close.", 0.56, 0.56, 0.15),
+            ("10", 0.56, 0.56, 0.82), ("of", 0.56, 0.62, 0.99), ("close.", 0.62, 0.78, 0.82)]
+    out = guard(Hypothesis("10 of close. 10 of close.", words(spec)), 1.15, 0.78)
+    assert out.text == "10 of close." and "repetition" in out.dropped
+    assert [(w.word.strip(), w.start, w.end) for w in out.words] == [("10", 0.0, 0.4), ("of", 0.4, 0.56), ("close.", 0.62, 0.78)]
+
+
+def test_a_phrase_said_twice_or_a_word_said_twice_quickly_stays():
+    spec = [("ten", 0.0, 0.3, 0.9), ("of", 0.3, 0.45, 0.9), ("clubs,", 0.45, 0.9, 0.9),
+            ("ten", 1.0, 1.3, 0.9), ("of", 1.3, 1.45, 0.9), ("clubs.", 1.45, 1.9, 0.9)]
+    assert guard(Hypothesis("ten of clubs, ten of clubs.", words(spec)), 2.0, 1.9).text == "ten of clubs, ten of clubs."
+    five = [("5,", 0.0, 0.1, 0.9), ("5.", 0.1, 0.2, 0.9)]
+    assert guard(Hypothesis("5, 5.", words(five)), 1.0, 0.5).text == "5, 5."
+
+
 def test_stutter_inside_a_word_is_cut():
     assert guard(Hypothesis("y-y-y-y-y-y-y-yes"), 1.0, 1.0).text == "y-y-y-yes"
 
