@@ -90,13 +90,13 @@ def _collapse_doubled(units: list[Word]) -> list[Word]:
             first, second = units[i : i + n], units[i + n : i + 2 * n]
             if not all(keys[i : i + n]) or keys[i : i + n] != keys[i + n : i + 2 * n]:
                 continue
-            span = second[-1].end - first[0].start
-            if span * MAX_WORDS_PER_SECOND < 2 * n:
+            if (second[-1].end - first[0].start) * MAX_WORDS_PER_SECOND < 2 * n:
                 kept = [a if a.end - a.start >= b.end - b.start else b for a, b in zip(first, second)]
                 units = units[:i] + kept + units[i + 2 * n :]
                 keys = keys[:i] + keys[i : i + n] + keys[i + 2 * n :]
-                break
-        i += 1
+                break  # and look at the same place again: a third copy may follow
+        else:
+            i += 1
     return units
 
 

@@ -37,6 +37,8 @@ def test_a_phrase_doubled_into_the_time_of_one_is_heard_once():
     out = guard(Hypothesis("10 of close. 10 of close.", words(spec)), 1.15, 0.78)
     assert out.text == "10 of close." and "repetition" in out.dropped
     assert [(w.word.strip(), w.start, w.end) for w in out.words] == [("10", 0.0, 0.4), ("of", 0.4, 0.56), ("close.", 0.62, 0.78)]
+    thrice = spec + [("10", 0.78, 0.78, 0.5), ("of", 0.78, 0.8, 0.5), ("close.", 0.8, 0.8, 0.5)]
+    assert guard(Hypothesis("10 of close. 10 of close. 10 of close.", words(thrice)), 1.15, 0.8).text == "10 of close."
 
 
 def test_a_phrase_said_twice_or_a_word_said_twice_quickly_stays():
