@@ -9,6 +9,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 # Before numpy loads: its OpenBLAS would start a thread per core that spins
@@ -372,11 +373,17 @@ def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan) -> C
     """Admission from the measured cost of a final in a burst, unless --max-channels was given."""
     if args.max_channels is not None:
         return None
-    # Timed with every worker busy, as in the burst it stands for: a lone decode on CPU would
-    # have all the cores to itself and look cheaper than it is then.
-    capacity = CapacityModel(plan.workers, runner.measure_burst_final(concurrent=plan.workers), pass_s=runner.measure_context_pass())
+    final_s, pass_s = _measure(runner, plan)()
+    capacity = CapacityModel(plan.workers, final_s, pass_s=pass_s)
     log.info("capacity %s", capacity.to_wire())
     return capacity
+
+
+def _measure(runner: WhisperRunner, plan: _Plan) -> Callable[[], tuple[float, float]]:
+    """Times a burst final and a context pass: at start-up, and again while the server is idle."""
+    # Timed with every worker busy, as in the burst it stands for: a lone decode on CPU would
+    # have all the cores to itself and look cheaper than it is then.
+    return lambda: (runner.measure_burst_final(concurrent=plan.workers), runner.measure_context_pass())
 
 
 def _context(args: argparse.Namespace) -> ContextOptions:
@@ -415,7 +422,8 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     await asyncio.wait([loading, waiting], return_when=asyncio.FIRST_COMPLETED)
     if loading.done():
         try:
-            server.set_runner(*loading.result())
+            runner, interim, budget, capacity = loading.result()
+            server.set_runner(runner, interim, budget, capacity, measure=_measure(runner, plan) if capacity is not None else None)
         except Exception as exc:
             log.error("could not load model %s: %s", model_path, exc)
             await server.stop(grace_s=0)

@@ -111,6 +111,9 @@ class AsrServer:
         self.static = load_static()
         self.stopping = False
         self._ticker: asyncio.Task[None] | None = None
+        # Times a burst final and a pass again, (final_s, pass_s), for the capacity model (set_runner).
+        self.measure: Callable[[], tuple[float, float]] | None = None
+        self._measuring: asyncio.Task[None] | None = None
         self._restore_host_addresses: Callable[[], None] | None = None
 
     @property
@@ -167,9 +170,12 @@ class AsrServer:
 
     def set_runner(
         self, runner: Runner, interim_runner: Runner | None = None, budget: MemoryBudget | None = None, capacity: CapacityModel | None = None,
+        measure: Callable[[], tuple[float, float]] | None = None,
     ) -> None:
         """The model is loaded and warm: start serving (``budget`` may come with it, measured;
-        ``capacity``: admit as many channels as it says instead of ``limits.max_channels``)."""
+        ``capacity``: admit as many channels as it says instead of ``limits.max_channels``;
+        ``measure``: times a burst final and a pass again, for ``capacity``, while the server is idle)."""
+        self.measure = measure
         self.runner = runner
         self.interim_runner = interim_runner
         if budget is not None:
@@ -205,11 +211,31 @@ class AsrServer:
         self.metrics.capacity_channels.set(self.max_channels)
         if self.capacity is not None:
             self.metrics.burst_final_seconds.set(self.capacity.final_s)
+        self._maybe_remeasure(loop.time())
         if level != before:
             server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs oldest_interim_wait=%.2fs finals=%d interims=%d",
                             before, level, level.name.lower(), state.oldest_final_wait, state.oldest_interim_wait, state.finals, state.interims)
             await self.announce_level()
         await self._shed_if_memory_critical(used)
+
+    def _maybe_remeasure(self, now: float) -> None:
+        """Time a burst final again if the capacity model asks for it (see :class:`CapacityModel`)."""
+        if self.capacity is None or self.measure is None or self._measuring is not None or self.scheduler is None:
+            return
+        if self.capacity.remeasure_due(now, idle=not self._connections and self.scheduler.core.live == 0):
+            self._measuring = asyncio.get_running_loop().create_task(self._remeasure(self.capacity, self.measure), name="asr-capacity")
+
+    async def _remeasure(self, capacity: CapacityModel, measure: Callable[[], tuple[float, float]]) -> None:
+        before = capacity.channels()
+        try:
+            final_s, pass_s = await asyncio.to_thread(measure)
+            capacity.remeasured(asyncio.get_running_loop().time(), final_s, pass_s)
+            server_log.info("capacity measured again (burst final %.3f s, pass %.3f s): %d -> %d channels", final_s, pass_s, before, capacity.channels())
+        except Exception:
+            server_log.exception("measuring capacity again failed")
+            capacity.remeasured(asyncio.get_running_loop().time(), float("nan"), 0.0)  # try again after the interval
+        finally:
+            self._measuring = None
 
     async def _shed_if_memory_critical(self, used: int) -> None:
         # One stream at a time: the next is shed only once the last has finished and freed its memory.
@@ -253,6 +279,8 @@ class AsrServer:
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
+        if self._measuring is not None:
+            await asyncio.gather(self._measuring, return_exceptions=True)  # a model call cannot be cut short
         if self.scheduler is not None:
             await self.scheduler.stop()
         if self._restore_host_addresses is not None:

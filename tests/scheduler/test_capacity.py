@@ -51,3 +51,29 @@ def test_bad_options_are_refused(kwargs):
         CapacityOptions(**kwargs)
     with pytest.raises(ValueError):
         CapacityModel(0, 0.2)
+
+
+def test_while_no_burst_was_seen_an_idle_server_measures_again_and_the_lower_cost_stands():
+    """A start-up measure taken on a busy host is slow (here three times the quiet cost: 2 channels
+    instead of 9); with few channels admitted, bursts that would correct it seldom come."""
+    model = CapacityModel(2, 0.75, CapacityOptions(remeasure_s=60.0), pass_s=0.9)
+    assert not model.remeasure_due(100.0, idle=True)  # the first look starts the count
+    assert not model.remeasure_due(150.0, idle=True) and not model.remeasure_due(170.0, idle=False)  # too soon; not idle
+    assert model.remeasure_due(170.0, idle=True)
+    model.remeasured(171.0, 0.25, 0.66)
+    assert (model.final_s, model.pass_s, model.channels()) == (0.25, 0.66, 9)
+    model.remeasured(240.0, 0.5, 1.0)  # a measure on a busy host again: the lower costs stand
+    assert (model.final_s, model.pass_s) == (0.25, 0.66)
+    assert not model.remeasure_due(400.0, idle=True)  # that measure did not lower the cost: settled
+
+
+def test_burst_finals_seen_are_the_evidence_and_no_more_measures_are_asked_for():
+    model = CapacityModel(2, 0.75, CapacityOptions(remeasure_s=60.0))
+    model.remeasure_due(0.0, idle=True)
+    model.observe_final(0.5)
+    assert not model.remeasure_due(1000.0, idle=True)
+    assert not CapacityModel(2, 0.75, CapacityOptions(remeasure_s=0.0)).remeasure_due(1e6, idle=True)  # 0: never
+    failed = CapacityModel(2, 0.75, CapacityOptions(remeasure_s=60.0))
+    failed.remeasure_due(0.0, idle=True)
+    failed.remeasured(61.0, float("nan"), 0.0)  # the measure failed: the cost stays, and it is asked for again later
+    assert failed.final_s == 0.75 and not failed.remeasure_due(100.0, idle=True) and failed.remeasure_due(121.0, idle=True)
