@@ -35,7 +35,9 @@ finals would correct it,
 but with few channels admitted bursts seldom come. So while no burst final
 has been seen, the server times one again whenever it is idle, every
 ``remeasure_s``, and the lower measure stands (contention only slows a
-measure); once a measure no longer lowers the cost by a tenth, it stops.
+measure); each measure that no longer lowers the cost by a tenth doubles the
+wait before the next (up to an hour), so a host busy for a while is
+measured again after it, at little cost.
 A plain object: no clock (times are passed in), no I/O.
 """
 
@@ -57,8 +59,10 @@ class CapacityOptions:
     # after the end of speech, a little past the 2.5 s this budget aims at; a call's two parties
     # seldom stop at once, and a server that refuses every stereo call serves no call center.
     floor: int = 2
-    # While no burst final was seen, time one again this often when the server is idle (0: never).
+    # While no burst final was seen, time one again this often when the server is idle (0: never),
+    # twice as long after each measure that did not lower the cost, up to remeasure_max_s.
     remeasure_s: float = 60.0
+    remeasure_max_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.burst_s <= 0 or not 0 < self.smoothing <= 1 or not 1 <= self.floor <= self.ceiling:
@@ -77,7 +81,7 @@ class CapacityModel:
         self.pass_s = pass_s
         self.observed = 0
         self._measured_at: float | None = None  # when the last measure was taken (None: at start-up)
-        self._settled = False  # a measure no longer lowered the cost: no more are asked for
+        self._interval = options.remeasure_s  # before the next measure
 
     def observe_final(self, seconds: float) -> None:
         """A burst final took ``seconds`` of model time (its share of its call)."""
@@ -95,19 +99,21 @@ class CapacityModel:
     def remeasure_due(self, now: float, idle: bool) -> bool:
         """Whether to time a burst final and a pass again at ``now``: the server is ``idle``, no burst
         final has been seen (the start-up measure is all there is), and ``remeasure_s`` has passed
-        since the last measure (the first call only starts that count)."""
-        if self.options.remeasure_s <= 0 or self.observed or self._settled:
+        since the last measure, or twice that per measure since that did not lower the cost (the
+        first call only starts the count)."""
+        if self.options.remeasure_s <= 0 or self.observed:
             return False
         if self._measured_at is None:
             self._measured_at = now
-        return idle and now - self._measured_at >= self.options.remeasure_s
+        return idle and now - self._measured_at >= self._interval
 
     def remeasured(self, now: float, final_s: float, pass_s: float) -> None:
         """A measure taken at ``now`` on an idle server: the lower costs stand."""
         self._measured_at = now
         if not (final_s > 0 and math.isfinite(final_s)):
             return
-        self._settled = final_s > 0.9 * self.final_s
+        if final_s > 0.9 * self.final_s:
+            self._interval = min(2 * self._interval, max(self.options.remeasure_max_s, self.options.remeasure_s))
         self.final_s = min(self.final_s, final_s)
         if pass_s > 0 and math.isfinite(pass_s):
             self.pass_s = min(self.pass_s, pass_s) if self.pass_s else pass_s

@@ -62,9 +62,14 @@ def test_while_no_burst_was_seen_an_idle_server_measures_again_and_the_lower_cos
     assert model.remeasure_due(170.0, idle=True)
     model.remeasured(171.0, 0.25, 0.66)
     assert (model.final_s, model.pass_s, model.channels()) == (0.25, 0.66, 9)
-    model.remeasured(240.0, 0.5, 1.0)  # a measure on a busy host again: the lower costs stand
+    assert model.remeasure_due(231.0, idle=True)
+    model.remeasured(231.0, 0.5, 1.0)  # a measure on a busy host again: the lower costs stand
     assert (model.final_s, model.pass_s) == (0.25, 0.66)
-    assert not model.remeasure_due(400.0, idle=True)  # that measure did not lower the cost: settled
+    assert not model.remeasure_due(300.0, idle=True) and model.remeasure_due(351.0, idle=True)  # it did not lower them: twice the wait
+    for at in (351.0, 591.0, 1071.0, 2031.0, 3951.0, 7551.0):
+        assert model.remeasure_due(at, idle=True)
+        model.remeasured(at, 0.25, 0.66)
+    assert not model.remeasure_due(7551.0 + 3599.0, idle=True) and model.remeasure_due(7551.0 + 3600.0, idle=True)  # at most an hour
 
 
 def test_burst_finals_seen_are_the_evidence_and_no_more_measures_are_asked_for():
