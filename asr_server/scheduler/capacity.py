@@ -31,14 +31,13 @@ the end of speech (2 streams: 2.7 s).
 A measure taken while something else runs on the host (a deploy, a test run)
 comes out slow: seen on 2 cores, 0.71-0.75 s for a burst final that takes
 0.22-0.32 s on a quiet host, and 4 channels admitted instead of 11-15. Burst
-finals would correct it,
-but with few channels admitted bursts seldom come. So while no burst final
-has been seen, the server times one again whenever it is idle, every
-``remeasure_s``, and the lower measure stands (contention only slows a
-measure); each measure that no longer lowers the cost by a tenth doubles the
-wait before the next (up to an hour), so a host busy for a while is
-measured again after it, at little cost.
-A plain object: no clock (times are passed in), no I/O.
+finals would correct it, but with few channels admitted bursts seldom come.
+So while no burst final has been seen, the server times one again whenever
+it is idle, every ``remeasure_s``, and the lower measure stands (contention
+only slows a measure); each measure that does not lower the cost by a tenth
+doubles the wait before the next (up to an hour), so a host busy for a
+while is measured again after it, at little cost. A plain object: no clock
+(times are passed in), no I/O.
 """
 
 from __future__ import annotations
