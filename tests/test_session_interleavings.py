@@ -118,7 +118,10 @@ def run(seed: int, audio: np.ndarray, piece: int = 1600) -> Shuffled:
         elif r < 0.82 and ended and not bound and d.session.draining:
             bound = True  # the close's time bound: carried out now, or after other answers
             out = d.session.close_context()
-            d.late.append(out) if rng.random() < 0.5 else d.carry(out)
+            if rng.random() < 0.5:
+                d.late.append(out)
+            else:
+                d.carry(out)
         elif r < 0.87 and d.late:
             d.carry(d.late.pop(0))
     return d

@@ -66,6 +66,8 @@ class CapacityOptions:
     def __post_init__(self) -> None:
         if self.burst_s <= 0 or not 0 < self.smoothing <= 1 or not 1 <= self.floor <= self.ceiling:
             raise ValueError("burst_s must be positive, smoothing within (0, 1] and 1 <= floor <= ceiling")
+        if not 0 <= self.remeasure_s <= self.remeasure_max_s:
+            raise ValueError("need 0 <= remeasure_s <= remeasure_max_s")
 
 
 class CapacityModel:
@@ -112,7 +114,7 @@ class CapacityModel:
         if not (final_s > 0 and math.isfinite(final_s)):
             return
         if final_s > 0.9 * self.final_s:
-            self._interval = min(2 * self._interval, max(self.options.remeasure_max_s, self.options.remeasure_s))
+            self._interval = min(2 * self._interval, self.options.remeasure_max_s)
         self.final_s = min(self.final_s, final_s)
         if pass_s > 0 and math.isfinite(pass_s):
             self.pass_s = min(self.pass_s, pass_s) if self.pass_s else pass_s
