@@ -15,6 +15,7 @@ decides when to run one and applies the result.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
@@ -41,10 +42,12 @@ SPLIT_WORDS = 2
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
 SEAM_S = 1.0
+# What is left of a word to tell a respacing of the same letters from another wording (:func:`respaced`).
+_HYPHENATED = re.compile(r"[^\w'-]+")
 
 __all__ = [
     "CONFIDENCE_MARGIN", "ContextOptions", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words", "merge_words",
-    "revised_texts", "window_words", "count_votes", "heard_in", "reached", "trusted", "word_key", "repeats_itself",
+    "revised_texts", "window_words", "count_votes", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "respaced",
 ]
 
 
@@ -242,7 +245,9 @@ def revised_texts(
     (:func:`heard_in`) counts as one vote for that wording in the record's
     :attr:`Finalized.votes` (the first pass's text holds one from the start; a
     window of one record alone does not count its present wording); count them with
-    :func:`count_votes` before calling this.
+    :func:`count_votes` before calling this. Wordings that differ only in how
+    their letters are spaced into words count as one (:func:`respaced`), and
+    keep the spacing the record has.
 
     A record being decided takes the decode's words where another decode heard
     the same or its first pass was sampled (:attr:`Finalized.sampled`: a text
@@ -263,13 +268,17 @@ def revised_texts(
             out.append((record.text, ()))
         elif record.index < fresh_from:
             outvoted = _outvotes(record, word_key(heard))
-            out.append((heard, tuple(group)) if outvoted else (record.text, ()))
-        elif record.votes.get(word_key(heard), 0) >= 2 or not record.words or record.doubtful:
-            out.append((heard, tuple(group)))
+            out.append(_spelled(respaced(window_words(record, span), group)) if outvoted else (record.text, ()))
+        elif record.votes.get(_hearing(record, word_key(heard)), 0) >= 2 or not record.words or record.doubtful:
+            out.append(_spelled(respaced(() if record.doubtful else window_words(record, span), group)))
         else:
-            merged = merge_words(window_words(record, span), group)
-            out.append((" ".join("".join(w.word for w in merged).split()), merged))
+            out.append(_spelled(merge_words(window_words(record, span), group)))
     return out
+
+
+def _spelled(words: tuple[Word, ...]) -> tuple[str, tuple[Word, ...]]:
+    """A text and its words."""
+    return " ".join("".join(w.word for w in words).split()), words
 
 
 def window_words(record: Finalized, span: Span) -> tuple[Word, ...]:
@@ -285,7 +294,7 @@ def _outvotes(record: Finalized, heard: tuple[str, ...]) -> bool:
     ``bench/replay_bench.py`` (2026-11-25, seventh session, oneDNN's int8 kernels): the LibriVox
     reading's first "ill-disposed" tied two against two and stayed "old-sposed" (0.042; 0.014
     with this rule), and the long-form reading under noise lost a word so (0.022; 0.011)."""
-    held = word_key(record.text)
+    held, heard = _hearing(record, word_key(record.text)), _hearing(record, heard)
     votes, against = record.votes.get(heard, 0), record.votes.get(held, 0)
     if votes < 2 or heard == held:
         return False
@@ -320,8 +329,8 @@ def count_votes(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], 
         lookahead = len(spans) > 1 and n == len(spans) - 1 and record.index > decide_to
         if heard is None or lookahead:
             continue
-        key = word_key(heard)
-        if len(spans) > 1 or key != word_key(record.text):
+        key = _hearing(record, word_key(heard))
+        if len(spans) > 1 or key != _hearing(record, word_key(record.text)):
             record.votes[key] = record.votes.get(key, 0) + 1
 
 
@@ -398,9 +407,41 @@ def word_key(text: str) -> tuple[str, ...]:
     return tuple(_words(text))
 
 
+def _hearing(record: Finalized, key: tuple[str, ...]) -> tuple[str, ...]:
+    """The wording among ``record``'s votes that spells ``key``'s letters (``key`` if none): one
+    hearing written with its words spaced two ways ("mud huts", "mudhuts") counts as one."""
+    letters = "".join(key)
+    return next((k for k in record.votes if "".join(k) == letters), key)
+
+
+def respaced(held: Sequence[Word], new: Sequence[Word]) -> tuple[Word, ...]:
+    """``new``, except where a stretch of its words spells the same letters as the ``held`` words
+    at that place, spaced apart differently: there the held words stay. The acoustics are the
+    same either way, so such a change is no better hearing, only a revision the reader sees
+    for nothing (seen on the long-form reading: first pass "mud huts", passes "mudhuts")."""
+    a, b = [normalize_word(w.word) for w in held], [normalize_word(w.word) for w in new]
+    out: list[Word] = []
+    for op, i1, i2, j1, j2 in SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        out += held[i1:i2] if _respelling(op, held[i1:i2], new[j1:j2]) else new[j1:j2]
+    return tuple(out)
+
+
+def _respelling(op: str, old: Sequence[Word], new: Sequence[Word]) -> bool:
+    """Whether a differing stretch is the same letters spaced apart differently (a hyphen counts as
+    a letter here: "ill disposed" -> "ill-disposed" is punctuation the pass may mend, as it does
+    commas and capitals)."""
+    return op == "replace" and _letters(old) == _letters(new)
+
+
+def _letters(words: Sequence[Word]) -> str:
+    return "".join(_HYPHENATED.sub("", w.word.lower()) for w in words)
+
+
 def merge_words(first: Sequence[Word], second: Sequence[Word]) -> tuple[Word, ...]:
     """The second pass's words, except where they differ from the first pass's and were heard
-    less confidently: each stretch of differing words goes to the pass that heard it better.
+    less confidently: each stretch of differing words goes to the pass that heard it better
+    (one that only spaces the same letters apart differently stays as the first pass had it:
+    :func:`respaced`).
 
     An insertion is judged against the first pass's mean confidence over the
     utterance, a deletion against the second pass's. Words both heard take the
@@ -422,7 +463,7 @@ def merge_words(first: Sequence[Word], second: Sequence[Word]) -> tuple[Word, ..
             continue
         theirs = _confidence(old) if old else mean_first
         ours = _confidence(new) if new else mean_second
-        take = ours >= theirs - CONFIDENCE_MARGIN - 1e-9  # (equal means, summed in another order)
+        take = ours >= theirs - CONFIDENCE_MARGIN - 1e-9 and not _respelling(op, old, new)  # (equal means, summed in another order)
         pieces.append((list(new if take else old), ()))
         kept.append(not take)
     out: list[Word] = []

@@ -858,3 +858,33 @@ def test_words_next_to_a_stretch_kept_from_the_first_pass_keep_its_punctuation()
     assert "".join(w.word for w in merge_words(first, second)) == " That is great news. Thank you very much."
     taken = _words_of("That is great news and thank you very much.", [0.95] * 9)  # the "and" taken: the pass's spelling throughout
     assert "".join(w.word for w in merge_words(first, taken)) == " That is great news and thank you very much."
+
+
+def test_a_stretch_the_pass_only_spaced_apart_differently_keeps_the_first_pass_spacing():
+    """"mud huts" heard as "mudhuts" is the same hearing: even heard more confidently, it is no
+    reason to change what the client holds, while a real change beside it goes in."""
+    from asr_server.decoding.context import merge_words, respaced
+
+    first = _words_of("surrounded with mud huts and date palms", [0.9, 0.9, 0.4, 0.5, 0.9, 0.3, 0.9])
+    second = _words_of("surrounded with mudhuts and date psalms", [0.9, 0.9, 0.8, 0.9, 0.9, 0.9])
+    assert "".join(w.word for w in merge_words(first, second)) == " surrounded with mud huts and date psalms"
+    assert "".join(w.word for w in respaced(first, second)) == " surrounded with mud huts and date psalms"
+    # Other letters are another hearing, and a hyphen is punctuation the pass may mend: both go to the pass.
+    assert "".join(w.word for w in respaced(first, _words_of("surrounded with mud hats", [0.9] * 4))) == " surrounded with mud hats"
+    assert "".join(w.word for w in respaced(first, _words_of("surrounded with mud-huts", [0.9] * 3))) == " surrounded with mud-huts"
+
+
+def test_passes_that_only_respace_words_send_no_revision_and_count_as_the_same_hearing():
+    """Every window hears "unless to be rather coldhearted" for the first pass's "cold hearted":
+    no revision is sent for it, however many windows agree (two of them would otherwise outvote
+    the first pass), while every window's "ill-disposed" for "old-sposed" is a revision."""
+    right = "he was not an ill-disposed young man"
+
+    def heard(n: int, call: int) -> str:
+        return {0: right, 1: "unless to be rather coldhearted"}.get(n, ALONE[n])
+
+    d = _pass_after_every_final(VaryingModel(ALONE, heard))
+    assert d.of_type("revision")
+    assert all("coldhearted" not in m["text"] for m in d.of_type("revision"))
+    assert d.client.final_text() == " ".join([right, *ALONE[1:]]) == server_transcript(d)
+    assert ("unless", "to", "be", "rather", "coldhearted") not in d.session._decoders[0]._done[1].votes
