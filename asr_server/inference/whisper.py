@@ -126,7 +126,7 @@ class WhisperRunner(Runner):
     def _load_copies(self, model_path: str, device: str, compute_type: str, threads: int, workers: int, final_threads: int, nice: int) -> None:
         """The weights for ``workers`` calls at once with ``threads`` each, and on CPU with more
         threads for finals than for the rest, the weights again with that many: one call of finals
-        at a time decodes on this copy (never in a burst), so that a final, what a user waits on,
+        at a time decodes on this copy (in a burst, the first call), so that a final, what a user waits on,
         has every core while no other call runs. Beside another call it shares them: equally at
         the same priority (a quick final 0.96 s beside a context pass against 0.58 s alone, on 2
         slow cores), mostly its own when the shared copy computes ``nice`` lower (0.74 s at 10,
@@ -149,11 +149,13 @@ class WhisperRunner(Runner):
 
     @contextmanager
     def _using(self, kind: DecodeKind, burst: bool = False) -> Iterator[None]:
-        """Decode on the wide copy if this is a call of finals, not of a burst (then every worker
-        is on finals: a thread per core each would oversubscribe them). A second such call waits
-        for the first if the shared copy computes at a lower priority (there it would get little
-        of the cores until the first ended, then run on fewer threads); else it goes there."""
-        wide = kind is DecodeKind.FINAL and not burst and self._wide_model is not None and self._wide_free.acquire(blocking=self.background_nice > 0)
+        """Decode on the wide copy if this is a call of finals. A second such call waits for the
+        first if the shared copy computes at a lower priority (there it would get little of the
+        cores until the first ended, then run on fewer threads); else it goes there. A call of
+        burst finals takes the wide copy only if it is free, and else the shared one: the other
+        workers are on finals of the burst too, or finish an interim or a pass that cannot be
+        stopped, and the first call of the burst then has the cores at the finals' priority."""
+        wide = kind is DecodeKind.FINAL and self._wide_model is not None and self._wide_free.acquire(blocking=self.background_nice > 0 and not burst)
         self._local.model = self._wide_model if wide else self._base_model
         try:
             yield

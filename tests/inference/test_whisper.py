@@ -104,7 +104,8 @@ def test_requests_with_different_keys_cannot_share_a_batch(whisper_runner):
 
 def test_finals_decode_on_the_wide_copy_one_call_at_a_time():
     """With more threads for finals than for other calls, a call of finals takes the copy of the
-    weights loaded with them, unless another call of finals is on it (it then decodes as the rest)."""
+    weights loaded with them, unless another call of finals is on it (it then decodes as the rest;
+    the background copy computes at normal priority here, so no call waits for the wide one)."""
     import threading
 
     runner = WhisperRunner(resolve_model("tiny.en"), cpu_threads=1, workers=2, final_threads=2)
@@ -127,12 +128,22 @@ def test_finals_decode_on_the_wide_copy_one_call_at_a_time():
     model_for(DecodeKind.FINAL, after)
     assert after[DecodeKind.FINAL] is wide  # free again once the first call ended
     with runner._using(DecodeKind.FINAL, burst=True):
-        assert runner.model is base  # a burst has every worker on finals: one thread each
+        assert runner.model is wide  # the first call of a burst has the cores at the finals' priority ...
+        beside = {}
+        worker = threading.Thread(target=lambda: beside.update(burst=_burst_model(runner)))
+        worker.start()
+        worker.join()  # ... and the next one does not wait for it: it decodes on the shared copy
+        assert beside["burst"] is base
     assert runner.measure_burst_final(repeats=1, concurrent=2) > 0
     assert runner.measure_context_pass(seconds=6.0, tokens=8) > 0
     same = WhisperRunner(resolve_model("tiny.en"), cpu_threads=2, final_threads=2)
     with same._using(DecodeKind.FINAL):
         assert same.final_threads == 2 and same.model is same._base_model  # no second copy
+
+
+def _burst_model(runner: WhisperRunner):
+    with runner._using(DecodeKind.FINAL, burst=True):
+        return runner.model
 
 
 def _threads() -> set[int]:
@@ -174,6 +185,7 @@ def test_the_copy_for_interims_and_passes_computes_below_the_finals_copy_in_cpu_
         worker.start()
         with runner._using(DecodeKind.CONTEXT):  # other kinds go to the shared copy at once
             assert runner.model is runner._base_model
+        assert _burst_model(runner) is runner._base_model  # and so does a call of burst finals
         assert not entered.wait(0.2)  # still waiting for the first call of finals
     worker.join()
     assert found["model"] is wide is not runner._base_model
