@@ -83,6 +83,10 @@ class Hypothesis:
     # Kept from a sampled attempt (temperature above 0): the greedy or beam decode failed
     # Whisper's checks (too unlikely or too repetitive), and sampling can hallucinate.
     sampled: bool = False
+    # Decoded on the finals' own copy of the weights (CPU; see WhisperRunner._load_copies): in a
+    # burst that call ends sooner than the others beside it, so its time says little of how fast
+    # a burst drains (see Scheduler._observe_batch).
+    finals_copy: bool = False
 
 
 class Runner(Protocol):

@@ -189,12 +189,17 @@ class WhisperRunner(Runner):
         pad, ``tokens`` greedy steps (end of text is suppressed, so noise costs what about
         ``seconds`` of speech does: 4-6 tokens a second) and the word-timing pass.
         ``concurrent``: run that many at once (one per worker, as in a burst, where every
-        worker is busy: on CPU a worker's threads then share the cores with the others').
+        worker is busy: on CPU a worker's threads then share the cores with the others'), and
+        count the time until every one has done its ``repeats``, per repeat: how fast a burst
+        drains. (A mean of each worker's time would not be: the call on the finals' copy ends
+        sooner than the rest, and they take the cores it leaves.)
         """
         if concurrent > 1:
+            t0 = time.monotonic()
             with ThreadPoolExecutor(concurrent) as pool:
-                runs = [pool.submit(self.measure_burst_final, seconds, tokens, repeats) for _ in range(concurrent)]
-                return sum(r.result() for r in runs) / concurrent  # each worker's share, on average
+                for run in [pool.submit(self.measure_burst_final, seconds, tokens, repeats) for _ in range(concurrent)]:
+                    run.result()
+            return (time.monotonic() - t0) / repeats
         with self._using(DecodeKind.FINAL, burst=True):
             return self._time_decode(DecodeKind.FINAL, seconds, tokens, repeats)
 
@@ -260,11 +265,12 @@ class WhisperRunner(Runner):
         retry: set[int] = set()
         with self._using(key.kind, key.burst):
             t0 = time.monotonic()  # model time: not the wait for the wide copy
+            wide = self._wide_model is not None and self.model is self._wide_model
             if self._packs(requests[0]):  # one batch key: alike in this
                 retry = self._decode_packed(tokenizer, requests, out, retry_later)
             self._decode_alone(tokenizer, requests, [i for i, h in enumerate(out) if h is None and i not in retry], key, out)
         share = (time.monotonic() - t0) / len(requests)
-        return [None if h is None else replace(h, decode_s=share) for h in out]
+        return [None if h is None else replace(h, decode_s=share, finals_copy=wide) for h in out]
 
     # -- batches ------------------------------------------------------------------------
 

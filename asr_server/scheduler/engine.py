@@ -272,7 +272,9 @@ class Scheduler:
             self.capacity.observe_pass((model_end - model_start) / len(batch.entries))  # each pass's share, as for finals
         if self.capacity is not None and batch.kind is DecodeKind.FINAL:
             for entry, hyp in outcome.done:
-                if entry.request.burst:
+                # A burst's call on the finals' own copy has every core first and ends sooner than
+                # the calls beside it, which wait for the cores it leaves: theirs are the burst's pace.
+                if entry.request.burst and not hyp.finals_copy:
                     self.capacity.observe_final(hyp.decode_s)
         kind = batch.kind.value
         if self.tracing.enabled:

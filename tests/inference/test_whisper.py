@@ -134,6 +134,10 @@ def test_finals_decode_on_the_wide_copy_one_call_at_a_time():
         worker.start()
         worker.join()  # ... and the next one does not wait for it: it decodes on the shared copy
         assert beside["burst"] is base
+        # Its finals say so (the capacity model learns a burst's pace from the shared copy's calls).
+        burst = DecodeRequest(np.zeros(16000, np.float32), DecodeKind.FINAL, short_window=True, burst=True)
+        assert runner.transcribe_batch([burst])[0].finals_copy is False  # this thread holds the finals' copy
+    assert runner.transcribe_batch([burst])[0].finals_copy is True
     assert runner.measure_burst_final(repeats=1, concurrent=2) > 0
     assert runner.measure_context_pass(seconds=6.0, tokens=8) > 0
     same = WhisperRunner(resolve_model("tiny.en"), cpu_threads=2, final_threads=2)

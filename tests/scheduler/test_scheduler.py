@@ -243,3 +243,30 @@ def test_finals_made_greedy_by_load_are_counted_by_why():
     asyncio.run(main())
     counted = {why: metrics.finals_greedy.labels(why)._value.get() for why in ("busy", "burst")}
     assert counted == {"busy": 2, "burst": 1}
+
+
+def test_a_burst_final_decoded_on_the_finals_copy_does_not_teach_the_capacity_model():
+    """The first call of a burst has every core on the finals' copy and ends sooner than the calls
+    beside it: the cost of a final in a burst is learnt from those, which drain the burst."""
+    from dataclasses import replace
+
+    from asr_server.scheduler.capacity import CapacityModel
+
+    class TwoCopies(FakeRunner):
+        def transcribe_batch(self, requests, retry_later: bool = False):
+            hyps = super().transcribe_batch(requests, retry_later)
+            wide = requests[0].prompt == "wide"
+            return [replace(h, decode_s=0.1 if wide else 0.9, finals_copy=wide) for h in hyps]
+
+    capacity = CapacityModel(2, 0.5)
+
+    async def main():
+        s = Scheduler(TwoCopies(), None, BatchLimits(burst_backlog=0), workers=1)
+        s.capacity = capacity
+        s.start()
+        for tag in ("wide", "shared"):
+            await s.decode(tag, DecodeJob(0, 0, DecodeRequest(np.zeros(1600, np.float32), DecodeKind.FINAL, prompt=tag, short_window=True, burst=True), False, 1600))
+        await s.stop()
+
+    asyncio.run(main())
+    assert capacity.observed == 1 and capacity.final_s > 0.5  # only the shared copy's 0.9 s was counted
