@@ -277,7 +277,7 @@ def revised_texts(
 
 
 def _spelled(words: tuple[Word, ...]) -> tuple[str, tuple[Word, ...]]:
-    """A text and its words."""
+    """The text the words spell (one space between words), and the words."""
     return " ".join("".join(w.word for w in words).split()), words
 
 
@@ -370,7 +370,7 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Seque
     if the pass had dropped its first word: "3,800 1800 B.C.". Matching words in pieces
     whole now gives the number to the next utterance there; the rule holds wherever a piece
     still goes with its first one across a seam.)"""
-    text = " ".join("".join(w.word for w in group).split())
+    text, _ = _spelled(tuple(group))
     old = len(record.text.split())
     fewest = 1 if record.doubtful else _fewest_words(old, 0.8, less=1)
     reach = [*group, *(w for w in around if _distance((w.start + w.end) / 2, span) == 0.0)]

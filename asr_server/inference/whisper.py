@@ -148,17 +148,18 @@ class WhisperRunner(Runner):
         return getattr(self._local, "model", None) or self._base_model
 
     @contextmanager
-    def _using(self, kind: DecodeKind, burst: bool = False) -> Iterator[None]:
+    def _using(self, kind: DecodeKind, burst: bool = False) -> Iterator[bool]:
         """Decode on the wide copy if this is a call of finals. A second such call waits for the
         first if the shared copy computes at a lower priority (there it would get little of the
         cores until the first ended, then run on fewer threads); else it goes there. A call of
         burst finals takes the wide copy only if it is free, and else the shared one: the other
         workers are on finals of the burst too, or finish an interim or a pass that cannot be
-        stopped, and the first call of the burst then has the cores at the finals' priority."""
+        stopped, and the first call of the burst then has the cores at the finals' priority.
+        Yields whether the call is on the wide copy."""
         wide = kind is DecodeKind.FINAL and self._wide_model is not None and self._wide_free.acquire(blocking=self.background_nice > 0 and not burst)
         self._local.model = self._wide_model if wide else self._base_model
         try:
-            yield
+            yield wide
         finally:
             self._local.model = None
             if wide:
@@ -263,9 +264,8 @@ class WhisperRunner(Runner):
         tokenizer = self._tokenizer(key.language)
         out: list[Hypothesis | None] = [None] * len(requests)
         retry: set[int] = set()
-        with self._using(key.kind, key.burst):
+        with self._using(key.kind, key.burst) as wide:
             t0 = time.monotonic()  # model time: not the wait for the wide copy
-            wide = self._wide_model is not None and self.model is self._wide_model
             if self._packs(requests[0]):  # one batch key: alike in this
                 retry = self._decode_packed(tokenizer, requests, out, retry_later)
             self._decode_alone(tokenizer, requests, [i for i, h in enumerate(out) if h is None and i not in retry], key, out)
