@@ -47,7 +47,7 @@ _HYPHENATED = re.compile(r"[^\w'-]+")
 
 __all__ = [
     "CONFIDENCE_MARGIN", "ContextOptions", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words", "merge_words",
-    "revised_texts", "window_words", "count_votes", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "respaced",
+    "revised_texts", "window_words", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "respaced",
 ]
 
 
@@ -107,6 +107,11 @@ class Finalized:
     votes: dict[tuple[str, ...], int] = field(default_factory=dict)
     # The first pass's wording (:func:`word_key`): its vote was heard without context.
     first_pass: tuple[str, ...] = ()
+    # A context decode has heard it whole (:func:`heard_in`) in a window that decided it or held
+    # it as context (:func:`mark_heard`). A pass decides at least one record even where Whisper
+    # stopped before its end (:func:`reached`); such a record is decided unheard, and the first
+    # window that hears it later decides it as a fresh one is decided (:func:`revised_texts`).
+    heard: bool = False
 
     def __post_init__(self) -> None:
         if not self.votes and self.text:
@@ -257,7 +262,9 @@ def revised_texts(
     and more decodes than its present one (one unlucky window can decide a
     record wrong: the next ones, which hear it in the middle of their window,
     outvote it), or as many where its present one is the first pass's, whose
-    vote was heard without context (:func:`_outvotes`). A record keeps what it had when the decode gave it no words
+    vote was heard without context (:func:`_outvotes`); but one that no decode has
+    heard yet (:attr:`Finalized.heard`: the pass that decided it stopped short of it) is
+    decided as a fresh one is. A record keeps what it had when the decode gave it no words
     or a very different number of them, or words that stop short of its audio
     (Whisper can skip or cut an utterance at a window's edge).
     """
@@ -266,7 +273,7 @@ def revised_texts(
         heard = heard_in(record, group, span, around)
         if heard is None or record.index > decide_to:
             out.append((record.text, ()))
-        elif record.index < fresh_from:
+        elif record.index < fresh_from and record.heard:
             outvoted = _outvotes(record, word_key(heard))
             out.append(_spelled(respaced(window_words(record, span), group)) if outvoted else (record.text, ()))
         elif record.votes.get(_hearing(record, word_key(heard)), 0) >= 2 or not record.words or record.doubtful:
@@ -332,6 +339,19 @@ def count_votes(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], 
         key = _hearing(record, word_key(heard))
         if len(spans) > 1 or key != _hearing(record, word_key(record.text)):
             record.votes[key] = record.votes.get(key, 0) + 1
+
+
+def mark_heard(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], spans: Sequence[Span], decide_to: int) -> None:
+    """Note which records a trusted decode heard (:attr:`Finalized.heard`): those up to ``decide_to``
+    it gave words :func:`heard_in` takes. Call after :func:`revised_texts`.
+
+    Seen on the long-form reading: the pass deciding "Its history for the next 1500 years or more
+    is obscure." stopped after "or more" (Whisper ends a window early at times), so it kept the
+    first pass's "It's" unheard; the next window heard "Its" whole, one vote against the first
+    pass's one, and a decided record needs two, so "It's" stayed for good."""
+    for record, group, span, around in zip(records, groups, spans, _neighbours(groups), strict=True):
+        if record.index <= decide_to and heard_in(record, group, span, around) is not None:
+            record.heard = True
 
 
 def reached(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fresh_from: int, decide_to: int) -> int:

@@ -51,7 +51,7 @@ from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import (ContextOptions, Finalized, Span, count_votes, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request,
+from .context import (ContextOptions, Finalized, Span, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
 from .text import guard, normalize_word, normalized_text
@@ -626,6 +626,7 @@ class ChannelDecoder:
             if not repeat:
                 count_votes(covered, groups, spans, self._context_decide_to)
             texts = revised_texts(covered, groups, spans, self._context_fresh, self._context_decide_to)
+            mark_heard(covered, groups, spans, self._context_decide_to)
             out.extend(self._revise(covered, spans, _mended_seams(covered, groups, spans, texts)))
         self._trim()
         return out + self._dispatch_context()

@@ -888,3 +888,18 @@ def test_passes_that_only_respace_words_send_no_revision_and_count_as_the_same_h
     assert all("coldhearted" not in m["text"] for m in d.of_type("revision"))
     assert d.client.final_text() == " ".join([right, *ALONE[1:]]) == server_transcript(d)
     assert ("unless", "to", "be", "rather", "coldhearted") not in d.session._decoders[0]._done[1].votes
+
+
+def test_a_sentence_its_deciding_window_gave_no_words_is_decided_by_the_next_window_that_hears_it():
+    """The window deciding sentence 2 gave it no words (Whisper skips a stretch or ends a window
+    early at times), so the pass decided it unheard, keeping its first pass. The one later
+    window, at the end of the stream, heard it: that hearing decides it as a fresh sentence's
+    would be decided, where two votes would have been needed to overturn a decided one
+    (measured on the long-form reading: "It's history" stayed so against the one window after
+    that heard "Its")."""
+    alone = [*ALONE[:2], "and rather bellfish", *ALONE[3:]]
+    right = "and rather selfish"
+    model = VaryingModel(alone, lambda n, call: (None if call == 2 else right) if n == 2 else alone[n])
+    d = _pass_after_every_final(model)
+    assert model.windows[2:] == [[0, 1, 2, 3], [0, 1, 2, 3, 4]]  # the one window after the one that decided it
+    assert d.client.final_text() == " ".join([*alone[:2], right, *alone[3:]]) == server_transcript(d)
