@@ -24,7 +24,7 @@ import numpy as np
 
 from ..audio.decode import MODEL_RATE
 from ..inference.types import DecodeKind, DecodeRequest, Word
-from .text import normalize_word
+from .text import ends_sentence, normalize_word
 
 # Where the context decode and the first pass disagree on some words, the pass's words are
 # taken only if it heard them at least as confidently (mean word probability) as the first
@@ -469,7 +469,9 @@ def merge_words(first: Sequence[Word], second: Sequence[Word]) -> tuple[Word, ..
     stretch kept from the first pass: there they are spelled as the first pass
     spelled them, whose punctuation fits its own words (the call's "great news.
     Thank you", where the pass heard "great news and thank you" and its "and"
-    was not taken: the merge read "great news thank you").
+    was not taken: the merge read "great news thank you"), and so is the word beside
+    such a word where the first pass ended a sentence between them
+    (:func:`_spelled_as_first`).
     """
     a, b = [normalize_word(w.word) for w in first], [normalize_word(w.word) for w in second]
     mean_first, mean_second = _confidence(first), _confidence(second)
@@ -489,11 +491,23 @@ def merge_words(first: Sequence[Word], second: Sequence[Word]) -> tuple[Word, ..
     out: list[Word] = []
     for n, (words, same) in enumerate(pieces):
         if same and n > 0 and kept[n - 1]:
-            words[0] = replace(words[0], word=same[0].word)
+            _spelled_as_first(words, same, 0)
         if same and n + 1 < len(pieces) and kept[n + 1]:
-            words[-1] = replace(words[-1], word=same[-1].word)
+            _spelled_as_first(words, same, -1)
         out += words
     return tuple(out)
+
+
+def _spelled_as_first(words: list[Word], first: Sequence[Word], at: int) -> None:
+    """Spell ``words[at]`` (0 or -1: the word next to a stretch kept from the first pass) as the
+    first pass did (``first``: its words there), and the word beside it too where the first pass
+    ended a sentence between the two: its capital or its full stop alone would read "help You" or
+    "one. thank" (the call's agent under noise: the first pass "How can I help? You can make",
+    the pass "How can I help you to make?", its "to" not taken, read "How can I help You can make")."""
+    words[at] = replace(words[at], word=first[at].word)
+    inner, earlier = (1, 0) if at == 0 else (-2, -2)  # the word beside it, and the earlier of the two
+    if len(words) > 1 and ends_sentence(first[earlier].word):
+        words[inner] = replace(words[inner], word=first[inner].word)
 
 
 def _covers(heard: Sequence[Word], span: Span, record: Finalized) -> bool:

@@ -54,7 +54,7 @@ from ..options import StreamOptions
 from .context import (ContextOptions, Finalized, Span, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
-from .text import guard, normalize_word, normalized_text
+from .text import ends_sentence, guard, normalize_word, normalized_text
 
 __all__ = ["ChannelDecoder", "PROMPT_CHARS"]
 
@@ -78,10 +78,6 @@ SPLIT_MIN_CONTINUED_S = 0.3
 SPLIT_MARGIN_S = 0.1
 # A sentence end one interim alone heard splits only where the VAD heard a pause this long.
 SPLIT_SOLO_PAUSE_MS = 120
-SENTENCE_ENDS = (".", "?", "!")
-# Not sentence ends, though they end with a full stop: titles, and speech trailing off.
-ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "st.", "jr.", "sr.", "vs.", "etc.", "e.g.", "i.e.", "no.", "mt."})
-TRAILING_OFF = ("...", "\u2026")
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
 # Finalized audio a channel keeps for the context pass, at most (for the memory budget).
@@ -499,7 +495,7 @@ class ChannelDecoder:
         base = utt.start / MODEL_RATE
         words = tuple(Word(w.word, round(base + w.start, 3), round(base + w.end, 3), w.probability) for w in hyp.words)
         text = hyp.text
-        if _ends_sentence(_last_word(self._last_text)):
+        if ends_sentence(_last_word(self._last_text)):
             # A decode that stopped at the prompt's sentence end can start the next in lower case
             # ("It is all that remains. the second."): the transcript reads as sentences.
             text, words = _capitalized(text, words)
@@ -662,7 +658,7 @@ class ChannelDecoder:
         transcript and its text (as it stands before a revision) with a capital."""
         k = self._done.index(record)
         if k:
-            return _ends_sentence(_last_word(self._done[k - 1].text))
+            return ends_sentence(_last_word(self._done[k - 1].text))
         return record.offset == 0 and record.text[:1].isupper()
 
     def _moved_interim(self) -> list[PipelineEvent]:
@@ -727,14 +723,14 @@ def _mended_seams(
         if not groups[k] or not groups[k + 1]:
             continue
         last, first = _last_word(out[k][0]), _first_word(out[k + 1][0])
-        if _ends_sentence(last) or not _starts_sentence(first):
+        if ends_sentence(last) or not _starts_sentence(first):
             continue  # it reads right
         heard_last, heard_first = _last_word("".join(w.word for w in groups[k])), _first_word("".join(w.word for w in groups[k + 1]))
         if not last or not first or normalize_word(heard_last) != normalize_word(last) or normalize_word(heard_first) != normalize_word(first):
             continue
-        if _ends_sentence(heard_last) and _starts_sentence(heard_first):
+        if ends_sentence(heard_last) and _starts_sentence(heard_first):
             out[k] = _respelled(records[k], spans[k], out[k], -1, heard_last)
-        elif not _ends_sentence(heard_last) and _first_letter(heard_first).islower():
+        elif not ends_sentence(heard_last) and _first_letter(heard_first).islower():
             out[k + 1] = _respelled(records[k + 1], spans[k + 1], out[k + 1], 0, heard_first)
     return out
 
@@ -769,11 +765,6 @@ def _window_key(request: DecodeRequest, spans: list[Span]) -> tuple:
     return tuple(spans), len(request.audio), request.prompt, request.language
 
 
-def _ends_sentence(word: str) -> bool:
-    word = word.strip()
-    return word.endswith(SENTENCE_ENDS) and not word.endswith(TRAILING_OFF) and word.lower() not in ABBREVIATIONS
-
-
 def _starts_sentence(word: str) -> bool:
     """A capital letter: the model writes one after a full stop that ends a sentence, and
     not after one it put inside a number ("as early as 3000. 800 BC")."""
@@ -792,7 +783,7 @@ def _sentence_key(words: list[str]) -> tuple[str, ...]:
 def sentences_ended(hyp: Hypothesis) -> frozenset[tuple[str, ...]]:
     """The words up to each sentence end in ``hyp`` (normalized), to recognise it in the next hypothesis."""
     words = [w.word for w in hyp.words] if hyp.words else hyp.text.split()
-    return frozenset(_sentence_key(words[: i + 1]) for i, w in enumerate(words) if _ends_sentence(w))
+    return frozenset(_sentence_key(words[: i + 1]) for i, w in enumerate(words) if ends_sentence(w))
 
 
 def sentence_gap(
@@ -815,7 +806,7 @@ def sentence_gap(
         end, following = words[i].end, words[i + 1].start
         if end < min_s:
             break
-        if following - end < SPLIT_MIN_GAP_S or not _ends_sentence(words[i].word):
+        if following - end < SPLIT_MIN_GAP_S or not ends_sentence(words[i].word):
             continue
         agreed = _sentence_key([w.word for w in words[: i + 1]]) in heard_before
         capital = _starts_sentence(words[i + 1].word)

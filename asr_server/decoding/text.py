@@ -14,9 +14,17 @@ from dataclasses import replace
 
 from ..inference.types import Hypothesis, Word
 
-__all__ = ["normalize_word", "normalized_text", "guard", "HALLUCINATIONS", "MAX_WORDS_PER_SECOND", "MAX_REPEATS"]
+__all__ = [
+    "normalize_word", "normalized_text", "guard", "ends_sentence", "HALLUCINATIONS", "MAX_WORDS_PER_SECOND", "MAX_REPEATS",
+    "SENTENCE_ENDS", "ABBREVIATIONS", "TRAILING_OFF",
+]
 
 _PUNCT = re.compile(r"[^\w']+")
+
+SENTENCE_ENDS = (".", "?", "!")
+# Not sentence ends, though they end with a full stop: titles, and speech trailing off.
+ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "st.", "jr.", "sr.", "vs.", "etc.", "e.g.", "i.e.", "no.", "mt."})
+TRAILING_OFF = ("...", "\u2026")
 
 # Phrases tiny/base Whisper models produce on noise or near-silence.
 HALLUCINATIONS = frozenset(
@@ -45,6 +53,12 @@ MAX_REPEATS = 3
 
 def normalize_word(word: str) -> str:
     return _PUNCT.sub("", word.lower())
+
+
+def ends_sentence(word: str) -> bool:
+    """Whether the model ended a sentence with ``word`` (not a title's full stop, nor speech trailing off)."""
+    word = word.strip()
+    return word.endswith(SENTENCE_ENDS) and not word.endswith(TRAILING_OFF) and word.lower() not in ABBREVIATIONS
 
 
 def normalized_text(text: str) -> str:

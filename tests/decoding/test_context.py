@@ -903,3 +903,23 @@ def test_a_sentence_its_deciding_window_gave_no_words_is_decided_by_the_next_win
     d = _pass_after_every_final(model)
     assert model.windows[2:] == [[0, 1, 2, 3], [0, 1, 2, 3, 4]]  # the one window after the one that decided it
     assert d.client.final_text() == " ".join([*alone[:2], right, *alone[3:]]) == server_transcript(d)
+
+
+@pytest.mark.parametrize("first, second, unsure, merged", [
+    # The call's agent under noise: the pass's "to" was not taken, and "You" kept the first pass's capital.
+    ("How can I help? You can make...", "How can I help you to make?", "to", " How can I help? You can make..."),
+    # After a kept stretch: the first pass's full stop, and its capital after it.
+    ("I want the red one. Thank you", "I want the bread one thank you", "bread", " I want the red one. Thank you"),
+    # No sentence end between them: only the word next to the kept stretch is the first pass's.
+    ("how can I help you can make", "How can I help you to make?", "to", " How can I help you can make"),
+])
+def test_a_sentence_end_the_first_pass_put_beside_a_kept_stretch_stays_whole(first, second, unsure, merged):
+    """A word next to a stretch kept from the first pass is spelled as the first pass spelled it;
+    where the first pass ended a sentence between that word and the next, that one too, or the
+    transcript reads "help You can make" (a capital without its question mark)."""
+    from asr_server.decoding.context import merge_words
+
+    def words(text: str, unsure: str) -> tuple[Word, ...]:
+        return _words_of(text, [0.3 if w == unsure else 0.9 for w in text.split()])
+
+    assert "".join(w.word for w in merge_words(words(first, ""), words(second, unsure))) == merged
