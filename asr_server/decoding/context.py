@@ -347,8 +347,9 @@ def mark_heard(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], s
 
     Seen on the long-form reading: the pass deciding "Its history for the next 1500 years or more
     is obscure." stopped after "or more" (Whisper ends a window early at times), so it kept the
-    first pass's "It's" unheard; the next window heard "Its" whole, one vote against the first
-    pass's one, and a decided record needs two, so "It's" stayed for good."""
+    first pass's "It's" unheard; the next window heard "Its" whole, but as one vote against the
+    first pass's one it could not outvote it (a decided record needs two). Now that window
+    decides it by the merge (which there keeps the first pass's more confident "It's")."""
     for record, group, span, around in zip(records, groups, spans, _neighbours(groups), strict=True):
         if record.index <= decide_to and heard_in(record, group, span, around) is not None:
             record.heard = True
