@@ -39,6 +39,14 @@ COVER_MARGIN_S = 0.6
 # A hearing this many words shorter than the first pass always counts as one (a short first pass
 # can split one word into several: "Babylon," as "Add it on."); see :func:`_fewest_words`.
 SPLIT_WORDS = 2
+# A first pass whose words end this long before its utterance's audio does stopped short: Whisper
+# ended the decode early and left speech unheard. Seen on a fast narration under noise (bench/
+# heldout.py): one utterance held two sentences, its first pass gave the first alone, and no
+# pass could restore the second, since its hearings had too many words against the first pass's.
+SHORT_STOP_S = 2.0
+# The most words a second of speech holds (270 a minute, beyond fast talkers): the bound on a
+# hearing of an utterance whose first pass is no yardstick (:attr:`Finalized.most_words`).
+MOST_WORDS_PER_S = 4.5
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
 SEAM_S = 1.0
@@ -125,11 +133,42 @@ class Finalized:
 
     @property
     def doubtful(self) -> bool:
-        """Whether its first pass is no yardstick for a context decode's words: sampled, or a loop
-        that passed Whisper's checks (:func:`repeats_itself`; seen in the fresh-clone CI under a
-        busy machine: "I'll be back around, and" three times and a half for "The quick brown fox
-        jumps over the lazy dog", kept for good since the pass's 9 words were too few against 17)."""
+        """Whether its first pass is no yardstick for a context decode's words: :attr:`garbled`, or
+        it :attr:`stopped_short`. A pass that decides it takes its own words, with no merge."""
+        return self.garbled or self.stopped_short
+
+    @property
+    def garbled(self) -> bool:
+        """Whether its first pass was sampled, or is a loop that passed Whisper's checks
+        (:func:`repeats_itself`; seen in the fresh-clone CI under a busy machine: "I'll be back
+        around, and" three times and a half for "The quick brown fox jumps over the lazy dog",
+        kept for good since the pass's 9 words were too few against 17)."""
         return self.sampled or repeats_itself(self.text)
+
+    @property
+    def stopped_short(self) -> bool:
+        """Whether its first pass's words end more than ``SHORT_STOP_S`` before its audio does
+        (the audio ends a tail after the speech the VAD heard): Whisper left speech unheard."""
+        return bool(self.words) and (self.start + len(self.audio)) / MODEL_RATE - self.words[-1].end > SHORT_STOP_S
+
+    @property
+    def most_words(self) -> float:
+        """The most words a decode may hear in it: half as many again as its first pass, and
+        where that is no yardstick (:attr:`doubtful`) as many as its audio can hold."""
+        most = 1.5 * len(self.text.split()) + 2
+        return max(most, MOST_WORDS_PER_S * len(self.audio) / MODEL_RATE) if self.doubtful else most
+
+    def yardstick(self, heard: int) -> float:
+        """The number of words a decode that heard ``heard`` words in it is measured against: its
+        first pass's, or the decode's own where that is fewer and the first pass garbled (a loop
+        can triple its words); for one that stopped short the decode's own where that is more, up
+        to :attr:`most_words`."""
+        old = len(self.text.split())
+        if self.garbled:
+            return min(heard, old)
+        if self.stopped_short:
+            return min(max(heard, old), self.most_words)
+        return old
 
 
 @dataclass(frozen=True)
@@ -369,8 +408,7 @@ def trusted(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fres
     (far fewer or far more: a loop, or a lost stretch). Two words fewer always pass, as in
     :func:`heard_in`."""
     fresh = [(r, g) for r, g in zip(records, groups, strict=True) if fresh_from <= r.index <= decide_to]
-    # A doubtful first pass is no yardstick (a loop can triple its words): the decode's count stands in.
-    old_words = sum(min(len(r.text.split()), len(g)) if r.doubtful else len(r.text.split()) for r, g in fresh)
+    old_words = sum(r.yardstick(len(g)) for r, g in fresh)
     new_words = sum(len(g) for _, g in fresh)
     return new_words > 0 and _fewest_words(old_words, 0.6) <= new_words <= 1.6 * old_words + 2
 
@@ -393,9 +431,9 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Seque
     still goes with its first one across a seam.)"""
     text, _ = _spelled(tuple(group))
     old = len(record.text.split())
-    fewest = 1 if record.doubtful else _fewest_words(old, 0.8, less=1)
+    fewest = 1 if record.garbled else _fewest_words(old, 0.8, less=1)
     reach = [*group, *(w for w in around if _distance((w.start + w.end) / 2, span) == 0.0)]
-    if not group or not fewest <= len(_words(text)) <= 1.5 * old + 2 or not _covers(reach, span, record):
+    if not group or not fewest <= len(_words(text)) <= record.most_words or not _covers(reach, span, record):
         return None
     return text
 

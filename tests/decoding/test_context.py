@@ -731,6 +731,29 @@ def test_a_first_pass_that_looped_is_replaced_by_what_the_pass_heard(first, samp
     assert d.client.final_text() == " ".join([start, *ALONE[1:]]) == server_transcript(d)
 
 
+@pytest.mark.parametrize("stopped_short", [True, False])
+def test_a_first_pass_that_stopped_short_of_its_audio_is_replaced_by_what_the_pass_heard(stopped_short):
+    """Whisper can end a decode early: the first pass of sentence 1 gave its first two words,
+    timed within its first 0.6 s, and left the rest of its 3 s unheard (seen on a fast narration
+    under noise: an utterance holding two sentences, whose first pass gave only the first). Every
+    window hears the whole sentence, three times as many words: that is no loop but what the first
+    pass missed, and it replaces it. A first pass as short whose words span the audio still guards
+    against a pass with far more words (it stays, as it did before)."""
+
+    class ShortModel(TwoPassModel):
+        def final(self, request) -> Hypothesis:
+            hyp = super().final(request)
+            if hyp.text != ALONE[1]:
+                return hyp
+            return _hyp("unless to", 0.0, 0.6 if stopped_short else request.duration)
+
+    d = _pass_after_every_final(ShortModel(list(ALONE), list(ALONE)))
+    first = d.of_type("final")[1]["text"]
+    assert first.lower() == "unless to"
+    held = ALONE[1] if stopped_short else first
+    assert d.client.final_text() == " ".join([ALONE[0], held, *ALONE[2:]]) == server_transcript(d)
+
+
 def test_a_loop_is_a_phrase_three_times_over():
     from asr_server.decoding.context import repeats_itself
 
