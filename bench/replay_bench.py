@@ -52,7 +52,7 @@ import ctranslate2  # noqa: E402
 import numpy as np  # noqa: E402
 from asr_client import Transcript  # noqa: E402
 from load_bench import FIXTURES as LOAD_FIXTURES, replayed, rotation_cut, round_turns  # noqa: E402
-from stream_bench import DEFAULT_FIXTURES, covering_latencies, load_channels, noisy_pcm, offline_text, pct, speech_ends, use_fast_reader, wire_rate  # noqa: E402
+from stream_bench import DEFAULT_FIXTURES, covering_latencies, fixture_names, load_channels, noisy_pcm, offline_text, pct, speech_ends, use_fast_reader, use_fixture_dir, wire_rate  # noqa: E402
 
 from asr_server.audio.vad import VadOptions  # noqa: E402
 from asr_server.decoding.context import ContextOptions  # noqa: E402
@@ -132,7 +132,7 @@ def streams(args: argparse.Namespace):
     """(label, each channel's 16 kHz audio, each channel's reference sentences, the stream's
     sample rate on the wire) per stream to replay."""
     if not args.load_streams:
-        for name in args.fixtures.split(","):
+        for name in fixture_names(args.fixtures):
             yield name, noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db)[1], MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db)
         return
     rounds = 2
@@ -147,7 +147,8 @@ def streams(args: argparse.Namespace):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
+    ap.add_argument("--fixtures", default=DEFAULT_FIXTURES, help="comma-separated names in the manifest, or all")
+    ap.add_argument("--fixture-dir", type=Path, default=None, help="recordings and manifest.json from this folder (bench/heldout.py writes one)")
     ap.add_argument("--noise-db", type=float, default=None, help="continuous pink noise this many dB below the speech")
     ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
     ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the VAD gate's option (0: off)")
@@ -164,10 +165,11 @@ def main() -> None:
     ap.add_argument("--offline", action="store_true", help="also transcribe each channel offline (faster-whisper, beam 5, VAD filter) for a third column")
     ap.add_argument("--json", help="write the texts here")
     args = ap.parse_args()
-    if args.fast_reader and args.load_streams:
-        ap.error("--fast-reader replays the fixtures, not --load-streams")
+    if (args.fast_reader or args.fixture_dir) and args.load_streams:
+        ap.error("--fast-reader and --fixture-dir replay recordings, not --load-streams")
+    use_fixture_dir(args.fixture_dir)
     if args.fast_reader:
-        for name in args.fixtures.split(","):
+        for name in fixture_names(args.fixtures):
             use_fast_reader(name)
     # Whisper's fallback samples when a decode fails its checks: a fixed seed keeps the replay the same on every run.
     ctranslate2.set_random_seed(1)

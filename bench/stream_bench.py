@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from asr_client import stream_bytes  # noqa: E402
 
+import tests.harness as harness  # noqa: E402
 from tests.harness import MANIFEST, Replay, fast_reader, phone_line, replay  # noqa: E402
 from tests.harness import load_channels as _load_channels  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
@@ -235,6 +236,21 @@ def speech_level(audio: np.ndarray, spans: list[list[float]]) -> float:
 _DERIVED: dict[str, list[np.ndarray]] = {}  # recordings replaced in this process (--fast-reader)
 
 
+def use_fixture_dir(folder: Path | None) -> None:
+    """From here on, read recordings from ``folder`` and its manifest.json (of the form of
+    tests/audio_fixtures/manifest.json; ``bench/heldout.py`` writes one) instead of the fixtures."""
+    if folder is None:
+        return
+    harness.FIXTURES = folder
+    MANIFEST.clear()
+    MANIFEST.update(json.loads((folder / "manifest.json").read_text()))
+
+
+def fixture_names(arg: str) -> list[str]:
+    """The ``--fixtures`` list; ``all``: every recording in the manifest."""
+    return list(MANIFEST) if arg == "all" else arg.split(",")
+
+
 def use_fast_reader(name: str) -> None:
     """From here on, ``name`` is its :func:`fast_reader` version in this process (mono recordings:
     a call's channels would fall out of step)."""
@@ -385,7 +401,8 @@ def model_seconds(port: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
+    ap.add_argument("--fixtures", default=DEFAULT_FIXTURES, help="comma-separated names in the manifest, or all")
+    ap.add_argument("--fixture-dir", type=Path, default=None, help="recordings and manifest.json from this folder (bench/heldout.py writes one)")
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--noise-db", type=float, default=None, help="add continuous pink noise this many dB below the speech (raw 16 kHz replay)")
     ap.add_argument("--room", action="store_true", help="reverberate the audio (RT60 0.5 s) over room tone 35 dB below the speech")
@@ -398,7 +415,8 @@ def main() -> None:
     ap.add_argument("--json", help="write raw figures here")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--final-encoder-pad-s=15")
     args = ap.parse_args()
-    names = args.fixtures.split(",")
+    use_fixture_dir(args.fixture_dir)
+    names = fixture_names(args.fixtures)
     stream_options = {"revisions": args.revisions, "interim_results": args.interim_results}
     if args.split_after_s is not None:
         stream_options["split_after_s"] = args.split_after_s

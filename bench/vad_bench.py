@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
-from stream_bench import DEFAULT_FIXTURES, ROOM_TONE_DB, noisy_pcm, pct, pink_noise, speech_ends, speech_level, wire_rate  # noqa: E402
+from stream_bench import DEFAULT_FIXTURES, ROOM_TONE_DB, fixture_names, noisy_pcm, pct, pink_noise, speech_ends, speech_level, use_fixture_dir, wire_rate  # noqa: E402
 
 from asr_server.audio.chunker import Chunker, ChunkerOptions, EndReason, UtteranceEnded, UtteranceStarted  # noqa: E402
 from asr_server.audio.silero import SileroModel  # noqa: E402
@@ -93,13 +93,16 @@ def score(utts, spans, ends) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fixtures", default=DEFAULT_FIXTURES)
+    ap.add_argument("--fixtures", default=DEFAULT_FIXTURES, help="comma-separated names in the manifest, or all")
+    ap.add_argument("--fixture-dir", type=Path, default=None, help="recordings and manifest.json from this folder (bench/heldout.py writes one)")
     ap.add_argument("--endpoint-ms", type=int, default=500)
     ap.add_argument("--phone", action="store_true", help="every condition as a phone line carries it (300-3400 Hz, 8 kHz mu-law)")
     ap.add_argument("--detectors", default=",".join(DETECTORS), help="detectors to compare, comma-separated")
     ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the gate's option (0: off)")
     ap.add_argument("--talker-hold-ms", type=int, default=VadOptions.talker_hold_ms, help="the gate's option")
     args = ap.parse_args()
+    level = speech_level(load_channels(LEVEL_FROM)[0], MANIFEST[LEVEL_FROM]["spans"][0])  # before another folder's manifest replaces it
+    use_fixture_dir(args.fixture_dir)
     model = SileroModel(silero_vad_path())
     print(f"# endpoint {args.endpoint_ms} ms; fixtures {args.fixtures}{'; over a phone line' if args.phone else ''}")
     print("| condition | detector | endpoint delay p50 / p95 (s) | own endpoint | utterances | clipped | false starts | speech in 60 s of noise alone (s) | gate CPU s/s |")
@@ -109,7 +112,7 @@ def main() -> None:
             options = VadOptions(detector=detector, talker_floor_db=args.talker_floor_db, talker_hold_ms=args.talker_hold_ms)
             total = {"delays": [], "own": 0, "clipped": 0, "false": 0, "utterances": 0, "n": 0}
             cpu = audio_s = 0.0
-            for name in args.fixtures.split(","):
+            for name in fixture_names(args.fixtures):
                 plain = snr is None and not room and voices_db is None and not args.phone
                 heard = load_channels(name) if plain else noisy_pcm(name, snr, room, args.phone, voices_db)[1]
                 dry = load_channels(name)
@@ -124,17 +127,18 @@ def main() -> None:
                     total["n"] += len(spans)
                     cpu, audio_s = cpu + spent, audio_s + len(audio) / 16000
             # Other voices alone are speech, rightly found: nothing to report for them.
-            idle = "-" if voices_db is not None else f"{noise_alone(snr, room, options.for_rate(8000 if args.phone else 16000), args.endpoint_ms, model, args.phone):.1f}"
+            idle = "-" if voices_db is not None else f"{noise_alone(snr, room, options.for_rate(8000 if args.phone else 16000), args.endpoint_ms, model, level, args.phone):.1f}"
             d = total["delays"]
             print(f"| {cond} | {detector} | {pct(d, 0.5):.2f} / {pct(d, 0.95):.2f} | {total['own']}/{total['n']} | {total['utterances']} | {total['clipped']} | {total['false']} | {idle} | {cpu / audio_s:.4f} |")
 
 
-def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms: int, model: SileroModel, phone: bool = False) -> float:
-    """Seconds held in utterances over 60 s of the condition's background alone (LibriVox's speech level)."""
+LEVEL_FROM = "librivox_16k.s16le"  # noise alone is as loud as under this recording's speech
+
+
+def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms: int, model: SileroModel, level: float, phone: bool = False) -> float:
+    """Seconds held in utterances over 60 s of the condition's background alone (``level``: the speech level it is under)."""
     if snr is None and not room:
         return 0.0
-    audio = load_channels("librivox_16k.s16le")[0]
-    level = speech_level(audio, MANIFEST["librivox_16k.s16le"]["spans"][0])
     db = snr if snr is not None else ROOM_TONE_DB
     noise = pink_noise(60 * 16000, 99) * level * 10 ** (-db / 20)
     if phone:
