@@ -234,7 +234,8 @@ class Session:
     def job_failed(self, job: DecodeJob) -> list[SessionOutput]:
         """The model could not decode ``job`` (the scheduler already retried a final once).
 
-        An interim or pause decode is dropped; a final is sent with empty text,
+        An interim or pause decode is dropped; a final is sent with empty text (or the words
+        an earlier decode heard, where only its continuation failed),
         preceded by a ``decode_failed`` error naming its utterance. The session
         goes on either way: nothing already owed is lost.
         """
@@ -242,7 +243,7 @@ class Session:
             return []
         out: list[SessionOutput] = []
         if job.request.kind is DecodeKind.FINAL and not job.speculative:
-            error = DecodeFailed(f"utterance {job.utterance} of channel {job.channel} could not be decoded; its final is empty")
+            error = DecodeFailed(f"utterance {job.utterance} of channel {job.channel} could not be decoded; its final is empty, or holds only what an earlier decode of it heard")
             out.append(Send(self._writer.error(error, channel=job.channel, utterance=job.utterance)))
         out += self._pipeline(self._decoders[job.channel].job_failed(job))
         return out + self._maybe_closed()

@@ -51,7 +51,7 @@ from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import (ContextOptions, Finalized, Span, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request,
+from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
 from .text import ends_sentence, guard, normalize_word, normalized_text
@@ -105,6 +105,8 @@ class _Utterance:
     heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentences the last interim heard end (their words)
     unprompted: bool = False  # its final is decoded without the text before it (that decode echoed it)
     talk_start: int = 0  # where the talking it belongs to began (:attr:`UtteranceStarted.talk_start`)
+    # A final decode that stopped short of the audio, and the stream sample its continuation starts at.
+    head: tuple[Hypothesis, int] | None = None
 
     @property
     def end(self) -> int:
@@ -265,7 +267,8 @@ class ChannelDecoder:
 
         An interim or a pause decode is dropped as if skipped (the next decode
         covers it); a final is given up: its utterance is finalized with empty
-        text, so the transcript and later offsets go on.
+        text (or with what the decode before its continuation heard, :meth:`_final`),
+        so the transcript and later offsets go on.
         """
         if self._dropped(job):
             return []
@@ -274,7 +277,7 @@ class ChannelDecoder:
         utt = self._landed(job)
         out: list[PipelineEvent] = []
         if utt is not None and job.request.kind is DecodeKind.FINAL and not job.speculative:
-            out.extend(self._finalize(utt, Hypothesis(text="")))
+            out.extend(self._final(utt, Hypothesis(text=""), job.audio_end))
         out.extend(self._dispatch())
         return out
 
@@ -297,7 +300,7 @@ class ChannelDecoder:
             hyp = self._guarded(utt, job, hypothesis)
             if job.request.kind is DecodeKind.FINAL and not job.speculative:
                 if not self._redo_if_echo(utt, hyp, job.request.prompt):
-                    out.extend(self._finalize(utt, hyp))
+                    out.extend(self._final(utt, hyp, job.audio_end))
             else:
                 if job.speculative:
                     utt.spec = (job.audio_end, hyp, job.request.prompt)
@@ -308,7 +311,8 @@ class ChannelDecoder:
         return out
 
     def _guarded(self, utt: _Utterance, job: DecodeJob, hypothesis: Hypothesis) -> Hypothesis:
-        return guard(hypothesis, len(job.request.audio) / MODEL_RATE, utt.voiced / MODEL_RATE)
+        audio = len(job.request.audio)
+        return guard(hypothesis, audio / MODEL_RATE, min(utt.voiced, audio) / MODEL_RATE)
 
     def _late_interim(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
         """The answer of an interim left behind (see :meth:`job_running`): still shown while its
@@ -382,7 +386,7 @@ class ChannelDecoder:
             if utt.ended is not None:
                 end = utt.ended.end
                 if utt.spec is not None and utt.spec[0] == end and not self._redo_if_echo(utt, utt.spec[1], utt.spec[2]):
-                    out.extend(self._finalize(utt, utt.spec[1]))
+                    out.extend(self._final(utt, utt.spec[1], end))
                     continue
                 if utt.voiced == 0 or end <= utt.start:
                     out.extend(self._finalize(utt, Hypothesis(text="")))
@@ -407,13 +411,15 @@ class ChannelDecoder:
             break
         return out
 
-    def _submit(self, utt: _Utterance, kind: DecodeKind, end: int, *, speculative: bool) -> SubmitJob:
+    def _submit(self, utt: _Utterance, kind: DecodeKind, end: int, *, speculative: bool, start: int | None = None) -> SubmitJob:
+        """A decode of ``utt``'s audio up to ``end`` (from ``start``: a final's continuation, with no
+        text before it as the prompt)."""
         final = kind is DecodeKind.FINAL
         request = DecodeRequest(
-            audio=utt.audio.copy(0, end - utt.start),
+            audio=utt.audio.copy(0 if start is None else start - utt.start, end - utt.start),
             kind=kind,
             language=self.options.language,
-            prompt=_with_vocabulary(self.options.prompt, "" if utt.unprompted else self._prompt),
+            prompt=_with_vocabulary(self.options.prompt, "" if utt.unprompted or start is not None else self._prompt),
             prefix="" if final else utt.agreement.stable_text,
             # Finals are always aligned: the guards use word timing even when the client did not ask for it;
             # interims of a long utterance too, to find where a sentence in it ends.
@@ -434,7 +440,7 @@ class ChannelDecoder:
         prompt when the audio is a fragment: measured live, a continuation holding "of the" came back
         as the whole sentence before it); if so, ``utt`` is marked to be decoded again without the
         prompt (``unprompted``), and what that decode hears is the final, repetition or not."""
-        if utt.unprompted:
+        if utt.unprompted or utt.head is not None:
             return False
         heard = normalized_text(hyp.text).split()
         if len(heard) < ECHO_MIN_WORDS or normalized_text(prompt).split()[-len(heard) :] != heard:
@@ -442,6 +448,25 @@ class ChannelDecoder:
         utt.unprompted = True
         utt.spec = None
         return True
+
+    def _final(self, utt: _Utterance, hyp: Hypothesis, end: int) -> list[PipelineEvent]:
+        """``hyp``, a final decode of ``utt``'s audio up to ``end``: the final, or first a decode
+        of the rest of the audio if its words end more than ``SHORT_STOP_S`` before it. Whisper can
+        end a decode early, as offline transcription's next window would pick up after (a fast
+        narration under noise, bench/heldout.py: an utterance held two sentences and its final gave
+        the first alone). The rest is decoded once, from the last word's end, without a prompt (a
+        fragment prompted with the text before it can echo that text), and the two are joined."""
+        if utt.head is not None:
+            head, cut = utt.head
+            shift = (cut - utt.start) / MODEL_RATE
+            words = head.words + tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in hyp.words)
+            text = " ".join(t for t in (head.text.strip(), hyp.text.strip()) if t)
+            return self._finalize(utt, replace(head, text=text, words=words, sampled=head.sampled or hyp.sampled, dropped=head.dropped + hyp.dropped))
+        cut = utt.start + int(hyp.words[-1].end * MODEL_RATE) if hyp.words else end
+        if end - cut <= SHORT_STOP_S * MODEL_RATE:
+            return self._finalize(utt, hyp)
+        utt.head = (hyp, cut)
+        return [self._submit(utt, DecodeKind.FINAL, end, speculative=False, start=cut)]
 
     def _next_offset(self) -> int:
         return self._transcript_len + 1 if self._transcript_len else 0

@@ -737,17 +737,27 @@ def test_a_first_pass_that_stopped_short_of_its_audio_is_replaced_by_what_the_pa
     timed within its first 0.6 s, and left the rest of its 3 s unheard (seen on a fast narration
     under noise: an utterance holding two sentences, whose first pass gave only the first). Every
     window hears the whole sentence, three times as many words: that is no loop but what the first
-    pass missed, and it replaces it. A first pass as short whose words span the audio still guards
-    against a pass with far more words (it stays, as it did before)."""
+    pass missed, and it replaces it (the decode of the rest that such a final gets heard nothing
+    here). A first pass as short whose words span the audio still guards against a pass with far
+    more words (it stays, as it did before)."""
 
     class ShortModel(TwoPassModel):
+        rest_decodes = 0
+        short = False  # the last final decode stopped short: the next is of the rest
+
         def final(self, request) -> Hypothesis:
+            if self.short:
+                self.short, self.rest_decodes = False, self.rest_decodes + 1
+                return Hypothesis("")
             hyp = super().final(request)
             if hyp.text != ALONE[1]:
                 return hyp
+            self.short = stopped_short
             return _hyp("unless to", 0.0, 0.6 if stopped_short else request.duration)
 
-    d = _pass_after_every_final(ShortModel(list(ALONE), list(ALONE)))
+    model = ShortModel(list(ALONE), list(ALONE))
+    d = _pass_after_every_final(model)
+    assert model.rest_decodes == (1 if stopped_short else 0)
     first = d.of_type("final")[1]["text"]
     assert first.lower() == "unless to"
     held = ALONE[1] if stopped_short else first

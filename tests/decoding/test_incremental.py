@@ -503,3 +503,55 @@ def test_a_stream_without_interims_still_splits_long_utterances_at_sentence_ends
     # Turned off, such a stream decodes nothing before its utterance ends.
     off = ChannelDecoder(0, StreamOptions(interim_results=False, interim_ms=500, split_after_s=0))
     assert not only(off.feed([UtteranceStarted(0, 0, 0), audio(0, 2.5), audio(0, 1.0)]), SubmitJob)
+
+
+def _words(text: str, start: float, end: float) -> tuple[Word, ...]:
+    parts = text.split()
+    step = (end - start) / len(parts)
+    return tuple(Word(" " + w, round(start + i * step, 3), round(start + (i + 1) * step, 3), 0.9) for i, w in enumerate(parts))
+
+
+def _stopped_short(words_end: float):
+    """A 6 s utterance after one final ("before."), ended; its final decode heard two words, ending
+    at ``words_end``: the decoder and what that answer gave (no context pass: the first pass alone
+    is what a stream with ``revisions=false`` keeps)."""
+    d = ChannelDecoder(0, StreamOptions(interim_results=False, revisions=False))
+    ev = d.feed([UtteranceStarted(0, 0, 0), audio(0, 1.0), UtteranceEnded(0, SR, EndReason.ENDPOINT)])
+    d.job_done(only(ev, SubmitJob)[0].job, Hypothesis("before.", _words("before.", 0.1, 0.9)))
+    ev = d.feed([UtteranceStarted(1, 2 * SR, 2 * SR), audio(1, 6.0), UtteranceEnded(1, 8 * SR, EndReason.ENDPOINT)])
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.request.prompt == "before."
+    return d, d.job_done(job, Hypothesis("In winter.", _words("In winter.", 0.2, words_end)))
+
+
+def test_a_final_decode_that_stopped_short_of_its_audio_goes_on_from_its_last_word():
+    """Whisper can end a decode early (a fast narration under noise: an utterance held two
+    sentences and its final gave the first alone). The rest of the audio, from the last word's
+    end, is decoded once more without the text before it as prompt, and the final holds both."""
+    d, ev = _stopped_short(words_end=2.5)
+    assert not only(ev, Final)
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    assert job.request.kind is DecodeKind.FINAL and not job.speculative
+    assert len(job.request.audio) == int(3.5 * SR) and job.request.prompt == ""
+    (final,) = only(d.job_done(job, Hypothesis("Ships passed.", _words("Ships passed.", 0.5, 3.0))), Final)
+    assert final.text == "In winter. Ships passed."
+    assert [(w.word.strip(), w.start) for w in final.words] == [("In", 2.2), ("winter.", 3.35), ("Ships", 5.0), ("passed.", 6.25)]
+    assert d.idle
+
+
+def test_a_final_decode_is_continued_once_and_a_failed_continuation_keeps_what_was_heard():
+    d, ev = _stopped_short(words_end=2.5)
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    (final,) = only(d.job_failed(job), Final)
+    assert final.text == "In winter."
+    d, ev = _stopped_short(words_end=2.5)
+    (job,) = [e.job for e in only(ev, SubmitJob)]
+    (final,) = only(d.job_done(job, Hypothesis("")), Final)  # the rest held no words after all
+    assert final.text == "In winter." and d.idle
+
+
+def test_a_final_decode_whose_words_reach_near_its_end_is_the_final():
+    d, ev = _stopped_short(words_end=4.5)  # 1.5 s of audio after its last word
+    assert not only(ev, SubmitJob)
+    (final,) = only(ev, Final)
+    assert final.text == "In winter."
