@@ -57,7 +57,6 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from asr_client import stream_bytes  # noqa: E402
 
-import tests.harness as harness  # noqa: E402
 from tests.harness import MANIFEST, Replay, fast_reader, phone_line, replay  # noqa: E402
 from tests.harness import load_channels as _load_channels  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
@@ -237,18 +236,21 @@ _DERIVED: dict[str, list[np.ndarray]] = {}  # recordings replaced in this proces
 
 
 def use_fixture_dir(folder: Path | None) -> None:
-    """From here on, read recordings from ``folder`` and its manifest.json (of the form of
-    tests/audio_fixtures/manifest.json; ``bench/heldout.py`` writes one) instead of the fixtures."""
+    """From here on, the recordings in ``folder`` and its manifest.json (of the form of
+    tests/audio_fixtures/manifest.json; ``bench/heldout.py`` writes one) are fixtures too."""
     if folder is None:
         return
-    harness.FIXTURES = folder
-    MANIFEST.clear()
-    MANIFEST.update(json.loads((folder / "manifest.json").read_text()))
+    entries = json.loads((folder / "manifest.json").read_text())
+    MANIFEST.update({name: {**entry, "path": str(folder / name)} for name, entry in entries.items()})
+    _ADDED.extend(entries)
+
+
+_ADDED: list[str] = []  # the recordings use_fixture_dir added
 
 
 def fixture_names(arg: str) -> list[str]:
-    """The ``--fixtures`` list; ``all``: every recording in the manifest."""
-    return list(MANIFEST) if arg == "all" else arg.split(",")
+    """The ``--fixtures`` list; ``all``: every recording ``--fixture-dir`` added."""
+    return list(_ADDED) if arg == "all" else arg.split(",")
 
 
 def use_fast_reader(name: str) -> None:

@@ -101,7 +101,6 @@ def main() -> None:
     ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the gate's option (0: off)")
     ap.add_argument("--talker-hold-ms", type=int, default=VadOptions.talker_hold_ms, help="the gate's option")
     args = ap.parse_args()
-    level = speech_level(load_channels(LEVEL_FROM)[0], MANIFEST[LEVEL_FROM]["spans"][0])  # before another folder's manifest replaces it
     use_fixture_dir(args.fixture_dir)
     model = SileroModel(silero_vad_path())
     print(f"# endpoint {args.endpoint_ms} ms; fixtures {args.fixtures}{'; over a phone line' if args.phone else ''}")
@@ -127,18 +126,17 @@ def main() -> None:
                     total["n"] += len(spans)
                     cpu, audio_s = cpu + spent, audio_s + len(audio) / 16000
             # Other voices alone are speech, rightly found: nothing to report for them.
-            idle = "-" if voices_db is not None else f"{noise_alone(snr, room, options.for_rate(8000 if args.phone else 16000), args.endpoint_ms, model, level, args.phone):.1f}"
+            idle = "-" if voices_db is not None else f"{noise_alone(snr, room, options.for_rate(8000 if args.phone else 16000), args.endpoint_ms, model, args.phone):.1f}"
             d = total["delays"]
             print(f"| {cond} | {detector} | {pct(d, 0.5):.2f} / {pct(d, 0.95):.2f} | {total['own']}/{total['n']} | {total['utterances']} | {total['clipped']} | {total['false']} | {idle} | {cpu / audio_s:.4f} |")
 
 
-LEVEL_FROM = "librivox_16k.s16le"  # noise alone is as loud as under this recording's speech
-
-
-def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms: int, model: SileroModel, level: float, phone: bool = False) -> float:
-    """Seconds held in utterances over 60 s of the condition's background alone (``level``: the speech level it is under)."""
+def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms: int, model: SileroModel, phone: bool = False) -> float:
+    """Seconds held in utterances over 60 s of the condition's background alone (LibriVox's speech level)."""
     if snr is None and not room:
         return 0.0
+    audio = load_channels("librivox_16k.s16le")[0]
+    level = speech_level(audio, MANIFEST["librivox_16k.s16le"]["spans"][0])
     db = snr if snr is not None else ROOM_TONE_DB
     noise = pink_noise(60 * 16000, 99) * level * 10 ** (-db / 20)
     if phone:

@@ -28,6 +28,12 @@ from asr_server.server import AsrServer
 FIXTURES = Path(__file__).resolve().parent / "audio_fixtures"
 MANIFEST: dict[str, dict[str, Any]] = json.loads((FIXTURES / "manifest.json").read_text())
 
+
+def fixture_path(name: str) -> Path:
+    """Where a recording in :data:`MANIFEST` lies: in this folder, unless its entry says (``path``:
+    the benches add recordings from elsewhere, bench/heldout.py)."""
+    return Path(MANIFEST[name].get("path", FIXTURES / name))
+
 _BYTES_PER_SAMPLE = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}
 
 
@@ -69,9 +75,9 @@ def load_channels(name: str) -> np.ndarray:
     entry = MANIFEST[name]
     if entry["encoding"] in _BYTES_PER_SAMPLE:
         dec = PcmDecoder(entry["encoding"], entry["sample_rate"], entry["channels"])
-        return np.concatenate([dec.feed((FIXTURES / name).read_bytes()), dec.flush()], axis=1)
+        return np.concatenate([dec.feed(fixture_path(name).read_bytes()), dec.flush()], axis=1)
     parts = []
-    with av.open(str(FIXTURES / name)) as container:
+    with av.open(str(fixture_path(name))) as container:
         resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
         for frame in container.decode(audio=0):
             parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
@@ -148,14 +154,14 @@ def bytes_per_second(name: str) -> float:
     entry = MANIFEST[name]
     if entry["encoding"] in _BYTES_PER_SAMPLE:
         return entry["sample_rate"] * entry["channels"] * _BYTES_PER_SAMPLE[entry["encoding"]]
-    size = (FIXTURES / name).stat().st_size
+    size = fixture_path(name).stat().st_size
     duration = max(end for spans in entry["spans"] for _, end in spans) + 1.0
     return size / duration  # containers: pace by average bitrate
 
 
 async def replay(url: str, name: str, *, realtime: bool = False, chunk_ms: int = 100, **options: Any) -> Replay:
     entry = MANIFEST[name]
-    data = (FIXTURES / name).read_bytes()
+    data = fixture_path(name).read_bytes()
     opts: dict[str, Any] = {"encoding": entry["encoding"], "channels": entry["channels"]}
     if entry["encoding"] in _BYTES_PER_SAMPLE:
         opts["sample_rate"] = entry["sample_rate"]
