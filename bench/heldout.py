@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "audio_fixtures"))
 
-from make_fixtures import g711, read_mono, trim, write_pcm  # noqa: E402
+from make_fixtures import assemble, espeak, g711, trim, write_pcm  # noqa: E402
 
 MEETING = [
     "Good morning everyone, and welcome to the quarterly planning review.",
@@ -71,25 +69,6 @@ RECORDINGS = [
 ]
 
 
-def speak(text: str, rate: int, voice: str, wpm: int) -> np.ndarray:
-    with tempfile.TemporaryDirectory() as tmp:
-        wav = Path(tmp) / "s.wav"
-        subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(wav), text], check=True)
-        return trim(read_mono(wav, rate), rate)
-
-
-def assemble(sentences: list[str], rate: int, voice: str, wpm: int, pauses: list[float], lead_s: float = 0.6) -> tuple[np.ndarray, list[tuple[float, float]]]:
-    """The sentences spoken one after another with those pauses; the audio and each sentence's (start, end)."""
-    parts, spans, position = [np.zeros(int(lead_s * rate), np.float32)], [], int(lead_s * rate)
-    for k, sentence in enumerate(sentences):
-        clip = speak(sentence, rate, voice, wpm)
-        pause = np.zeros(int((pauses[k] if k < len(pauses) else 1.0) * rate), np.float32)
-        spans.append((round(position / rate, 3), round((position + len(clip)) / rate, 3)))
-        parts += [clip, pause]
-        position += len(clip) + len(pause)
-    return np.concatenate(parts), spans
-
-
 def write(out: Path, name: str, audio: np.ndarray, rate: int) -> str:
     """Write ``audio`` as ``name``'s extension says; the manifest's encoding for it."""
     if name.endswith(".wav"):
@@ -109,7 +88,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {}
     for name, sentences, rate, voice, wpm, pauses in RECORDINGS:
-        audio, spans = assemble(sentences, rate, voice, wpm, pauses)
+        clips = [trim(espeak(sentence, rate, voice, wpm), rate) for sentence in sentences]
+        audio, spans = assemble(clips, rate, [*pauses, 1.0], lead_s=0.6)
         encoding = write(args.out, name, audio, rate)
         manifest[name] = {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [sentences], "spans": [spans],
                           "source": f"espeak-ng {voice} {wpm} wpm (bench/heldout.py)"}

@@ -235,6 +235,9 @@ def speech_level(audio: np.ndarray, spans: list[list[float]]) -> float:
 _DERIVED: dict[str, list[np.ndarray]] = {}  # recordings replaced in this process (--fast-reader)
 
 
+_ADDED: list[str] = []  # the recordings use_fixture_dir added
+
+
 def use_fixture_dir(folder: Path | None) -> None:
     """From here on, the recordings in ``folder`` and its manifest.json (of the form of
     tests/audio_fixtures/manifest.json; ``bench/heldout.py`` writes one) are fixtures too."""
@@ -243,9 +246,6 @@ def use_fixture_dir(folder: Path | None) -> None:
     entries = json.loads((folder / "manifest.json").read_text())
     MANIFEST.update({name: {**entry, "path": str(folder / name)} for name, entry in entries.items()})
     _ADDED.extend(entries)
-
-
-_ADDED: list[str] = []  # the recordings use_fixture_dir added
 
 
 def fixture_names(arg: str) -> list[str]:

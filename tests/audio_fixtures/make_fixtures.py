@@ -78,10 +78,10 @@ def read_raw_s16(path: Path) -> np.ndarray:
     return np.frombuffer(path.read_bytes(), dtype="<i2").astype(np.float32) / 32768.0
 
 
-def espeak(text: str, rate: int, voice: str = "en-us") -> np.ndarray:
+def espeak(text: str, rate: int, voice: str = "en-us", wpm: int = 155) -> np.ndarray:
     with tempfile.TemporaryDirectory() as tmp:
         wav = Path(tmp) / "s.wav"
-        subprocess.run(["espeak-ng", "-v", voice, "-s", "155", "-w", str(wav), text], check=True)
+        subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(wav), text], check=True)
         return read_mono(wav, rate)
 
 
@@ -96,15 +96,17 @@ def trim(audio: np.ndarray, rate: int, floor_db: float = -45.0) -> np.ndarray:
     return audio[loud[0] * hop : (loud[-1] + 1) * hop]
 
 
-def assemble(clips: list[np.ndarray], rate: int, gap_s: float, lead_s: float = 0.5):
-    """Join clips with silence between them; return audio and (start, end) of each."""
+def assemble(clips: list[np.ndarray], rate: int, gap_s: float | list[float], lead_s: float = 0.5):
+    """Join clips with silence between them (``gap_s``: after every clip, or one per clip);
+    return audio and (start, end) of each."""
+    gaps = [gap_s] * len(clips) if isinstance(gap_s, int | float) else gap_s
     parts = [np.zeros(int(lead_s * rate), np.float32)]
     spans = []
     pos = len(parts[0])
-    for clip in clips:
+    for clip, gap_after in zip(clips, gaps, strict=True):
         spans.append((round(pos / rate, 3), round((pos + len(clip)) / rate, 3)))
         parts.append(clip)
-        gap = np.zeros(int(gap_s * rate), np.float32)
+        gap = np.zeros(int(gap_after * rate), np.float32)
         parts.append(gap)
         pos += len(clip) + len(gap)
     return np.concatenate(parts), spans
