@@ -120,6 +120,9 @@ class SplitUtterance:
     # When only one interim heard the sentence end: the span must hold a pause the VAD heard,
     # at least this long (the cut goes in its middle); 0: any quiet stretch will do.
     pause_ms: int = 0
+    # Where a pause decode of the utterance ended, inside the span: cut exactly there if the VAD
+    # heard no speech at that point, so that the pause decode is the final (None: no such point).
+    at: int | None = None
 
 
 PipelineEvent = SpeechStart | Interim | Final | Revision | ContextDecided | SubmitJob | WithdrawJob | SplitUtterance

@@ -298,7 +298,7 @@ class Session:
                 out.append(event)
             elif isinstance(event, SplitUtterance):
                 c = event.channel
-                out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].split(event.utterance, event.lo, event.hi, event.pause_ms))))
+                out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].split(event.utterance, event.lo, event.hi, event.pause_ms, event.at))))
             else:
                 out.append(Send(self._writer.event(event), event))
         return out

@@ -180,14 +180,17 @@ class Chunker:
         end = min(self._last_speech_end + self.options.tail_samples, self._position)
         return [self._close(end, reason)]
 
-    def split(self, utterance: int, lo: int, hi: int, pause_ms: int = 0) -> list[ChunkEvent]:
+    def split(self, utterance: int, lo: int, hi: int, pause_ms: int = 0, at: int | None = None) -> list[ChunkEvent]:
         """End the open ``utterance`` in the quietest stretch of frames starting in ``[lo, hi]``
         (stream samples) and continue it in the next one: a sentence ended there and the
         speaker went on. With ``pause_ms``, only at a pause: the span must hold a run of
         non-speech frames that long, and the cut goes in the middle of the longest.
 
         The cut is in the middle of the stretch, so that each side keeps some of the pause
-        (a word that starts right at the cut is easily lost). Nothing happens (``[]``) when
+        (a word that starts right at the cut is easily lost). With ``at`` (a point inside the
+        span, where a pause decode ended), the cut is exactly there instead when its frame is
+        not speech and belongs to a run of non-speech frames ``pause_ms`` long: the audio
+        before the cut is then the audio that decode heard. Nothing happens (``[]``) when
         ``utterance`` is no longer open, or no frame of it with speech after it starts in the
         span, or (with ``pause_ms``) the span holds no such pause.
         """
@@ -196,6 +199,8 @@ class Chunker:
         frames = [f for f in self._energy if lo <= f[0] <= hi and self._start < f[0] < self._last_speech_end]
         if not frames:
             return []
+        if at is not None and _in_pause(frames, at, pause_ms * MODEL_RATE // 1000):
+            return self._continue_at(at, EndReason.SENTENCE)
         if pause_ms <= 0:
             return self._continue_at(_middle_of_quietest(frames), EndReason.SENTENCE)
         length, middle = _longest_run([not f[2] for f in frames], latest=False)
@@ -278,6 +283,20 @@ class Chunker:
         self._preroll.clear()
         self._energy = []
         return event
+
+
+def _in_pause(frames: list[tuple[int, float, bool]], at: int, least: int) -> bool:
+    """Whether sample ``at`` lies in a non-speech frame of ``frames`` whose run of non-speech
+    frames is at least ``least`` samples long."""
+    hit = [i for i, f in enumerate(frames) if f[0] <= at < f[0] + FRAME_SAMPLES]
+    if not hit or frames[hit[0]][2]:
+        return False
+    first = last = hit[0]
+    while first > 0 and not frames[first - 1][2]:
+        first -= 1
+    while last + 1 < len(frames) and not frames[last + 1][2]:
+        last += 1
+    return (last - first + 1) * FRAME_SAMPLES >= least
 
 
 def _middle_of_quietest(frames: list[tuple[int, float, bool]]) -> int:

@@ -76,6 +76,8 @@ SPLIT_MIN_GAP_S = 0.1
 # short ("...or more. | obscure. We know..."), and that sentence is long already.
 SPLIT_MIN_CONTINUED_S = 0.3
 SPLIT_MARGIN_S = 0.1
+# ... and where the words leave no gap, at a pause the VAD heard this close to where they meet.
+SPLIT_TIGHT_S = 0.5
 # A sentence end one interim alone heard splits only where the VAD heard a pause this long.
 SPLIT_SOLO_PAUSE_MS = 120
 # Finals kept before a context window, for its prompt (seconds of their audio).
@@ -305,8 +307,9 @@ class ChannelDecoder:
                 if job.speculative:
                     utt.spec = (job.audio_end, hyp, job.request.prompt)
                 out.extend(self._interim(utt, hyp, job.audio_end))
-                if job.request.kind is DecodeKind.INTERIM:
-                    out.extend(self._split(utt, hyp, job.audio_end))
+                # A pause decode the speaker talked on after is one more interim: a sentence end
+                # in it with words after it splits as an interim's would.
+                out.extend(self._split(utt, hyp, job.audio_end))
         out.extend(self._dispatch())
         return out
 
@@ -395,6 +398,9 @@ class ChannelDecoder:
                 break
             if utt.paused_at is not None and utt.spec_requested != utt.paused_at:
                 utt.spec_requested = utt.paused_at
+                # It shows as an interim: the next interim waits until interim_ms more is heard
+                # (one as soon as speech resumes would hear nothing new of it).
+                utt.interim_len = max(utt.interim_len, utt.paused_at - utt.start)
                 out.append(self._submit(utt, DecodeKind.FINAL, utt.paused_at, speculative=True))
                 break
             if utt.splitting:
@@ -509,9 +515,11 @@ class ChannelDecoder:
         if gap is None:
             return []
         utt.splitting = True
-        lo_s, hi_s, agreed, capital = gap
+        lo_s, hi_s, needs_pause = gap
         lo, hi = (utt.start + int(t * MODEL_RATE) for t in (lo_s, hi_s))
-        return [SplitUtterance(self.channel, utt.index, lo, hi, 0 if agreed and capital else SPLIT_SOLO_PAUSE_MS)]
+        # Cut where the pause decode ended, if it did in this span: it is then the final.
+        at = utt.spec[0] if utt.spec is not None and lo <= utt.spec[0] <= hi else None
+        return [SplitUtterance(self.channel, utt.index, lo, hi, SPLIT_SOLO_PAUSE_MS if needs_pause else 0, at)]
 
     def _finalize(self, utt: _Utterance, hyp: Hypothesis) -> list[PipelineEvent]:
         assert utt.ended is not None
@@ -813,12 +821,20 @@ def sentences_ended(hyp: Hypothesis) -> frozenset[tuple[str, ...]]:
 
 def sentence_gap(
     words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]], min_s: float = SPLIT_MIN_S
-) -> tuple[float, float, bool, bool] | None:
+) -> tuple[float, float, bool] | None:
     """Where to look for the end of the last complete sentence in ``words`` (seconds from their
-    audio's start): around the gap between its last word and the first word after it, whether
-    ``heard_before`` has it too, and whether that next word starts with a capital. None when no
-    sentence ending ``min_s`` or more into the audio has a word after it that starts with a
-    capital, or with a lower-case letter where ``heard_before`` has the sentence end too.
+    audio's start), and whether the cut needs a pause the VAD heard there: around the gap
+    between its last word and the first word after it; no pause is needed where ``heard_before``
+    has the sentence end too and that next word starts with a capital. None when no sentence
+    ending ``min_s`` or more into the audio has a word after it that starts with a capital, or
+    with a lower-case letter where ``heard_before`` has the sentence end too.
+
+    Where the words leave no gap (under ``SPLIT_MIN_GAP_S``) Whisper's timing has often
+    stretched the sentence's last word over the pause after it (measured on a telephone
+    recording: "nine." stamped to 0.4 s after the speech ended, "Can" 0.05 s after that, so
+    that sentence waited 3.7 s for a long pause): a sentence end with a capital after it then
+    splits still, if no sentence end with a gap came after it, but only at a pause the VAD
+    heard within ``SPLIT_TIGHT_S`` of the two words' meeting point.
 
     Whisper writes lower case after a full stop it put inside a sentence ("of the second. of
     the seven wonders"), but also, in interims whose forced prefix holds the full stop, after
@@ -827,17 +843,21 @@ def sentence_gap(
     clean and under noise). So a lower-case word counts when two interims in a row heard the
     sentence end, and the caller then cuts only at a pause the VAD heard. A digit never does
     ("as early as 3000. 800 BC")."""
+    tight = None
     for i in range(len(words) - 2, -1, -1):
         end, following = words[i].end, words[i + 1].start
         if end < min_s:
             break
-        if following - end < SPLIT_MIN_GAP_S or not ends_sentence(words[i].word):
+        if not ends_sentence(words[i].word):
             continue
         agreed = _sentence_key([w.word for w in words[: i + 1]]) in heard_before
         capital = _starts_sentence(words[i + 1].word)
-        if capital or (agreed and _first_letter(words[i + 1].word).islower()):
-            return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S, agreed, capital
-    return None
+        if following - end >= SPLIT_MIN_GAP_S and (capital or (agreed and _first_letter(words[i + 1].word).islower())):
+            return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S, not (agreed and capital)
+        if capital and tight is None:
+            meet = (end + following) / 2
+            tight = max(words[i].start, meet - SPLIT_TIGHT_S), min(words[i + 1].end, meet + SPLIT_TIGHT_S), True
+    return tight
 
 
 def _tail_words(text: str, limit: int) -> str:

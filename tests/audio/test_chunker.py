@@ -186,3 +186,21 @@ def test_a_split_that_needs_a_pause_cuts_only_where_the_vad_heard_one():
     c = Chunker()
     c.feed(frames("S" * 58 + "." * 3 + "S" * 39))  # 90 ms: too short
     assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120) == []
+
+
+def test_a_split_cuts_where_the_pause_decode_ended_when_the_vad_heard_no_speech_there():
+    """The cut at ``at`` (where the decoder's pause decode ended) leaves the utterance exactly the
+    audio that decode heard, so it is the final; in speech, or at a pause too short, it is not used."""
+    pause = frames("S" * 58 + "." * 5 + "S" * 37)  # a 150 ms pause at frames 58-62
+    at = 58 * FRAME_SAMPLES + 1600  # 100 ms into the pause, where the tail ends
+    c = Chunker()
+    c.feed(pause)
+    ended, started = c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120, at=at)
+    assert ended.end == started.start == at and ended.reason is EndReason.SENTENCE
+    c = Chunker()
+    c.feed(pause)
+    (ended, _) = c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120, at=57 * FRAME_SAMPLES + 10)
+    assert ended.end == 60 * FRAME_SAMPLES  # ``at`` in speech: the middle of the pause, as without it
+    c = Chunker()
+    c.feed(frames("S" * 58 + "." * 3 + "S" * 39))  # 90 ms: too short for the condition
+    assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120, at=59 * FRAME_SAMPLES) == []

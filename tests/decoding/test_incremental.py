@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 
 from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
@@ -443,6 +445,64 @@ def test_a_sentence_end_two_interims_heard_before_a_lower_case_word_splits_only_
     digits = (Word(" as", 0.3, 0.8, 0.9), Word(" 3000.", 0.8, 1.6, 0.9), Word(" 800", 1.9, 2.4, 0.9), Word(" BC", 2.4, 2.8, 0.9))
     d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
     assert not only(d.job_done(_long_interim(d, "as 3000. 800"), Hypothesis("as 3000. 800 BC", digits)), SplitUtterance)
+
+
+def test_a_sentence_end_whose_last_word_was_stretched_over_the_pause_splits_at_a_pause_the_vad_heard():
+    """Whisper's timing often stretches a sentence's last word over the pause after it (measured on
+    a telephone recording: "nine." ran 0.4 s past the speech, "Can" began 0.05 s after it, and the
+    sentence waited 3.7 s for a long pause). With a capital after it, it splits where the VAD heard
+    a pause near where the two words meet, however many interims heard it; lower case does not."""
+    words = (Word(" to", 1.6, 1.9, 0.9), Word(" nine.", 1.9, 2.5, 0.9), Word(" Can", 2.55, 2.9, 0.9), Word(" you", 2.9, 3.1, 0.9))
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (split,) = only(d.job_done(_long_interim(d, "to nine."), Hypothesis("to nine. Can you", words)), SplitUtterance)
+    assert split.pause_ms == SPLIT_SOLO_PAUSE_MS
+    # Within 0.5 s of where they meet (2.525 s), and no further than the two words reach.
+    assert abs(split.lo - 2.025 * SR) <= 1 and abs(split.hi - 2.9 * SR) <= 1
+    lower = tuple(replace(w, word=" can") if w.word == " Can" else w for w in words)
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    assert not only(d.job_done(_long_interim(d, "to nine."), Hypothesis("to nine. can you", lower)), SplitUtterance)
+
+
+def test_a_pause_decode_the_speaker_talked_on_after_splits_as_an_interim_would():
+    """A pause at a comma after the next sentence began ("...the change. However,"): its pause
+    decode heard that sentence end with words after it. Once speech resumed, it splits there;
+    while the speaker is still silent it may yet be the final, and nothing is split."""
+    words = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.1, 0.9), Word(" However,", 2.5, 3.0, 0.9))
+    for resumed in (True, False):
+        d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+        (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 3.0)]), SubmitJob)]
+        d.job_done(job, Hypothesis("The end. However"))
+        (spec,) = [e.job for e in only(d.feed([audio(0, 0.2, voiced=False), UtterancePaused(0, int(3.1 * SR))]), SubmitJob)]
+        assert spec.speculative
+        d.feed([audio(0, 0.2, voiced=resumed)])
+        splits = only(d.job_done(spec, Hypothesis("The end. However,", words)), SplitUtterance)
+        assert len(splits) == resumed
+        if resumed:
+            assert abs(splits[0].lo - 2.0 * SR) <= 1 and abs(splits[0].hi - 2.6 * SR) <= 1 and splits[0].at is None
+
+
+def test_a_split_at_the_pause_a_pause_decode_heard_takes_that_decode_as_the_final():
+    """After a pause decode the next interim waits for interim_ms of new audio (one as soon as
+    speech resumes hears nothing new); when it hears the sentence end and the next one begin,
+    the split is asked for exactly where the pause decode ended, and that decode is the final."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.6)]), SubmitJob)]
+    d.job_done(job, Hypothesis("The end"))
+    assert not only(d.feed([audio(0, 0.3)]), SubmitJob)
+    (spec,) = [e.job for e in only(d.feed([audio(0, 0.2, voiced=False), UtterancePaused(0, int(3.0 * SR))]), SubmitJob)]
+    d.feed([audio(0, 0.2)])  # the speaker goes on
+    first = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.8, 0.9))
+    assert not only(d.job_done(spec, Hypothesis("The end.", first)), SubmitJob)  # 0.3 s past the pause decode: no interim yet
+    (job,) = [e.job for e in only(d.feed([audio(0, 0.25)]), SubmitJob)]
+    assert job.request.kind is DecodeKind.INTERIM and len(job.request.audio) == int(3.55 * SR)
+    (split,) = only(d.job_done(job, Hypothesis("The end. Next", first + (Word(" Next", 3.2, 3.5, 0.9),))), SplitUtterance)
+    assert abs(split.lo - 2.7 * SR) <= 1 and abs(split.hi - 3.3 * SR) <= 1  # 0.1 s either side of the gap
+    assert (split.pause_ms, split.at) == (0, int(3.0 * SR))
+    at = int(3.0 * SR)
+    ev = d.feed([UtteranceEnded(0, at, EndReason.SENTENCE), UtteranceStarted(1, at, at, continuation=True)])
+    (final,) = only(ev, Final)
+    assert (final.utterance, final.text, final.reason) == (0, "The end.", EndReason.SENTENCE)
+    assert [e.job.utterance for e in only(ev, SubmitJob)] == [1]  # no decode of utterance 0 again
 
 
 def _second_final(d: ChannelDecoder, first: str) -> DecodeJob:
