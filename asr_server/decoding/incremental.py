@@ -25,7 +25,9 @@ Rules it keeps:
   the utterance to end there (:class:`~asr_server.events.SplitUtterance`; heard by
   that interim alone, only at a pause the VAD heard):
   that sentence gets its final now, not at the next pause long enough for
-  the endpoint, and the rest goes on as a continuation. A stream with
+  the endpoint, and the rest goes on as a continuation. A pause decode the
+  speaker talked on after counts as such an interim; a split at the point
+  where a pause decode ended takes that decode as the final. A stream with
   ``interim_results=false`` gets these interim decodes too (unsent), only
   for utterances long enough to split.
 * Offsets: a channel's transcript is its non-empty final texts joined by
