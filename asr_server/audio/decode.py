@@ -7,14 +7,20 @@ Two decoders share one output shape, ``np.ndarray`` of shape
   A plain object: ``feed(bytes)`` returns audio at once, ``flush()`` at the end.
 * :class:`ContainerDecoder` for ogg/webm/wav/mp3/flac. PyAV's demuxers want a
   file they can block on, so it decodes in whatever thread calls
-  :meth:`ContainerDecoder.frames` while another thread feeds bytes.
+  :meth:`ContainerDecoder.frames` while another thread feeds bytes. A WAV
+  stream whose samples are one of the raw encodings is read here instead
+  (:func:`wav_header`): FFmpeg's WAV demuxer reads 64 KB before its first
+  packet (it looks for other codecs wrapped in PCM), which held back the
+  first 2 s of a 16 kHz stream and 3.3 s of what the server heard.
 """
 
 from __future__ import annotations
 
 import io
+import struct
 import threading
 from collections import deque
+from dataclasses import dataclass
 from typing import Iterator
 
 import av
@@ -22,7 +28,7 @@ import numpy as np
 
 from ..errors import AudioFormatMismatch, InvalidAudio
 
-__all__ = ["MODEL_RATE", "PcmDecoder", "ContainerDecoder", "FrameConverter", "Resampler", "layout_for", "mulaw_to_float", "alaw_to_float"]
+__all__ = ["MODEL_RATE", "PcmDecoder", "ContainerDecoder", "FrameConverter", "Resampler", "WavFormat", "layout_for", "mulaw_to_float", "alaw_to_float", "wav_header"]
 
 MODEL_RATE = 16000
 # What a container may claim: telephone 8 kHz down to 4 kHz, studio 192 kHz up (a
@@ -102,13 +108,15 @@ def alaw_to_float(data: bytes) -> np.ndarray:
 
 
 class Resampler:
-    """Streaming resampler from ``rate`` to 16 kHz keeping every channel apart."""
+    """Streaming resampler from ``rate`` to 16 kHz keeping every channel apart (or, with
+    ``mix_to=1``, mixed down as FFmpeg mixes a container's channels)."""
 
-    def __init__(self, rate: int, channels: int) -> None:
+    def __init__(self, rate: int, channels: int, mix_to: int | None = None) -> None:
         self.rate = rate
-        self.channels = channels
+        self.channels = mix_to or channels  # of the output
         self._layout = layout_for(channels)
-        self._swr = None if rate == MODEL_RATE else av.AudioResampler(format="flt", layout=self._layout, rate=MODEL_RATE)
+        keep = rate == MODEL_RATE and self.channels == channels
+        self._swr = None if keep else av.AudioResampler(format="flt", layout=layout_for(self.channels), rate=MODEL_RATE)
 
     def feed(self, planar: np.ndarray) -> np.ndarray:
         """Resample ``(channels, n)`` float32 audio; the output may lag a little."""
@@ -168,21 +176,21 @@ class PcmDecoder:
 
     WIDTH = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}  # bytes per sample
 
-    def __init__(self, encoding: str, sample_rate: int, channels: int) -> None:
+    def __init__(self, encoding: str, sample_rate: int, channels: int, mix_to: int | None = None) -> None:
         if encoding not in self.WIDTH:
             raise ValueError(f"not a raw encoding: {encoding}")
         self.encoding = encoding
         self.channels = channels
         self._block = self.WIDTH[encoding] * channels
         self._carry = b""
-        self._resampler = Resampler(sample_rate, channels)
+        self._resampler = Resampler(sample_rate, channels, mix_to)
 
     def feed(self, data: bytes) -> np.ndarray:
         data = self._carry + data
         usable = len(data) - len(data) % self._block
         self._carry = data[usable:]
         if usable == 0:
-            return np.zeros((self.channels, 0), np.float32)
+            return np.zeros((self._resampler.channels, 0), np.float32)
         samples = self._to_float(data[:usable])
         planar = samples.reshape(-1, self.channels).T
         return self._resampler.feed(planar)
@@ -202,6 +210,62 @@ class PcmDecoder:
         if self.encoding == "mulaw":
             return mulaw_to_float(data)
         return alaw_to_float(data)
+
+
+# A WAV header longer than this (metadata chunks before the samples) is left to PyAV.
+WAV_HEADER_LIMIT = 1 << 16
+# (format tag, bits per sample) of the WAV sample formats that are raw encodings here.
+_WAV_ENCODINGS = {(1, 16): "pcm_s16le", (3, 32): "pcm_f32le", (6, 8): "alaw", (7, 8): "mulaw"}
+_WAV_EXTENSIBLE = 0xFFFE
+_WAV_UNSIZED = (0, 0xFFFFFFFF)  # data sizes a live writer puts before it knows the length
+
+
+@dataclass(frozen=True)
+class WavFormat:
+    encoding: str  # one of PcmDecoder.WIDTH
+    sample_rate: int
+    channels: int
+    data_bytes: int | None  # how many bytes of samples follow the header; None: up to the end
+
+
+def wav_header(head: bytes) -> tuple[WavFormat | None, int] | None:
+    """What the WAV header at the start of ``head`` says, once ``head`` holds all of it: the
+    format and the header's length in bytes, or ``(None, 0)`` where PyAV is to read the stream
+    (not RIFF/WAVE, another sample format, a header past :data:`WAV_HEADER_LIMIT`, a chunk
+    it cannot skip). None while ``head`` ends inside the header."""
+    if len(head) < 12:
+        return None if b"RIFF"[: len(head)] == head[:4] else (None, 0)
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None, 0
+    at, fmt = 12, None
+    while at + 8 <= min(len(head), WAV_HEADER_LIMIT):
+        tag, size = head[at : at + 4], struct.unpack_from("<I", head, at + 4)[0]
+        if tag == b"data":
+            if fmt is None:
+                return None, 0
+            return WavFormat(*fmt, data_bytes=None if size in _WAV_UNSIZED else size), at + 8
+        end = at + 8 + size + (size & 1)  # chunks are padded to an even length
+        if end > WAV_HEADER_LIMIT:
+            return None, 0
+        if end > len(head):
+            return None
+        if tag == b"fmt ":
+            fmt = _wav_format(head[at + 8 : at + 8 + size])
+            if fmt is None:
+                return None, 0
+        at = end
+    return None if len(head) < WAV_HEADER_LIMIT else (None, 0)
+
+
+def _wav_format(body: bytes) -> tuple[str, int, int] | None:
+    """(encoding, rate, channels) of a ``fmt `` chunk whose samples are a raw encoding, else None."""
+    if len(body) < 16:
+        return None
+    tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", body)
+    if tag == _WAV_EXTENSIBLE and len(body) >= 26:
+        tag = struct.unpack_from("<H", body, 24)[0]  # the sub-format GUID starts with the tag
+    encoding = _WAV_ENCODINGS.get((tag, bits))
+    return None if encoding is None else (encoding, rate, channels)
 
 
 class _ByteQueue(io.RawIOBase):
@@ -277,6 +341,25 @@ class _ByteQueue(io.RawIOBase):
             return n
 
 
+class _Replayed(io.RawIOBase):
+    """``head`` (bytes already read from ``rest``), then ``rest``: a file for PyAV."""
+
+    def __init__(self, head: bytes, rest: io.RawIOBase) -> None:
+        self._head = head
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        if not self._head:
+            return self._rest.readinto(buffer)
+        n = min(len(self._head), len(buffer))
+        memoryview(buffer)[:n] = self._head[:n]
+        self._head = self._head[n:]
+        return n
+
+
 class ContainerDecoder:
     """Incremental decoding of a compressed stream (ogg, webm, wav, mp3, flac).
 
@@ -312,8 +395,15 @@ class ContainerDecoder:
         self._input.discard()
 
     def frames(self) -> Iterator[np.ndarray]:
+        source: io.RawIOBase = self._input
+        if self.encoding == "wav":
+            head, wav, length = self._wav_header()
+            if wav is not None:
+                yield from self._wav_samples(wav, head[length:])
+                return
+            source = _Replayed(head, self._input)
         try:
-            container = av.open(self._input, mode="r", format=self._FORMATS[self.encoding])
+            container = av.open(source, mode="r", format=self._FORMATS[self.encoding])
         except _BAD_INPUT as exc:
             if self.received_bytes == 0:
                 return  # the stream ended before any audio: nothing to decode
@@ -323,27 +413,61 @@ class ContainerDecoder:
         finally:
             container.close()
 
+    def _wav_header(self) -> tuple[bytes, WavFormat | None, int]:
+        """The stream's first bytes, up to the end of its WAV header (all of them when PyAV is to
+        read it), and what :func:`wav_header` made of them."""
+        head, buffer = bytearray(), bytearray(4096)
+        while (parsed := wav_header(bytes(head))) is None:
+            n = self._input.readinto(buffer)
+            if n == 0:
+                return bytes(head), None, 0
+            head += buffer[:n]
+        return bytes(head), *parsed
+
+    def _wav_samples(self, wav: WavFormat, first: bytes) -> Iterator[np.ndarray]:
+        """A WAV stream's samples (``first``, then the rest of the input), as :class:`PcmDecoder`
+        decodes a raw stream, up to the data chunk's end if the header gave one."""
+        self._check_layout(wav.channels, wav.sample_rate)
+        decoder = PcmDecoder(wav.encoding, wav.sample_rate, wav.channels, mix_to=self.channels)
+        left, buffer, chunk = wav.data_bytes, bytearray(8192), first
+        while True:
+            if left is not None:
+                chunk, left = chunk[:left], left - min(left, len(chunk))
+            if (out := decoder.feed(chunk)).shape[1]:
+                yield out
+            n = self._input.readinto(buffer) if left != 0 else 0
+            if n == 0:
+                break
+            chunk = bytes(buffer[:n])
+        if (out := decoder.flush()).shape[1]:
+            yield out
+
+    def _check_layout(self, channels: int, rate: int) -> None:
+        """InvalidAudio for a header's absurd rate or channel count; AudioFormatMismatch where the
+        client asked for more than one channel and the stream has another number."""
+        if channels == 0:
+            raise InvalidAudio(f"the {self.encoding} stream's header names no codec or channel layout that can be decoded")
+        if not MIN_CONTAINER_RATE <= rate <= MAX_CONTAINER_RATE:
+            raise InvalidAudio(f"the {self.encoding} stream claims a sample rate of {rate} Hz; {MIN_CONTAINER_RATE}-{MAX_CONTAINER_RATE} Hz is accepted")
+        if channels > MAX_CONTAINER_CHANNELS:
+            raise InvalidAudio(f"the {self.encoding} stream has {channels} channels; at most {MAX_CONTAINER_CHANNELS} are accepted")
+        if self.channels > 1 and channels != self.channels:
+            raise AudioFormatMismatch(f"channels={self.channels} was requested but the {self.encoding} stream has {channels}")
+
     def _check_stream(self, stream: av.AudioStream) -> int:
         """The stream's channel count, once its header is known to be usable (else InvalidAudio)."""
         codec = stream.codec_context
         layout = getattr(codec, "layout", None) if codec is not None else None
         channels = (getattr(codec, "channels", 0) or (len(layout.channels) if layout is not None else 0)) if codec is not None else 0
         rate = (codec.sample_rate if codec is not None else 0) or 0
-        if codec is None or channels == 0:
-            raise InvalidAudio(f"the {self.encoding} stream's header names no codec or channel layout that can be decoded")
-        if not MIN_CONTAINER_RATE <= rate <= MAX_CONTAINER_RATE:
-            raise InvalidAudio(f"the {self.encoding} stream claims a sample rate of {rate} Hz; {MIN_CONTAINER_RATE}-{MAX_CONTAINER_RATE} Hz is accepted")
-        if channels > MAX_CONTAINER_CHANNELS:
-            raise InvalidAudio(f"the {self.encoding} stream has {channels} channels; at most {MAX_CONTAINER_CHANNELS} are accepted")
+        self._check_layout(channels if codec is not None else 0, rate)
         return channels
 
     def _decode(self, container) -> Iterator[np.ndarray]:
         if not container.streams.audio:
             raise InvalidAudio(f"the {self.encoding} stream has no audio track")
         stream = container.streams.audio[0]
-        source_channels = self._check_stream(stream)
-        if self.channels > 1 and source_channels != self.channels:
-            raise AudioFormatMismatch(f"channels={self.channels} was requested but the {self.encoding} stream has {source_channels}")
+        self._check_stream(stream)
         resampler = av.AudioResampler(format="flt", layout=layout_for(self.channels), rate=MODEL_RATE)
         decoded = 0
         try:
