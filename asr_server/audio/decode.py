@@ -341,6 +341,9 @@ class _ByteQueue(io.RawIOBase):
             return n
 
 
+_NO_PROBE = {"probesize": "32", "analyzeduration": "0"}
+
+
 class _Replayed(io.RawIOBase):
     """``head`` (bytes already read from ``rest``), then ``rest``: a file for PyAV."""
 
@@ -402,8 +405,12 @@ class ContainerDecoder:
                 yield from self._wav_samples(wav, head[length:])
                 return
             source = _Replayed(head, self._input)
+        fmt = self._FORMATS[self.encoding]
         try:
-            container = av.open(source, mode="r", format=self._FORMATS[self.encoding])
+            # A named format needs no probing: without these limits FFmpeg reads ahead to find
+            # stream details the decoders do not need (an MP3 stream's first 2 s were held back;
+            # decoded the same either way). ``auto`` needs the probe to find the format.
+            container = av.open(source, mode="r", format=fmt, options=_NO_PROBE if fmt else {})
         except _BAD_INPUT as exc:
             if self.received_bytes == 0:
                 return  # the stream ended before any audio: nothing to decode
