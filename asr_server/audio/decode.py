@@ -467,7 +467,7 @@ class ContainerDecoder:
         layout = getattr(codec, "layout", None) if codec is not None else None
         channels = (getattr(codec, "channels", 0) or (len(layout.channels) if layout is not None else 0)) if codec is not None else 0
         rate = (codec.sample_rate if codec is not None else 0) or 0
-        self._check_layout(channels if codec is not None else 0, rate)
+        self._check_layout(channels, rate)
         return channels
 
     def _decode(self, container) -> Iterator[np.ndarray]:
