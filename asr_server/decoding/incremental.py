@@ -519,9 +519,17 @@ class ChannelDecoder:
         utt.splitting = True
         lo_s, hi_s, needs_pause = gap
         lo, hi = (utt.start + int(t * MODEL_RATE) for t in (lo_s, hi_s))
-        # Cut where the pause decode ended, if it did in this span: it is then the final.
-        at = utt.spec[0] if utt.spec is not None and lo <= utt.spec[0] <= hi else None
-        return [SplitUtterance(self.channel, utt.index, lo, hi, SPLIT_SOLO_PAUSE_MS if needs_pause else 0, at)]
+        return [SplitUtterance(self.channel, utt.index, lo, hi, SPLIT_SOLO_PAUSE_MS if needs_pause else 0, self._spec_cut(utt, lo, hi))]
+
+    @staticmethod
+    def _spec_cut(utt: _Utterance, lo: int, hi: int) -> int | None:
+        """Where the pause decode ended, if it did in ``[lo, hi]`` and heard a sentence through to
+        its end (its last word ends one): cut there, and it is the final. One that heard nothing,
+        or stopped inside the sentence, is no final for it: the cut's own decode is."""
+        if utt.spec is None or not lo <= utt.spec[0] <= hi:
+            return None
+        words = utt.spec[1].text.split()
+        return utt.spec[0] if words and ends_sentence(words[-1]) else None
 
     def _finalize(self, utt: _Utterance, hyp: Hypothesis) -> list[PipelineEvent]:
         assert utt.ended is not None

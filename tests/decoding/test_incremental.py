@@ -481,6 +481,30 @@ def test_a_pause_decode_the_speaker_talked_on_after_splits_as_an_interim_would()
             assert abs(splits[0].lo - 2.0 * SR) <= 1 and abs(splits[0].hi - 2.6 * SR) <= 1 and splits[0].at is None
 
 
+def _split_after_pause_decode(spec_text: str, spec_words: tuple[Word, ...]) -> SplitUtterance:
+    """A pause decode at 3.0 s answered with ``spec_text``, the speaker went on, and the next
+    interim heard "The end. Next": the split it asks for."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.6)]), SubmitJob)]
+    d.job_done(job, Hypothesis("The end"))
+    d.feed([audio(0, 0.3)])
+    (spec,) = [e.job for e in only(d.feed([audio(0, 0.2, voiced=False), UtterancePaused(0, int(3.0 * SR))]), SubmitJob)]
+    d.feed([audio(0, 0.2)])
+    d.job_done(spec, Hypothesis(spec_text, spec_words))
+    (job,) = [e.job for e in only(d.feed([audio(0, 0.25)]), SubmitJob)]
+    words = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.8, 0.9), Word(" Next", 3.2, 3.5, 0.9))
+    (split,) = only(d.job_done(job, Hypothesis("The end. Next", words)), SplitUtterance)
+    return split
+
+
+def test_a_pause_decode_that_did_not_hear_the_sentence_through_is_no_final_for_it():
+    """A pause decode that heard nothing (the guard dropped it) or stopped inside the sentence
+    would lose the sentence's words as its final: the split then cuts as it would without one."""
+    assert _split_after_pause_decode("The end.", (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.8, 0.9))).at == int(3.0 * SR)
+    assert _split_after_pause_decode("", ()).at is None
+    assert _split_after_pause_decode("The", (Word(" The", 0.3, 0.5, 0.9),)).at is None
+
+
 def test_a_split_at_the_pause_a_pause_decode_heard_takes_that_decode_as_the_final():
     """After a pause decode the next interim waits for interim_ms of new audio (one as soon as
     speech resumes hears nothing new); when it hears the sentence end and the next one begin,
