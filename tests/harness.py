@@ -245,3 +245,15 @@ class ServerThread:
         self._ready.set()
         await self._stop.wait()
         await self.server.stop(grace_s=5)
+
+
+def wav_bytes(fmt=1, channels=1, rate=16000, bits=16, data=None, ext=b""):
+    """A WAV file with whatever header fields a hostile client likes."""
+    import struct
+
+    if data is None:
+        data = np.zeros(channels * rate // 2, "<i2").tobytes()
+    block = channels * max(bits, 8) // 8
+    fmt_body = struct.pack("<HHIIHH", fmt, channels, rate, rate * block, block, bits) + ext
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt_body)) + fmt_body + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body

@@ -6,7 +6,7 @@ import pytest
 from asr_server.audio.decode import ContainerDecoder, FrameConverter, PcmDecoder, WavFormat, alaw_to_float, mulaw_to_float, wav_header
 from asr_server.errors import AsrError, AudioFormatMismatch, InvalidAudio
 
-from ..harness import FIXTURES, MANIFEST
+from ..harness import FIXTURES, MANIFEST, wav_bytes
 
 
 def decode_all(decoder: PcmDecoder, data: bytes, piece: int) -> np.ndarray:
@@ -100,18 +100,6 @@ def test_a_stream_cut_short_yields_what_arrived_without_an_error(name):
     audio, error = run_container(data[: len(data) // 3], MANIFEST[name]["encoding"])
     assert error is None  # FLAC's decoder complained here: the session ended 1007 instead of 1000
     assert 5 * 16000 < audio.shape[1] < 15 * 16000
-
-
-def wav_bytes(fmt=1, channels=1, rate=16000, bits=16, data=None, ext=b""):
-    """A WAV file with whatever header fields a hostile client likes."""
-    import struct
-
-    if data is None:
-        data = np.zeros(channels * rate // 2, "<i2").tobytes()
-    block = channels * max(bits, 8) // 8
-    fmt_body = struct.pack("<HHIIHH", fmt, channels, rate, rate * block, block, bits) + ext
-    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt_body)) + fmt_body + b"data" + struct.pack("<I", len(data)) + data
-    return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
 @pytest.mark.parametrize("channels", [1, 8])
@@ -236,6 +224,17 @@ def test_a_wav_data_chunk_ends_where_its_size_says():
     whole = wav_bytes(data=samples)
     audio, error = run_container(whole + tags, "wav")
     assert error is None and audio.shape == (1, 8000)
+
+
+def test_a_wav_whose_header_runs_past_the_limit_is_left_to_ffmpeg_and_decodes():
+    """Metadata over 64 KB before the samples: the server stops reading the header (it holds no
+    more than that) and FFmpeg gets every byte, the ones already read included."""
+    samples = (np.sin(np.arange(8000) / 5) * 8000).astype("<i2")
+    junk = b"junk" + (70000).to_bytes(4, "little") + bytes(70000)
+    wav = wav_bytes(data=samples.tobytes())
+    audio, error = run_container(wav[:36] + junk + wav[36:], "wav")
+    assert error is None and audio.shape == (1, 8000)
+    np.testing.assert_allclose(audio[0], samples / 32768.0, atol=1e-4)
 
 
 def test_a_wav_header_is_read_once_all_of_it_has_come():

@@ -14,7 +14,7 @@ from asr_client import connect, read_pcm
 
 from asr_server.options import Limits
 
-from ..harness import FIXTURES, MANIFEST, ServerThread, assert_each_sentence_finalized, replay
+from ..harness import FIXTURES, MANIFEST, ServerThread, assert_each_sentence_finalized, replay, wav_bytes
 from ..wer import wer
 
 pytestmark = pytest.mark.e2e
@@ -97,6 +97,13 @@ def test_bad_input_does_not_harm_a_concurrent_session(live_server, strict_server
         await stream.send_audio(pcm)
         await stream.close_stream()
 
+    def send_wav(data):
+        async def send(stream):
+            await stream.send_audio(data)
+            await stream.close_stream()
+
+        return send
+
     async def oversized(stream):
         await stream.send_audio(b"\x00" * (100 * 1024))
 
@@ -113,10 +120,14 @@ def test_bad_input_does_not_harm_a_concurrent_session(live_server, strict_server
             session(strict_server.url, oversized),
             session(strict_server.url, far_oversized),
             session(strict_server.url, nothing),  # idle
+            # WAV headers the server reads itself: a rate no one records at, and a mono file
+            # where the client asked for two channels.
+            session(live_server.url, send_wav(wav_bytes(rate=1_000_000, data=bytes(3200))), encoding="wav"),
+            session(live_server.url, send_wav(wav_bytes()), encoding="wav", channels=2),
         )
         return await good, results
 
-    good, (garb, trunc, malformed, big, huge, idle) = asyncio.run(main())
+    good, (garb, trunc, malformed, big, huge, idle, wav_rate, wav_channels) = asyncio.run(main())
 
     # Garbage in a container: invalid_audio, close 1007.
     assert error_of(garb[0])["code"] == "invalid_audio" and garb[1] == 1007
@@ -131,6 +142,9 @@ def test_bad_input_does_not_harm_a_concurrent_session(live_server, strict_server
     # Oversized frames: our own error when we could read it, websockets' 1009 beyond that.
     assert error_of(big[0])["code"] == "frame_too_large" and big[1] == 1009
     assert huge[1] == 1009
+    # A WAV header that claims 1 MHz, or one channel where two were asked for: 1007, each its code.
+    assert error_of(wav_rate[0])["code"] == "invalid_audio" and wav_rate[1] == 1007
+    assert error_of(wav_channels[0])["code"] == "audio_format_mismatch" and wav_channels[1] == 1007
     # A client that sends nothing.
     assert error_of(idle[0])["code"] == "idle_timeout" and idle[1] == 1008
     # ... and the concurrent good session was untouched.
