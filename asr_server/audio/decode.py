@@ -8,10 +8,11 @@ Two decoders share one output shape, ``np.ndarray`` of shape
 * :class:`ContainerDecoder` for ogg/webm/wav/mp3/flac. PyAV's demuxers want a
   file they can block on, so it decodes in whatever thread calls
   :meth:`ContainerDecoder.frames` while another thread feeds bytes. A WAV
-  stream (named, or found by ``auto``) whose samples are one of the raw encodings is read here instead
-  (:func:`wav_header`): FFmpeg's WAV demuxer reads 64 KB before its first
-  packet (it looks for other codecs wrapped in PCM), which held back the
-  first 2 s of a 16 kHz stream and 3.3 s of what the server heard.
+  stream (named, or found by ``auto``) whose samples are one of the raw
+  encodings is read here instead (:func:`wav_header`): FFmpeg's WAV demuxer
+  reads 64 KB before its first packet (it looks for other codecs wrapped in
+  PCM), which held back the first 2 s of a 16 kHz stream and 3.3 s of what
+  the server heard.
 """
 
 from __future__ import annotations
