@@ -13,11 +13,11 @@ from asr_server.audio.chunker import (
 from asr_server.audio.vad import FRAME_SAMPLES, VadFrame
 
 
-def frames(pattern: str, start: int = 0, level: float = 0.1, quiet_at: set[int] = frozenset()):
-    """VadFrames from a pattern of 'S' (speech) and '.' (silence), 30 ms each."""
+def frames(pattern: str, start: int = 0, level: float = 0.1, quiet_at: set[int] = frozenset(), silence: float = 0.001):
+    """VadFrames from a pattern of 'S' (speech) and '.' (silence, at ``silence``), 30 ms each."""
     out = []
     for i, ch in enumerate(pattern):
-        amp = 0.001 if (ch == "." or (start + i) in quiet_at) else level
+        amp = silence if (ch == "." or (start + i) in quiet_at) else level
         out.append(VadFrame((start + i) * FRAME_SAMPLES, np.full(FRAME_SAMPLES, amp, np.float32), ch == "S", rms=amp))
     return out
 
@@ -173,19 +173,36 @@ def test_a_split_cuts_in_the_middle_of_the_quiet_stretch():
     assert ended.end == 61 * FRAME_SAMPLES  # not at the stretch's first or last frame: each side keeps some pause
 
 
-def test_a_split_that_needs_a_pause_cuts_only_where_the_vad_heard_one():
-    speech = frames("S" * 100, quiet_at={60, 61, 62})  # quiet, but the VAD called it speech
-    c = Chunker()
-    c.feed(speech)
-    assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120) == []
-    assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES)  # without the condition: the quiet stretch
+def test_a_split_that_needs_a_pause_cuts_only_where_the_vad_heard_one_or_the_energy_fell_as_far():
+    for quiet in (0.05, 0.01):  # 6 and 20 dB down, and the VAD called it speech: no pause
+        c = Chunker()
+        c.feed([*frames("S" * 60), *frames("SSS", 60, level=quiet), *frames("S" * 37, 63)])
+        assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120) == []
+        assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES)  # without the condition: the quiet stretch
     c = Chunker()
     c.feed(frames("S" * 58 + "." * 5 + "S" * 37))  # a 150 ms pause at frames 58-62
     (ended, _) = c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120)
     assert ended.end == 60 * FRAME_SAMPLES and ended.reason is EndReason.SENTENCE
     c = Chunker()
-    c.feed(frames("S" * 58 + "." * 3 + "S" * 39))  # 90 ms: too short
+    c.feed(frames("S" * 58 + "." * 3 + "S" * 39, silence=0.01))  # 90 ms, and only 20 dB down: too short
     assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120) == []
+
+
+def test_a_valley_the_vad_called_speech_counts_as_the_pause_in_a_reverberant_room():
+    """Reverberation fills a 0.2 s pause between sentences, and the VAD hears speech there; the
+    energy still falls 30 dB or more under the talker's speech for 60 ms, and the split cuts in
+    the middle of that valley. One such frame alone, or a valley while too little speech has been
+    heard to know the level, is not a pause."""
+    c = Chunker()
+    c.feed(frames("S" * 100, quiet_at={60, 61, 62}))  # 40 dB under: a valley
+    (ended, started) = c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120)
+    assert ended.end == started.start == 61 * FRAME_SAMPLES and ended.reason is EndReason.SENTENCE
+    c = Chunker()
+    c.feed(frames("S" * 100, quiet_at={61, 80}))  # single frames
+    assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120) == []
+    c = Chunker()
+    c.feed(frames("S" * 9, quiet_at={4, 5, 6}))  # 9 frames of speech: no level yet
+    assert c.split(0, 2 * FRAME_SAMPLES, 8 * FRAME_SAMPLES, pause_ms=120) == []
 
 
 def test_a_split_cuts_where_the_pause_decode_ended_when_the_vad_heard_no_speech_there():
@@ -202,5 +219,5 @@ def test_a_split_cuts_where_the_pause_decode_ended_when_the_vad_heard_no_speech_
     (ended, _) = c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120, at=57 * FRAME_SAMPLES + 10)
     assert ended.end == 60 * FRAME_SAMPLES  # ``at`` in speech: the middle of the pause, as without it
     c = Chunker()
-    c.feed(frames("S" * 58 + "." * 3 + "S" * 39))  # 90 ms: too short for the condition
+    c.feed(frames("S" * 58 + "." * 3 + "S" * 39, silence=0.01))  # 90 ms, 20 dB down: too short for the condition
     assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120, at=59 * FRAME_SAMPLES) == []
