@@ -383,7 +383,11 @@ def _measure(runner: WhisperRunner, plan: _Plan) -> Callable[[], tuple[float, fl
     """Times a burst final and a context pass: at start-up, and again while the server is idle."""
     # Timed with every worker busy, as in the burst it stands for: a lone decode on CPU would
     # have all the cores to itself and look cheaper than it is then.
-    return lambda: (runner.measure_burst_final(concurrent=plan.workers), runner.measure_context_pass())
+    def measure(stop: Callable[[], bool] = lambda: False) -> tuple[float, float]:
+        final_s = runner.measure_burst_final(concurrent=plan.workers, stop=stop)
+        return final_s, runner.measure_context_pass(stop=stop)
+
+    return measure
 
 
 def _context(args: argparse.Namespace) -> ContextOptions:

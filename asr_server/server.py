@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -52,6 +54,10 @@ from .transport.fanout import EndedSessions, follow, parse_follow_path
 from .transport.http import LISTEN_PATH, REALTIME_PATH, OneRequestConnection, route, select_subprotocol
 from .transport.static import load_static
 from .transport.webrtc import RtcIngest, restrict_host_addresses
+
+# Times a burst final and a context pass (model seconds), asking the predicate before each model
+# call whether to stop (then NaN): see AsrServer.set_runner.
+Measure = Callable[[Callable[[], bool]], tuple[float, float]]
 
 __all__ = ["AsrServer", "LISTEN_PATH"]
 
@@ -112,8 +118,9 @@ class AsrServer:
         self.stopping = False
         self._ticker: asyncio.Task[None] | None = None
         # Times a burst final and a pass again, (final_s, pass_s), for the capacity model (set_runner).
-        self.measure: Callable[[], tuple[float, float]] | None = None
+        self.measure: Measure | None = None
         self._measuring: asyncio.Task[None] | None = None
+        self._measure_stop = threading.Event()  # set when a session starts: the re-measure gives way
         self._restore_host_addresses: Callable[[], None] | None = None
 
     @property
@@ -170,11 +177,12 @@ class AsrServer:
 
     def set_runner(
         self, runner: Runner, interim_runner: Runner | None = None, budget: MemoryBudget | None = None, capacity: CapacityModel | None = None,
-        measure: Callable[[], tuple[float, float]] | None = None,
+        measure: Measure | None = None,
     ) -> None:
         """The model is loaded and warm: start serving (``budget`` may come with it, measured;
         ``capacity``: admit as many channels as it says instead of ``limits.max_channels``;
-        ``measure``: times a burst final and a pass again, for ``capacity``, while the server is idle)."""
+        ``measure``: times a burst final and a pass again, for ``capacity``, while the server is idle,
+        and gives NaN for them once the predicate it is given says a session started)."""
         self.measure = measure
         self.runner = runner
         self.interim_runner = interim_runner
@@ -225,12 +233,19 @@ class AsrServer:
         if self.capacity.remeasure_due(now, idle=not self._connections and self.scheduler.core.live == 0):
             self._measuring = asyncio.get_running_loop().create_task(self._remeasure(self.capacity, self.measure), name="asr-capacity")
 
-    async def _remeasure(self, capacity: CapacityModel, measure: Callable[[], tuple[float, float]]) -> None:
+    async def _remeasure(self, capacity: CapacityModel, measure: Measure) -> None:
+        """Time a burst final and a pass on the idle server. A session that starts meanwhile stops it
+        before its next model call (its decodes would wait for the measure's, and a measure taken
+        beside them says nothing); it is asked for again after the interval."""
         before = capacity.channels()
+        self._measure_stop.clear()
         try:
-            final_s, pass_s = await asyncio.to_thread(measure)
+            final_s, pass_s = await asyncio.to_thread(measure, self._measure_stop.is_set)
             capacity.remeasured(asyncio.get_running_loop().time(), final_s, pass_s)
-            server_log.info("capacity measured again (burst final %.3f s, pass %.3f s): %d -> %d channels", final_s, pass_s, before, capacity.channels())
+            if math.isnan(final_s) or math.isnan(pass_s):
+                server_log.info("capacity re-measure stopped: a session started")
+            else:
+                server_log.info("capacity measured again (burst final %.3f s, pass %.3f s): %d -> %d channels", final_s, pass_s, before, capacity.channels())
         except Exception:
             server_log.exception("measuring capacity again failed")
             capacity.remeasured(asyncio.get_running_loop().time(), float("nan"), 0.0)  # try again after the interval
@@ -341,6 +356,7 @@ class AsrServer:
         if principal.name is not None:
             self.metrics.key_sessions.labels(principal.name).inc()
         self._connections.add(conn)
+        self._measure_stop.set()
         self.metrics.sessions_started.inc()
         self.metrics.active_sessions.inc()
         try:

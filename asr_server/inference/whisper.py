@@ -16,10 +16,11 @@ those modules define are re-exported here for older imports.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -183,7 +184,8 @@ class WhisperRunner(Runner):
         for kind in DecodeKind:
             self.transcribe(DecodeRequest(noise, kind, language=language, word_timestamps=kind.final_quality))
 
-    def measure_burst_final(self, seconds: float = 6.0, tokens: int = 32, repeats: int = 3, concurrent: int = 1) -> float:
+    def measure_burst_final(self, seconds: float = 6.0, tokens: int = 32, repeats: int = 3, concurrent: int = 1,
+                            stop: Callable[[], bool] = lambda: False) -> float:
         """Model seconds one final in a burst of ``seconds`` of speech takes, measured (median of ``repeats``).
 
         Everything such a final does: the features, the encoder on the audio plus the burst
@@ -194,30 +196,38 @@ class WhisperRunner(Runner):
         count the time until every one has done its ``repeats``, per repeat: how fast a burst
         drains. (A mean of each worker's time would not be: the call on the finals' copy ends
         sooner than the rest, and they take the cores it leaves.)
+
+        ``stop`` is asked before each decode; once it says yes the measure ends without one more
+        and gives NaN (the server's re-measure stops so when a session starts: its decodes
+        would wait for the measure's, or share the cores with them).
         """
         if concurrent > 1:
             t0 = time.monotonic()
             with ThreadPoolExecutor(concurrent) as pool:
-                for run in [pool.submit(self.measure_burst_final, seconds, tokens, repeats) for _ in range(concurrent)]:
-                    run.result()
-            return (time.monotonic() - t0) / repeats
+                runs = [pool.submit(self.measure_burst_final, seconds, tokens, repeats, 1, stop) for _ in range(concurrent)]
+                stopped = any(math.isnan(run.result()) for run in runs)
+            return math.nan if stopped else (time.monotonic() - t0) / repeats
         with self._using(DecodeKind.FINAL, burst=True):
-            return self._time_decode(DecodeKind.FINAL, seconds, tokens, repeats)
+            return self._time_decode(DecodeKind.FINAL, seconds, tokens, repeats, stop)
 
-    def measure_context_pass(self, seconds: float = 24.0, tokens: int = 72, repeats: int = 1) -> float:
+    def measure_context_pass(self, seconds: float = 24.0, tokens: int = 72, repeats: int = 1,
+                             stop: Callable[[], bool] = lambda: False) -> float:
         """Model seconds of one context pass over ``seconds`` of speech on the full window, as passes
         decode (beam search, ``tokens`` steps, word timing), on one worker's threads: how long a pass
-        can keep a worker from a burst of finals (see :class:`~asr_server.scheduler.capacity.CapacityModel`)."""
+        can keep a worker from a burst of finals (see :class:`~asr_server.scheduler.capacity.CapacityModel`).
+        ``stop``: as for :meth:`measure_burst_final`."""
         with self._using(DecodeKind.CONTEXT):
-            return self._time_decode(DecodeKind.CONTEXT, seconds, tokens, repeats)
+            return self._time_decode(DecodeKind.CONTEXT, seconds, tokens, repeats, stop)
 
-    def _time_decode(self, kind: DecodeKind, seconds: float, tokens: int, repeats: int) -> float:
+    def _time_decode(self, kind: DecodeKind, seconds: float, tokens: int, repeats: int, stop: Callable[[], bool]) -> float:
         language = "en" if "en" in self.languages else self.languages[0]
         tokenizer = self._tokenizer(language)
         noise = (np.random.default_rng(1).standard_normal(int(seconds * SAMPLE_RATE)) * 0.01).astype(np.float32)
         request = DecodeRequest(noise, kind, language=language, word_timestamps=True, burst=kind is DecodeKind.FINAL)
         times = []
         for _ in range(repeats):
+            if stop():
+                return math.nan
             t0 = time.monotonic()
             item = self._item(tokenizer, request, self.window_frames(request))
             features = item.features[None]

@@ -1,3 +1,4 @@
+import math
 import sys
 import threading
 
@@ -140,6 +141,17 @@ def test_finals_decode_on_the_wide_copy_one_call_at_a_time():
     assert runner.transcribe_batch([burst])[0].finals_copy is True
     assert runner.measure_burst_final(repeats=1, concurrent=2) > 0
     assert runner.measure_context_pass(seconds=6.0, tokens=8) > 0
+    # A re-measure that a session interrupts makes no model call more and says so with NaN.
+    asked: list[int] = []
+
+    def stop_after_two() -> bool:
+        asked.append(1)
+        return len(asked) > 2
+
+    assert math.isnan(runner.measure_burst_final(repeats=3, concurrent=1, stop=stop_after_two))
+    assert len(asked) == 3  # asked before each decode: two ran, the third did not
+    assert math.isnan(runner.measure_burst_final(repeats=1, concurrent=2, stop=lambda: True))
+    assert math.isnan(runner.measure_context_pass(seconds=6.0, tokens=8, stop=lambda: True))
     same = WhisperRunner(resolve_model("tiny.en"), cpu_threads=2, final_threads=2)
     with same._using(DecodeKind.FINAL):
         assert same.final_threads == 2 and same.model is same._base_model  # no second copy
