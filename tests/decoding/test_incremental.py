@@ -463,6 +463,24 @@ def test_a_sentence_end_whose_last_word_was_stretched_over_the_pause_splits_at_a
     assert not only(d.job_done(_long_interim(d, "to nine."), Hypothesis("to nine. can you", lower)), SplitUtterance)
 
 
+def test_a_sentence_two_interims_ended_while_the_next_was_heard_splits_at_a_pause():
+    """Greedy interims often stop at a sentence end and leave out the start of the next sentence
+    (measured under noise: two in a row ended "...of the tower." with 1.1 and 1.7 s of the next
+    sentence heard, and that sentence waited 2.7 s for an interim that wrote it). With 0.8 s or
+    more of speech the VAD heard after the last word, it splits there, at a pause only."""
+    words = (Word(" The", 0.3, 0.6, 0.9), Word(" tower.", 0.6, 2.2, 0.9))  # 3.5 s heard, all voiced
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (split,) = only(d.job_done(_long_interim(d, "The tower."), Hypothesis("The tower.", words)), SplitUtterance)
+    assert (split.lo, split.hi, split.pause_ms) == (int(2.1 * SR), int(2.7 * SR), SPLIT_SOLO_PAUSE_MS)
+    # Heard by this interim alone; a last word that is no sentence end; 0.6 s after it only.
+    cases = [("The tower", words), ("The tower of", (*words[:1], Word(" tower", 0.6, 2.2, 0.9))),
+             ("The tower.", (*words[:1], Word(" tower.", 0.6, 2.9, 0.9)))]
+    for before, heard in cases:
+        d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+        text = " ".join(w.word.strip() for w in heard)
+        assert not only(d.job_done(_long_interim(d, before), Hypothesis(text, heard)), SplitUtterance), (before, text)
+
+
 def test_a_pause_decode_the_speaker_talked_on_after_splits_as_an_interim_would():
     """A pause at a comma after the next sentence began ("...the change. However,"): its pause
     decode heard that sentence end with words after it. Once speech resumed, it splits there;
