@@ -12,7 +12,8 @@ Two decoders share one output shape, ``np.ndarray`` of shape
   encodings is read here instead (:func:`wav_header`): FFmpeg's WAV demuxer
   reads 64 KB before its first packet (it looks for other codecs wrapped in
   PCM), which held back the first 2 s of a 16 kHz stream and 3.3 s of what
-  the server heard.
+  the server heard. A FLAC stream is framed here too (:mod:`.flac`) and its
+  frames go to FFmpeg's decoder: FFmpeg's parser held ten frames back.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import av
 import numpy as np
 
 from ..errors import AudioFormatMismatch, InvalidAudio
+from .flac import FLAC_MAGIC, FlacFramer, streaminfo_layout
 
 __all__ = ["MODEL_RATE", "PcmDecoder", "ContainerDecoder", "FrameConverter", "Resampler", "WavFormat", "layout_for", "mulaw_to_float", "alaw_to_float", "wav_header"]
 
@@ -400,10 +402,16 @@ class ContainerDecoder:
 
     def frames(self) -> Iterator[np.ndarray]:
         source: io.RawIOBase = self._input
+        if self.encoding == "flac":
+            yield from self._flac_samples(b"")
+            return
         if self.encoding in ("wav", "auto"):  # auto: a Deepgram client's WAV, found by its first bytes
             head, wav, length = self._wav_header()
             if wav is not None:
                 yield from self._wav_samples(wav, head[length:])
+                return
+            if self.encoding == "auto" and head.startswith(FLAC_MAGIC):
+                yield from self._flac_samples(head)
                 return
             source = _Replayed(head, self._input)
         fmt = self._FORMATS[self.encoding]
@@ -449,6 +457,39 @@ class ContainerDecoder:
             chunk = bytes(buffer[:n])
         if (out := decoder.flush()).shape[1]:
             yield out
+
+    def _flac_samples(self, first: bytes) -> Iterator[np.ndarray]:
+        """A FLAC stream (``first``, then the rest of the input), framed here (:class:`FlacFramer`:
+        FFmpeg's parser held 1.4 s back) and decoded by FFmpeg's FLAC decoder."""
+        framer, buffer, chunk = FlacFramer(), bytearray(8192), first
+        decoder: _FrameDecoder | None = None
+        while True:
+            for packet in framer.feed(chunk):
+                decoder = decoder or self._flac_decoder(framer)
+                yield from decoder.decode(packet)
+            n = self._input.readinto(buffer)
+            if n == 0:
+                break
+            chunk = bytes(buffer[:n])
+        if rest := framer.end():
+            decoder = decoder or self._flac_decoder(framer)
+            try:
+                yield from decoder.decode(rest)
+            except InvalidAudio:
+                if not decoder.decoded:
+                    raise  # else the stream was cut short: what decoded is kept
+        if decoder is not None:
+            yield from decoder.flush()
+        if (decoder is None or not decoder.decoded) and self.received_bytes > 0:
+            raise InvalidAudio(f"no audio could be decoded from the {self.encoding} stream")
+
+    def _flac_decoder(self, framer: FlacFramer) -> _FrameDecoder:
+        assert framer.streaminfo is not None
+        rate, channels = streaminfo_layout(framer.streaminfo)
+        self._check_layout(channels, rate)
+        codec = av.CodecContext.create("flac", "r")
+        codec.extradata = framer.streaminfo
+        return _FrameDecoder(codec, self.channels, self.encoding)
 
     def _check_layout(self, channels: int, rate: int) -> None:
         """InvalidAudio for a header's absurd rate or channel count; AudioFormatMismatch where the
@@ -496,3 +537,27 @@ class ContainerDecoder:
             yield tail
         if decoded == 0 and self.received_bytes > 0:
             raise InvalidAudio(f"no audio could be decoded from the {self.encoding} stream")
+
+
+class _FrameDecoder:
+    """Packets of one codec in, 16 kHz float32 out (``channels`` rows: the stream's, or mixed down)."""
+
+    def __init__(self, codec: av.CodecContext, channels: int, encoding: str) -> None:
+        self.codec, self.channels, self.encoding = codec, channels, encoding
+        self.resampler = av.AudioResampler(format="flt", layout=layout_for(channels), rate=MODEL_RATE)
+        self.decoded = 0  # samples decoded, at the stream's rate
+
+    def decode(self, packet: bytes) -> Iterator[np.ndarray]:
+        try:
+            frames = self.codec.decode(av.Packet(packet))
+        except _BAD_INPUT as exc:
+            raise InvalidAudio(f"{self.encoding} stream is corrupt or truncated: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+        for frame in frames:
+            frame.pts = None  # the resampler needs no timing
+            self.decoded += frame.samples
+            if (out := to_planar(self.resampler.resample(frame), self.channels)).shape[1]:
+                yield out
+
+    def flush(self) -> Iterator[np.ndarray]:
+        if (out := to_planar(self.resampler.resample(None), self.channels)).shape[1]:
+            yield out
