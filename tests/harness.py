@@ -159,6 +159,28 @@ def bytes_per_second(name: str) -> float:
     return size / duration  # containers: pace by average bitrate
 
 
+def container_schedule(name: str) -> list[tuple[int, float]] | None:
+    """For a container fixture, when its bytes are due as a live encoder would give them: the bytes
+    up to where the next packet (or Ogg page) begins, once this one's audio has ended
+    (:func:`asr_client.stream_bytes`'s ``schedule``). None for raw encodings (a steady rate)."""
+    if MANIFEST[name]["encoding"] in _BYTES_PER_SAMPLE:
+        return None
+    path = fixture_path(name)
+    ends: dict[int, float] = {}  # packet (or page) start -> when its audio has all been said
+    with av.open(str(path)) as container:
+        for packet in container.demux(container.streams.audio[0]):
+            if packet.pos is not None and packet.pts is not None and packet.duration is not None:
+                end = float((packet.pts + packet.duration) * packet.time_base)
+                ends[packet.pos] = max(end, ends.get(packet.pos, 0.0))
+    starts = sorted(ends)
+    size = path.stat().st_size
+    schedule, latest = [], 0.0
+    for start, following in zip(starts, [*starts[1:], size]):
+        latest = max(latest, ends[start])
+        schedule.append((following, latest))
+    return schedule
+
+
 async def replay(url: str, name: str, *, realtime: bool = False, chunk_ms: int = 100, **options: Any) -> Replay:
     entry = MANIFEST[name]
     data = fixture_path(name).read_bytes()
@@ -167,7 +189,8 @@ async def replay(url: str, name: str, *, realtime: bool = False, chunk_ms: int =
         opts["sample_rate"] = entry["sample_rate"]
     opts.update(options)
     result = Replay(name)
-    async for item in stream_bytes(url, data, bytes_per_second=bytes_per_second(name), realtime=realtime, chunk_ms=chunk_ms, **opts):
+    schedule = container_schedule(name) if realtime else None
+    async for item in stream_bytes(url, data, bytes_per_second=bytes_per_second(name), realtime=realtime, chunk_ms=chunk_ms, schedule=schedule, **opts):
         result.messages.append(item)
     return result
 

@@ -77,3 +77,14 @@ def test_a_revision_replaces_finals_from_its_offset_and_keeps_the_live_interim_a
         assert t.text() == t.final_text() + " Unless to be"
         t.apply({"type": "final", "channel": 0, "utterance": 2, "offset": len(t.final_text()) + 1, "text": "Unless to be cold."})
         assert t.final_text() == "And so it began. " + replacement + " Unless to be cold."
+
+
+def test_a_container_is_sent_packet_by_packet_when_each_is_due_and_raw_audio_at_a_steady_rate():
+    """A variable bit rate paced by its average sends a sentence's last bytes late (FLAC spends
+    more bytes on speech): with a schedule each stretch goes out as one piece at its own time."""
+    from asr_client.client import _paced
+
+    data = bytes(range(100))
+    assert list(_paced(data, 40, 400.0, None)) == [(data[:40], 0.0), (data[40:80], 0.1), (data[80:], 0.2)]
+    schedule = [(10, 0.072), (90, 0.144), (95, 0.216)]  # the header and a small frame, a large frame, ...
+    assert list(_paced(data, 40, 400.0, schedule)) == [(data[:10], 0.072), (data[10:90], 0.144), (data[90:95], 0.216), (data[95:], 0.216)]

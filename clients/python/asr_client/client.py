@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator
 from urllib.parse import urlencode, urlsplit, urlunsplit
@@ -418,9 +418,15 @@ async def stream_bytes(
     bytes_per_second: float,
     realtime: bool = True,
     chunk_ms: int = 100,
+    schedule: Sequence[tuple[int, float]] | None = None,
     **options: Any,
 ) -> AsyncIterator[Timed]:
-    """Send ``data`` in ``chunk_ms`` pieces (paced when ``realtime``), then close; yield messages."""
+    """Send ``data`` in ``chunk_ms`` pieces (paced when ``realtime``), then close; yield messages.
+
+    ``schedule``: (byte offset, seconds) points, offsets rising: the bytes from one offset to
+    the next are sent as one piece once its seconds have passed, instead of ``chunk_ms``
+    pieces at ``bytes_per_second`` (a container with a variable bit rate spends more bytes
+    on speech than on pauses, and an average pace sends a sentence's last bytes late)."""
     size = max(1, int(bytes_per_second * chunk_ms / 1000))
     if options.get("encoding", "pcm_s16le") == "pcm_s16le":
         size -= size % (2 * int(options.get("channels", 1)))
@@ -434,15 +440,11 @@ async def stream_bytes(
             await queue.put(None)
 
         async def send() -> None:
-            sent = 0
             try:
-                for piece in chunks(data, size):
-                    if realtime:
-                        delay = start + sent / bytes_per_second - time.monotonic()
-                        if delay > 0:
-                            await asyncio.sleep(delay)
+                for piece, due in _paced(data, size, bytes_per_second, schedule):
+                    if realtime and (delay := start + due - time.monotonic()) > 0:
+                        await asyncio.sleep(delay)
                     await stream.send_audio(piece)
-                    sent += len(piece)
                 await stream.close_stream()
             except ConnectionClosed:
                 pass  # the server ended the stream (its reason arrives as a message)
@@ -456,3 +458,22 @@ async def stream_bytes(
             sender.cancel()
             receiver.cancel()
             await asyncio.gather(sender, receiver, return_exceptions=True)
+
+
+
+def _paced(data: bytes, size: int, bytes_per_second: float, schedule: Sequence[tuple[int, float]] | None) -> Iterator[tuple[bytes, float]]:
+    """``data`` in pieces, each with the seconds into the stream it is due at (see
+    :func:`stream_bytes`): ``size`` bytes at a steady rate, or one scheduled stretch each."""
+    if not schedule:
+        sent = 0
+        for piece in chunks(data, size):
+            yield piece, sent / bytes_per_second
+            sent += len(piece)
+        return
+    begin = 0
+    for end, due in schedule:
+        if end > begin:
+            yield data[begin:end], due
+            begin = end
+    if begin < len(data):
+        yield data[begin:], schedule[-1][1]
