@@ -33,7 +33,7 @@ from .scheduler.capacity import CapacityModel
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
 from .scheduler.policy import CONTEXT_MAX_WAIT_S, CONTEXT_SHARE, BatchLimits
 from .access import AccessOptions, ApiKey, is_loopback, parse_keys
-from .server import AsrServer
+from .server import AsrServer, Measure
 from .tracing import tracing_from_environment
 from .webhooks import WebhookOptions
 
@@ -379,7 +379,7 @@ def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan) -> C
     return capacity
 
 
-def _measure(runner: WhisperRunner, plan: _Plan) -> Callable[[], tuple[float, float]]:
+def _measure(runner: WhisperRunner, plan: _Plan) -> Measure:
     """Times a burst final and a context pass: at start-up, and again while the server is idle."""
     # Timed with every worker busy, as in the burst it stands for: a lone decode on CPU would
     # have all the cores to itself and look cheaper than it is then.

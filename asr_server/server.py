@@ -231,6 +231,7 @@ class AsrServer:
         if self.capacity is None or self.measure is None or self._measuring is not None or self.scheduler is None:
             return
         if self.capacity.remeasure_due(now, idle=not self._connections and self.scheduler.core.live == 0):
+            self._measure_stop.clear()  # here, with the idle check: a session may start before the task does
             self._measuring = asyncio.get_running_loop().create_task(self._remeasure(self.capacity, self.measure), name="asr-capacity")
 
     async def _remeasure(self, capacity: CapacityModel, measure: Measure) -> None:
@@ -238,7 +239,6 @@ class AsrServer:
         before its next model call (its decodes would wait for the measure's, and a measure taken
         beside them says nothing); it is asked for again after the interval."""
         before = capacity.channels()
-        self._measure_stop.clear()
         try:
             final_s, pass_s = await asyncio.to_thread(measure, self._measure_stop.is_set)
             capacity.remeasured(asyncio.get_running_loop().time(), final_s, pass_s)

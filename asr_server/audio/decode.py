@@ -460,7 +460,7 @@ class ContainerDecoder:
 
     def _flac_samples(self, first: bytes) -> Iterator[np.ndarray]:
         """A FLAC stream (``first``, then the rest of the input), framed here (:class:`FlacFramer`:
-        FFmpeg's parser held 1.4 s back) and decoded by FFmpeg's FLAC decoder."""
+        FFmpeg's parser held ten frames back) and decoded by FFmpeg's FLAC decoder."""
         framer, buffer, chunk = FlacFramer(), bytearray(8192), first
         decoder: _FrameDecoder | None = None
         while True:
