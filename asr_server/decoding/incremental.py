@@ -68,6 +68,10 @@ PROMPT_CHARS = 120
 PROMPT_MIN_WORD_PROBABILITY = 0.5
 # A final that repeats this many words or more of the end of its prompt is decoded again without it.
 ECHO_MIN_WORDS = 3
+# ... and so is one that came back with no words at all (none dropped by the guards) for an
+# utterance with this much speech the VAD heard: a prompted decode can end at once, and an empty
+# final is never heard again (the context pass covers finals with text).
+EMPTY_REDO_VOICED_S = 1.0
 # A sentence split: the sentence is at least SPLIT_MIN_S long, the next word starts at least
 # SPLIT_MIN_GAP_S after its last one (a pause, not a word run together with the next), and the
 # cut is looked for SPLIT_MARGIN_S around that gap (word timing is that rough).
@@ -449,12 +453,16 @@ class ChannelDecoder:
         """Whether ``hyp``, a final of ``utt``, only repeats the end of ``prompt``, the one its decode was
         given (a revision may have changed the channel's since it was asked for; Whisper copies the
         prompt when the audio is a fragment: measured live, a continuation holding "of the" came back
-        as the whole sentence before it); if so, ``utt`` is marked to be decoded again without the
-        prompt (``unprompted``), and what that decode hears is the final, repetition or not."""
+        as the whole sentence before it), or is empty although the prompt held text said before and
+        the VAD heard ``EMPTY_REDO_VOICED_S`` of speech in it; if so, ``utt`` is marked to be decoded
+        again without the prompt (``unprompted``), and what that decode hears is the final, repetition,
+        nothing or not."""
         if utt.unprompted or utt.head is not None:
             return False
         heard = normalized_text(hyp.text).split()
-        if len(heard) < ECHO_MIN_WORDS or normalized_text(prompt).split()[-len(heard) :] != heard:
+        said_before = normalized_text(prompt) != normalized_text(self.options.prompt)
+        empty = not heard and not hyp.dropped and said_before and utt.voiced >= EMPTY_REDO_VOICED_S * MODEL_RATE
+        if not empty and (len(heard) < ECHO_MIN_WORDS or normalized_text(prompt).split()[-len(heard) :] != heard):
             return False
         utt.unprompted = True
         utt.spec = None
