@@ -124,10 +124,12 @@ def test_bad_input_does_not_harm_a_concurrent_session(live_server, strict_server
             # where the client asked for two channels.
             session(live_server.url, send_wav(wav_bytes(rate=1_000_000, data=bytes(3200))), encoding="wav"),
             session(live_server.url, send_wav(wav_bytes()), encoding="wav", channels=2),
+            # FLAC the server frames itself: its STREAMINFO claims 1 Hz.
+            session(live_server.url, send_wav(_flac_at_1_hz()), encoding="flac"),
         )
         return await good, results
 
-    good, (garb, trunc, malformed, big, huge, idle, wav_rate, wav_channels) = asyncio.run(main())
+    good, (garb, trunc, malformed, big, huge, idle, wav_rate, wav_channels, flac_rate) = asyncio.run(main())
 
     # Garbage in a container: invalid_audio, close 1007.
     assert error_of(garb[0])["code"] == "invalid_audio" and garb[1] == 1007
@@ -145,6 +147,7 @@ def test_bad_input_does_not_harm_a_concurrent_session(live_server, strict_server
     # A WAV header that claims 1 MHz, or one channel where two were asked for: 1007, each its code.
     assert error_of(wav_rate[0])["code"] == "invalid_audio" and wav_rate[1] == 1007
     assert error_of(wav_channels[0])["code"] == "audio_format_mismatch" and wav_channels[1] == 1007
+    assert error_of(flac_rate[0])["code"] == "invalid_audio" and flac_rate[1] == 1007
     # A client that sends nothing.
     assert error_of(idle[0])["code"] == "idle_timeout" and idle[1] == 1008
     # ... and the concurrent good session was untouched.
@@ -153,6 +156,15 @@ def test_bad_input_does_not_harm_a_concurrent_session(live_server, strict_server
     assert [m["seq"] for m in msgs] == list(range(1, len(msgs) + 1))
     assert not [m for m in msgs if m["type"] == "error"]
     assert wer(" ".join(MANIFEST["librivox_16k.s16le"]["references"][0]), good.final_text()) < 0.2
+
+
+def _flac_at_1_hz() -> bytes:
+    """The FLAC fixture with its STREAMINFO's sample rate (20 bits at byte 10 of the block, which
+    starts at byte 8 of the file) set to 1 Hz."""
+    data = bytearray((FIXTURES / "librivox.flac").read_bytes())
+    packed = int.from_bytes(data[18:21], "big")
+    data[18:21] = ((packed & 0xF) | (1 << 4)).to_bytes(3, "big")
+    return bytes(data)
 
 
 def get(url: str) -> tuple[int, bytes]:
