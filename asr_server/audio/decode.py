@@ -445,51 +445,61 @@ class ContainerDecoder:
         decodes a raw stream, up to the data chunk's end if the header gave one."""
         self._check_layout(wav.channels, wav.sample_rate)
         decoder = PcmDecoder(wav.encoding, wav.sample_rate, wav.channels, mix_to=self.channels)
-        left, buffer, chunk = wav.data_bytes, bytearray(8192), first
-        while True:
+        left = wav.data_bytes
+        for chunk in self._read(first):
             if left is not None:
                 chunk, left = chunk[:left], left - min(left, len(chunk))
             if (out := decoder.feed(chunk)).shape[1]:
                 yield out
-            n = self._input.readinto(buffer) if left != 0 else 0
-            if n == 0:
+            if left == 0:
                 break
-            chunk = bytes(buffer[:n])
         if (out := decoder.flush()).shape[1]:
             yield out
 
     def _flac_samples(self, first: bytes) -> Iterator[np.ndarray]:
         """A FLAC stream (``first``, then the rest of the input), framed here (:class:`FlacFramer`:
         FFmpeg's parser held ten frames back) and decoded by FFmpeg's FLAC decoder."""
-        framer, buffer, chunk = FlacFramer(), bytearray(8192), first
-        decoder: _FrameDecoder | None = None
-        while True:
-            for packet in framer.feed(chunk):
-                decoder = decoder or self._flac_decoder(framer)
-                yield from decoder.decode(packet)
-            n = self._input.readinto(buffer)
-            if n == 0:
-                break
-            chunk = bytes(buffer[:n])
+        framer, codec, out = FlacFramer(), None, _Resampled(self.channels)
+        packets = (packet for chunk in self._read(first) for packet in framer.feed(chunk))
+        for packet in packets:
+            codec = codec or self._flac_codec(framer)
+            yield from self._flac_decode(codec, packet, out)
         if rest := framer.end():
-            decoder = decoder or self._flac_decoder(framer)
+            codec = codec or self._flac_codec(framer)
             try:
-                yield from decoder.decode(rest)
+                yield from self._flac_decode(codec, rest, out)
             except InvalidAudio:
-                if not decoder.decoded:
+                if not out.decoded:
                     raise  # else the stream was cut short: what decoded is kept
-        if decoder is not None:
-            yield from decoder.flush()
-        if (decoder is None or not decoder.decoded) and self.received_bytes > 0:
+        if (tail := out.flush()).shape[1]:
+            yield tail
+        if not out.decoded and self.received_bytes > 0:
             raise InvalidAudio(f"no audio could be decoded from the {self.encoding} stream")
 
-    def _flac_decoder(self, framer: FlacFramer) -> _FrameDecoder:
+    def _flac_codec(self, framer: FlacFramer) -> av.CodecContext:
         assert framer.streaminfo is not None
         rate, channels = streaminfo_layout(framer.streaminfo)
         self._check_layout(channels, rate)
         codec = av.CodecContext.create("flac", "r")
         codec.extradata = framer.streaminfo
-        return _FrameDecoder(codec, self.channels, self.encoding)
+        return codec
+
+    def _flac_decode(self, codec: av.CodecContext, packet: bytes, out: _Resampled) -> Iterator[np.ndarray]:
+        try:
+            frames = codec.decode(av.Packet(packet))
+        except _BAD_INPUT as exc:
+            raise _corrupt(self.encoding, exc) from None
+        for frame in frames:
+            if (audio := out.convert(frame)).shape[1]:
+                yield audio
+
+    def _read(self, first: bytes) -> Iterator[bytes]:
+        """``first``, then the input as it arrives, until it ends."""
+        if first:
+            yield first
+        buffer = bytearray(8192)
+        while n := self._input.readinto(buffer):
+            yield bytes(buffer[:n])
 
     def _check_layout(self, channels: int, rate: int) -> None:
         """InvalidAudio for a header's absurd rate or channel count; AudioFormatMismatch where the
@@ -517,47 +527,41 @@ class ContainerDecoder:
             raise InvalidAudio(f"the {self.encoding} stream has no audio track")
         stream = container.streams.audio[0]
         self._check_stream(stream)
-        resampler = av.AudioResampler(format="flt", layout=layout_for(self.channels), rate=MODEL_RATE)
-        decoded = 0
+        out = _Resampled(self.channels)
         try:
             for frame in container.decode(stream):
-                frame.pts = None  # the resampler needs no timing; keep it from complaining about gaps
-                decoded += frame.samples
-                out = to_planar(resampler.resample(frame), self.channels)
-                if out.shape[1]:
-                    yield out
-            tail = to_planar(resampler.resample(None), self.channels)
+                if (audio := out.convert(frame)).shape[1]:
+                    yield audio
+            tail = out.flush()
         except _BAD_INPUT as exc:
-            if decoded and self._input.exhausted:
-                # The stream was cut short (FLAC's decoder says so; the other demuxers stop
-                # quietly): what decoded is kept and the session ends as for any stream.
+            if out.decoded and self._input.exhausted:
+                # The stream was cut short (a decoder says so; demuxers stop quietly): what
+                # decoded is kept and the session ends as for any stream.
                 return
-            raise InvalidAudio(f"{self.encoding} stream is corrupt or truncated: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+            raise _corrupt(self.encoding, exc) from None
         if tail.shape[1]:
             yield tail
-        if decoded == 0 and self.received_bytes > 0:
+        if out.decoded == 0 and self.received_bytes > 0:
             raise InvalidAudio(f"no audio could be decoded from the {self.encoding} stream")
 
 
-class _FrameDecoder:
-    """Packets of one codec in, 16 kHz float32 out (``channels`` rows: the stream's, or mixed down)."""
+def _corrupt(encoding: str, exc: BaseException) -> InvalidAudio:
+    return InvalidAudio(f"{encoding} stream is corrupt or truncated: {getattr(exc, 'strerror', None) or type(exc).__name__}")
 
-    def __init__(self, codec: av.CodecContext, channels: int, encoding: str) -> None:
-        self.codec, self.channels, self.encoding = codec, channels, encoding
-        self.resampler = av.AudioResampler(format="flt", layout=layout_for(channels), rate=MODEL_RATE)
+
+class _Resampled:
+    """Decoded frames in, 16 kHz float32 out: ``channels`` rows, the stream's, or mixed down as
+    FFmpeg mixes a container's channels."""
+
+    def __init__(self, channels: int) -> None:
+        self.channels = channels
+        self._swr = av.AudioResampler(format="flt", layout=layout_for(channels), rate=MODEL_RATE)
         self.decoded = 0  # samples decoded, at the stream's rate
 
-    def decode(self, packet: bytes) -> Iterator[np.ndarray]:
-        try:
-            frames = self.codec.decode(av.Packet(packet))
-        except _BAD_INPUT as exc:
-            raise InvalidAudio(f"{self.encoding} stream is corrupt or truncated: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
-        for frame in frames:
-            frame.pts = None  # the resampler needs no timing
-            self.decoded += frame.samples
-            if (out := to_planar(self.resampler.resample(frame), self.channels)).shape[1]:
-                yield out
+    def convert(self, frame: av.AudioFrame) -> np.ndarray:
+        frame.pts = None  # the resampler needs no timing; keep it from complaining about gaps
+        self.decoded += frame.samples
+        return to_planar(self._swr.resample(frame), self.channels)
 
-    def flush(self) -> Iterator[np.ndarray]:
-        if (out := to_planar(self.resampler.resample(None), self.channels)).shape[1]:
-            yield out
+    def flush(self) -> np.ndarray:
+        return to_planar(self._swr.resample(None), self.channels)

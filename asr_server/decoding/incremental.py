@@ -310,7 +310,7 @@ class ChannelDecoder:
         if utt is not None:
             hyp = self._guarded(utt, job, hypothesis)
             if job.request.kind is DecodeKind.FINAL and not job.speculative:
-                if not self._redo_if_echo(utt, hyp, job.request.prompt):
+                if not self._redo_unprompted(utt, hyp, job.request.prompt):
                     out.extend(self._final(utt, hyp, job.audio_end))
             else:
                 if job.speculative:
@@ -397,7 +397,7 @@ class ChannelDecoder:
             utt = next(iter(self._utterances.values()))
             if utt.ended is not None:
                 end = utt.ended.end
-                if utt.spec is not None and utt.spec[0] == end and not self._redo_if_echo(utt, utt.spec[1], utt.spec[2]):
+                if utt.spec is not None and utt.spec[0] == end and not self._redo_unprompted(utt, utt.spec[1], utt.spec[2]):
                     out.extend(self._final(utt, utt.spec[1], end))
                     continue
                 if utt.voiced == 0 or end <= utt.start:
@@ -449,7 +449,7 @@ class ChannelDecoder:
 
     # -- results --------------------------------------------------------------------
 
-    def _redo_if_echo(self, utt: _Utterance, hyp: Hypothesis, prompt: str) -> bool:
+    def _redo_unprompted(self, utt: _Utterance, hyp: Hypothesis, prompt: str) -> bool:
         """Whether ``hyp``, a final of ``utt``, only repeats the end of ``prompt``, the one its decode was
         given (a revision may have changed the channel's since it was asked for; Whisper copies the
         prompt when the audio is a fragment: measured live, a continuation holding "of the" came back

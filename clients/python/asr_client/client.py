@@ -460,7 +460,6 @@ async def stream_bytes(
             await asyncio.gather(sender, receiver, return_exceptions=True)
 
 
-
 def _paced(data: bytes, size: int, bytes_per_second: float, schedule: Sequence[tuple[int, float]] | None) -> Iterator[tuple[bytes, float]]:
     """``data`` in pieces, each with the seconds into the stream it is due at (see
     :func:`stream_bytes`): ``size`` bytes at a steady rate, or one scheduled stretch each."""
