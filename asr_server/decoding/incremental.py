@@ -115,6 +115,7 @@ class _Utterance:
     splitting: bool = False  # a split was asked for: no new decode until the chunker's answer
     heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentences the last interim heard end (their words)
     unprompted: bool = False  # its final is decoded without the text before it (that decode echoed it)
+    careful: bool = False  # its final is decoded never cut back (a cut-back decode heard no words in it)
     talk_start: int = 0  # where the talking it belongs to began (:attr:`UtteranceStarted.talk_start`)
     # A final decode that stopped short of the audio, and the stream sample its continuation starts at.
     head: tuple[Hypothesis, int] | None = None
@@ -310,7 +311,7 @@ class ChannelDecoder:
         if utt is not None:
             hyp = self._guarded(utt, job, hypothesis)
             if job.request.kind is DecodeKind.FINAL and not job.speculative:
-                if not self._redo_unprompted(utt, hyp, job.request.prompt):
+                if not self._redo(utt, hyp, job.request.prompt):
                     out.extend(self._final(utt, hyp, job.audio_end))
             else:
                 if job.speculative:
@@ -397,7 +398,7 @@ class ChannelDecoder:
             utt = next(iter(self._utterances.values()))
             if utt.ended is not None:
                 end = utt.ended.end
-                if utt.spec is not None and utt.spec[0] == end and not self._redo_unprompted(utt, utt.spec[1], utt.spec[2]):
+                if utt.spec is not None and utt.spec[0] == end and not self._redo(utt, utt.spec[1], utt.spec[2]):
                     out.extend(self._final(utt, utt.spec[1], end))
                     continue
                 if utt.voiced == 0 or end <= utt.start:
@@ -441,13 +442,34 @@ class ChannelDecoder:
             word_timestamps=final or self._may_split(utt, end),
             model="interim" if self.interim_model and not final else "",
             short_window=self.quick_finals if final else self.interim_short_window,
-            busy=final and self.quick_finals and self.lean_context and self.context.busy_finals,
+            busy=final and not utt.careful and self.quick_finals and self.lean_context and self.context.busy_finals,
+            careful=final and utt.careful,
         )
         job = DecodeJob(self.channel, utt.index, request, speculative, end)
         self._in_flight = job
         return SubmitJob(job)
 
     # -- results --------------------------------------------------------------------
+
+    def _redo(self, utt: _Utterance, hyp: Hypothesis, prompt: str) -> bool:
+        """Whether ``hyp``, a final of ``utt`` decoded with ``prompt``, is to be decoded again: carefully
+        (:meth:`_redo_careful`) or without the prompt (:meth:`_redo_unprompted`)."""
+        return self._redo_careful(utt, hyp) or self._redo_unprompted(utt, hyp, prompt)
+
+    def _redo_careful(self, utt: _Utterance, hyp: Hypothesis) -> bool:
+        """Whether ``hyp``, a cut-back (greedy) final of ``utt``, has no words (none heard, or what was
+        heard dropped by the guards) although the VAD heard ``EMPTY_REDO_VOICED_S`` of speech in it;
+        if so, ``utt`` is marked to be decoded again never cut back (``careful``), and what that
+        decode hears is the final. Under load a greedy decode of a call's "That is great news, thank
+        you very much." gave "Thank you very much.", a stock phrase the guards drop; the beam heard
+        it all. An empty final is lost for good: the context pass re-hears only finals with text."""
+        if utt.careful or utt.head is not None or not hyp.cut_back:
+            return False
+        if normalized_text(hyp.text).split() or utt.voiced < EMPTY_REDO_VOICED_S * MODEL_RATE:
+            return False
+        utt.careful = True
+        utt.spec = None
+        return True
 
     def _redo_unprompted(self, utt: _Utterance, hyp: Hypothesis, prompt: str) -> bool:
         """Whether ``hyp``, a final of ``utt``, only repeats the end of ``prompt``, the one its decode was

@@ -51,6 +51,9 @@ class DecodeRequest:
     # too, but not in a burst (on CPU it keeps the finals' own copy of the weights).
     busy: bool = False
     pack: bool = True  # a final that may share a window with other finals (see plan_packs)
+    # A final decoded again because its cut-back decode heard no words in speech the VAD heard:
+    # never cut back (the decoder asks for no busy final, the scheduler makes it no burst final).
+    careful: bool = False
 
     @property
     def duration(self) -> float:
@@ -59,7 +62,7 @@ class DecodeRequest:
     @property
     def cut_back(self) -> bool:
         """Cut back for load, in a burst or busy: a final decoded greedily on the burst window."""
-        return self.burst or self.busy
+        return (self.burst or self.busy) and not self.careful
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ class Hypothesis:
     # burst that call ends sooner than the others beside it, so its time says little of how fast
     # a burst drains (see Scheduler._observe_batch).
     finals_copy: bool = False
+    # Decoded as a cut-back final (greedy, on the burst window): Whisper's greedy search can skip
+    # speech a beam hears (a call's "That is great news, thank you very much." came back as
+    # "Thank you very much.", which the guards drop as a stock phrase).
+    cut_back: bool = False
 
 
 class Runner(Protocol):

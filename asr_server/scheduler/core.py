@@ -99,7 +99,7 @@ class Entry:
     @property
     def request(self) -> DecodeRequest:
         request = self.job.request
-        if self.burst and not request.burst:
+        if self.burst and not request.burst and not request.careful:
             request = replace(request, burst=True)
         return replace(request, pack=False) if self.alone else request
 

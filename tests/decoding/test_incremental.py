@@ -592,9 +592,8 @@ def _final_after(seconds: float, first: str = "Sure, my name is Mary Johnson.") 
 
 
 def test_an_empty_final_of_speech_after_text_said_before_is_decoded_again_without_the_prompt():
-    """A prompted final decode can end at once and give nothing for 2.5 s of speech (a call's
-    "That is great news, thank you very much." went missing so in one CI run); the context pass
-    never hears an empty final again, so it would be lost for good."""
+    """A prompted final decode can end at once and give nothing for 2.5 s of speech; the context
+    pass never hears an empty final again, so it would be lost for good."""
     d, job = _final_after(2.5)
     ev = d.job_done(job, Hypothesis(""))
     assert not only(ev, Final)
@@ -613,6 +612,40 @@ def test_an_empty_final_of_speech_after_text_said_before_is_decoded_again_withou
         d, job = _final_after(seconds, first)
         ev = d.job_done(job, hyp)
         assert [f.text for f in only(ev, Final)] == [""] and not only(ev, SubmitJob), (seconds, hyp, first)
+
+
+def test_a_cut_back_final_that_heard_no_words_in_speech_is_decoded_again_carefully():
+    """Under load a greedy (cut-back) final of a call's "That is great news, thank you very much."
+    (2.9 s) gave "Thank you very much.", a stock phrase the guards drop, in every CI-like run; the
+    beam heard the whole sentence. The redo is never cut back, and its answer is the final."""
+    d, job = _final_after(2.5)
+    dropped = Hypothesis("", dropped=("hallucination",), cut_back=True)
+    ev = d.job_done(job, dropped)
+    assert not only(ev, Final)
+    (redo,) = [e.job for e in only(ev, SubmitJob)]
+    assert (redo.utterance, redo.request.kind, redo.request.careful, redo.request.cut_back) == (1, DecodeKind.FINAL, True, False)
+    assert redo.request.prompt == job.request.prompt and len(redo.request.audio) == len(job.request.audio)
+    (final,) = only(d.job_done(redo, Hypothesis("That is great news, thank you very much.")), Final)
+    assert (final.utterance, final.text) == (1, "That is great news, thank you very much.")
+    # A careful decode is not redone carefully again (what the guards drop there stays dropped).
+    d, job = _final_after(2.5)
+    (redo,) = [e.job for e in only(d.job_done(job, dropped), SubmitJob)]
+    ev = d.job_done(redo, Hypothesis("", dropped=("hallucination",), cut_back=False))
+    assert [f.text for f in only(ev, Final)] == [""] and not only(ev, SubmitJob)
+    # Not cut back (a beam heard nothing), under 1 s of speech, or words heard: no careful redo.
+    for seconds, hyp in [(2.5, Hypothesis("", dropped=("hallucination",))), (0.8, dropped), (2.5, Hypothesis("Thank you.", cut_back=True))]:
+        d, job = _final_after(seconds)
+        ev = d.job_done(job, hyp)
+        assert not only(ev, SubmitJob) and [f.text for f in only(ev, Final)] == [hyp.text], (seconds, hyp)
+
+
+def test_a_careful_final_is_never_a_busy_one():
+    d = ChannelDecoder(0, StreamOptions(interim_results=False))
+    d.lean_context = True  # loaded: quick finals are busy
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.0), UtteranceEnded(0, 2 * SR, EndReason.ENDPOINT)]), SubmitJob)]
+    assert job.request.busy and job.request.cut_back
+    (redo,) = [e.job for e in only(d.job_done(job, Hypothesis("", cut_back=True)), SubmitJob)]
+    assert redo.request.careful and not redo.request.busy and redo.request.short_window
 
 
 def test_an_echo_is_judged_against_the_prompt_its_decode_was_given():

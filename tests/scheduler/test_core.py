@@ -1,5 +1,7 @@
 """The scheduler's pure core, driven by hand-written times and a fake model (no threads, no sleeps)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -326,6 +328,21 @@ class BurstKeyed(FakeRunner):
 
     def window_frames(self, request):
         return 1000
+
+
+def test_a_careful_final_is_never_made_a_burst_final():
+    """A redo of a cut-back final that heard no words in speech (see DecodeRequest.careful)."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=1)
+    first = final("f")
+    careful = DecodeJob(first.channel, first.utterance, replace(first.request, careful=True), False, first.audio_end)
+    core.add("f", careful, 0.0)
+    for tag in ("g", "h", "i"):
+        core.add(tag, final(tag), 0.0)
+    batch = core.schedule(0.1, 0).batch
+    (entry,) = batch.entries
+    assert entry.job is careful and not entry.request.burst and not entry.request.cut_back
+    core.update_from_output(batch.id, [Hypothesis("f")], 0.2)
+    assert core.schedule(0.3, 0).batch.entries[0].request.burst  # the others, still a backlog, are
 
 
 def test_the_finals_picked_in_a_burst_are_all_burst_finals_and_share_the_call():
