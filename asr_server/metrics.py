@@ -56,6 +56,12 @@ class Metrics:
             "or busy (the server loaded, a final late); the context pass refines them",
             ["why"], registry=r,
         )
+        self.finals_careful = Counter(
+            "asr_finals_careful_total",
+            "Finals decoded again never cut back: their greedy decode (burst or busy) heard no words, "
+            "or only words the guards drop, in 1 s or more of speech the VAD heard",
+            registry=r,
+        )
         self.decodes_skipped = Counter(
             "asr_decodes_skipped_total",
             "Waiting decodes dropped as stale: interims whose utterance paused or ended, pause decodes after speech resumed",

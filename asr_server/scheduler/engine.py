@@ -290,6 +290,8 @@ class Scheduler:
         for entry, _ in outcome.done:
             if entry.request.cut_back:
                 self.metrics.finals_greedy.labels("burst" if entry.request.burst else "busy").inc()
+            elif entry.request.careful:
+                self.metrics.finals_careful.inc()
         for entry in batch.entries:
             if not entry.alone:
                 self.metrics.queue_wait_seconds.labels(kind).observe(batch.started_at - entry.queued_at)

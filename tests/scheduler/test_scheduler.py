@@ -236,13 +236,14 @@ def test_finals_made_greedy_by_load_are_counted_by_why():
     async def main():
         s = Scheduler(FakeRunner(lambda r: r.prompt), metrics, BatchLimits(burst_backlog=0), workers=1)
         s.start()
-        for tag, flags in (("quick", {}), ("busy", {"busy": True}), ("burst", {"burst": True}), ("busy again", {"busy": True})):
+        for tag, flags in (("quick", {}), ("busy", {"busy": True}), ("burst", {"burst": True}), ("busy again", {"busy": True}), ("careful", {"careful": True})):
             await s.decode(tag, final(tag, **flags))
         await s.stop()
 
     asyncio.run(main())
     counted = {why: metrics.finals_greedy.labels(why)._value.get() for why in ("busy", "burst")}
     assert counted == {"busy": 2, "burst": 1}
+    assert metrics.finals_careful._value.get() == 1  # a redo that heard nothing greedily, at full beam
 
 
 def test_a_burst_final_decoded_on_the_finals_copy_does_not_teach_the_capacity_model():
