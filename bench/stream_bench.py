@@ -19,7 +19,9 @@ reports per fixture and overall:
   begun with speech the time from where the server heard it begin to its first text (an
   interim, or its final if none came before);
 * compute per audio second: the server process's CPU seconds, and the model's decode
-  seconds by kind (interim, final, context; from /metrics).
+  seconds by kind (interim, final, context; from /metrics);
+* the five sentences whose finals came latest, with their text (``--json`` holds every
+  sentence's latency under ``sentences``): which ones miss, not only how many.
 
 ``--noise-db N`` replays the audio with continuous pink noise N dB below its speech
 level, so that pauses are not digital silence (on an 8 kHz recording, noise up to 4 kHz
@@ -326,15 +328,27 @@ def final_latencies(r: Replay, ch: int, ends: list[float]) -> list[float]:
 
 
 def covering_latencies(finals: list[tuple[float, float, float]], ends: list[float]) -> list[float]:
+    """The latencies of :func:`sentence_latencies` that a final covered."""
+    return [lat for lat in sentence_latencies(finals, ends) if lat is not None]
+
+
+def sentence_latencies(finals: list[tuple[float, float, float]], ends: list[float]) -> list[float | None]:
     """Per sentence end: when the first final (came at, its start, its end; seconds) that covers
     it came, minus that end (a final covers it if it starts before it and ends at most 0.6 s
-    short of it: word timing is rough)."""
-    out = []
+    short of it: word timing is rough); None where no final covers it."""
+    out: list[float | None] = []
     for end in ends:
         match = next((at for at, start, stop in finals if stop >= end - 0.6 and start <= end), None)
-        if match is not None:
-            out.append(match - end)
+        out.append(None if match is None else match - end)
     return out
+
+
+def slowest_sentences(r: Replay, name: str, ch: int, ends: list[float]) -> list[tuple[float, str]]:
+    """(latency, "fixture chN #k: the sentence") per sentence of a channel a final covered: for
+    the list of the slowest, so that a run shows which sentences miss, not just how many."""
+    finals = [(t.at, t.message["start"], t.message["end"]) for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
+    sentences = MANIFEST[name]["references"][ch]
+    return [(lat, f"{name} ch{ch} #{k + 1}: {sentences[k]}") for k, lat in enumerate(sentence_latencies(finals, ends)) if lat is not None]
 
 
 def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float]]:
@@ -430,6 +444,7 @@ def main() -> None:
     print(machine_line(port), flush=True)
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims, delays, again = [], [], [], [], []
+    slow: list[tuple[float, str]] = []  # per sentence a final covered: (latency, which)
     text_lag: list[float] = []  # per utterance begun with speech: to its first text (see text_lags)
     by_fixture: dict[str, list[float]] = {}
     texts: dict[str, dict[str, str]] = {}  # per fixture channel: the reference and what the client held
@@ -449,8 +464,10 @@ def main() -> None:
                 audio_s += r.of_type("closed")[0].message["audio_received_s"]
                 refined = r.transcript()
                 for ch in range(entry["channels"]):
-                    found = final_latencies(r, ch, speech_ends(dry[ch], entry["spans"][ch]))
+                    ends = speech_ends(dry[ch], entry["spans"][ch])
+                    found = final_latencies(r, ch, ends)
                     latencies.extend(found)
+                    slow.extend(slowest_sentences(r, name, ch, ends))
                     by_fixture.setdefault(f"{name} ch{ch}", []).extend(found)
                     first_delays, again_delays = revision_delays(r, ch)
                     delays.extend(first_delays)
@@ -479,6 +496,17 @@ def main() -> None:
     rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
     lag = (bucket_quantile(lag0, lag1, 0.5), bucket_quantile(lag0, lag1, 0.95))
     report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts)
+    report_slowest(args, slow)
+
+
+def report_slowest(args, slow: list[tuple[float, str]], count: int = 5) -> None:
+    """The sentences whose finals came latest, slowest first (with --json, every sentence)."""
+    print("slowest sentences (s after the end of their speech): " + "; ".join(f"{lat:.2f} {which}" for lat, which in sorted(slow, reverse=True)[:count]))
+    if args.json:
+        path = Path(args.json)
+        data = json.loads(path.read_text())
+        data["sentences"] = [[which, lat] for lat, which in slow]
+        path.write_text(json.dumps(data, indent=1))
 
 
 def report(args, rows, totals, latencies, interim_figures, revision_delays, context_lag, cpu, audio_s, model, texts) -> None:
