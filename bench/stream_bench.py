@@ -321,10 +321,11 @@ async def replay_noisy(url: str, name: str, snr_db: float | None, room: bool = F
     return result, mixed
 
 
-def final_latencies(r: Replay, ch: int, ends: list[float]) -> list[float]:
-    """Per sentence: the first final covering its end, minus where its speech ended."""
+def final_latencies(r: Replay, ch: int, ends: list[float]) -> list[float | None]:
+    """Per sentence: the first final covering its end, minus where its speech ended (None where
+    no final covered it; see :func:`sentence_latencies`)."""
     finals = [(t.at, t.message["start"], t.message["end"]) for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
-    return covering_latencies(finals, ends)
+    return sentence_latencies(finals, ends)
 
 
 def covering_latencies(finals: list[tuple[float, float, float]], ends: list[float]) -> list[float]:
@@ -341,14 +342,6 @@ def sentence_latencies(finals: list[tuple[float, float, float]], ends: list[floa
         match = next((at for at, start, stop in finals if stop >= end - 0.6 and start <= end), None)
         out.append(None if match is None else match - end)
     return out
-
-
-def slowest_sentences(r: Replay, name: str, ch: int, ends: list[float]) -> list[tuple[float, str]]:
-    """(latency, "fixture chN #k: the sentence") per sentence of a channel a final covered: for
-    the list of the slowest, so that a run shows which sentences miss, not just how many."""
-    finals = [(t.at, t.message["start"], t.message["end"]) for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
-    sentences = MANIFEST[name]["references"][ch]
-    return [(lat, f"{name} ch{ch} #{k + 1}: {sentences[k]}") for k, lat in enumerate(sentence_latencies(finals, ends)) if lat is not None]
 
 
 def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float]]:
@@ -464,10 +457,11 @@ def main() -> None:
                 audio_s += r.of_type("closed")[0].message["audio_received_s"]
                 refined = r.transcript()
                 for ch in range(entry["channels"]):
-                    ends = speech_ends(dry[ch], entry["spans"][ch])
-                    found = final_latencies(r, ch, ends)
+                    per_sentence = final_latencies(r, ch, speech_ends(dry[ch], entry["spans"][ch]))
+                    found = [lat for lat in per_sentence if lat is not None]
                     latencies.extend(found)
-                    slow.extend(slowest_sentences(r, name, ch, ends))
+                    slow.extend((lat, f"{name} ch{ch} #{k + 1}: {sentence}")
+                                for k, (lat, sentence) in enumerate(zip(per_sentence, entry["references"][ch])) if lat is not None)
                     by_fixture.setdefault(f"{name} ch{ch}", []).extend(found)
                     first_delays, again_delays = revision_delays(r, ch)
                     delays.extend(first_delays)
@@ -495,21 +489,10 @@ def main() -> None:
         proc.wait(10)
     rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
     lag = (bucket_quantile(lag0, lag1, 0.5), bucket_quantile(lag0, lag1, 0.95))
-    report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts)
-    report_slowest(args, slow)
+    report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts, slow)
 
 
-def report_slowest(args, slow: list[tuple[float, str]], count: int = 5) -> None:
-    """The sentences whose finals came latest, slowest first (with --json, every sentence)."""
-    print("slowest sentences (s after the end of their speech): " + "; ".join(f"{lat:.2f} {which}" for lat, which in sorted(slow, reverse=True)[:count]))
-    if args.json:
-        path = Path(args.json)
-        data = json.loads(path.read_text())
-        data["sentences"] = [[which, lat] for lat, which in slow]
-        path.write_text(json.dumps(data, indent=1))
-
-
-def report(args, rows, totals, latencies, interim_figures, revision_delays, context_lag, cpu, audio_s, model, texts) -> None:
+def report(args, rows, totals, latencies, interim_figures, revision_delays, context_lag, cpu, audio_s, model, texts, slow) -> None:
     first_interims, text_lag = interim_figures
     delays, again = revision_delays
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
@@ -535,10 +518,12 @@ def report(args, rows, totals, latencies, interim_figures, revision_delays, cont
     print(f"context lag, from a final to the pass that decided it, changed or not (server histogram, s): p50 {context_lag[0]:.1f}, p95 {context_lag[1]:.1f}")
     kinds = ", ".join(f"{k} {v / audio_s:.3f}" for k, v in sorted(model.items()))
     print(f"compute per audio second: server CPU {cpu / audio_s:.3f} s/s; model time by kind: {kinds} ({audio_s:.0f} s of audio)")
+    print("slowest sentences (s after the end of their speech): " + "; ".join(f"{lat:.2f} {which}" for lat, which in sorted(slow, reverse=True)[:5]))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "totals": totals, "latencies": latencies, "delays": delays, "again": again,
                                                 "first_interims": first_interims, "text_lags": text_lag, "cpu_per_audio_s": cpu / audio_s,
-                                                "model_per_audio_s": {k: v / audio_s for k, v in model.items()}, "texts": texts}, indent=1))
+                                                "model_per_audio_s": {k: v / audio_s for k, v in model.items()}, "texts": texts,
+                                                "sentences": [[which, lat] for lat, which in slow]}, indent=1))
 
 
 if __name__ == "__main__":

@@ -452,43 +452,39 @@ class ChannelDecoder:
     # -- results --------------------------------------------------------------------
 
     def _redo(self, utt: _Utterance, hyp: Hypothesis, prompt: str) -> bool:
-        """Whether ``hyp``, a final of ``utt`` decoded with ``prompt``, is to be decoded again: carefully
-        (:meth:`_redo_careful`) or without the prompt (:meth:`_redo_unprompted`)."""
-        return self._redo_careful(utt, hyp) or self._redo_unprompted(utt, hyp, prompt)
+        """Whether ``hyp``, a final of ``utt`` decoded with ``prompt``, is to be decoded again, each
+        way at most once, and what that decode hears is the final, words or none:
 
-    def _redo_careful(self, utt: _Utterance, hyp: Hypothesis) -> bool:
-        """Whether ``hyp``, a cut-back (greedy) final of ``utt``, has no words (none heard, or what was
-        heard dropped by the guards) although the VAD heard ``EMPTY_REDO_VOICED_S`` of speech in it;
-        if so, ``utt`` is marked to be decoded again never cut back (``careful``), and what that
-        decode hears is the final. Under load a greedy decode of a call's "That is great news, thank
-        you very much." gave "Thank you very much.", a stock phrase the guards drop; the beam heard
-        it all. An empty final is lost for good: the context pass re-hears only finals with text."""
-        if utt.careful or utt.head is not None or not hyp.cut_back:
-            return False
-        if normalized_text(hyp.text).split() or utt.voiced < EMPTY_REDO_VOICED_S * MODEL_RATE:
-            return False
-        utt.careful = True
-        utt.spec = None
-        return True
+        * never cut back (``careful``), where a cut-back (greedy) decode has no words left, none
+          heard or what was heard dropped by the guards, in ``EMPTY_REDO_VOICED_S`` of speech the
+          VAD heard: under load a greedy decode of a call's "That is great news, thank you very
+          much." gave "Thank you very much.", a stock phrase the guards drop; the beam heard it all;
+        * without the prompt (``unprompted``), where it only repeats the end of ``prompt`` (the one
+          its decode was given: a revision may have changed the channel's since; Whisper copies the
+          prompt when the audio is a fragment: measured live, a continuation holding "of the" came
+          back as the whole sentence before it), or is empty (nothing dropped) in that much speech
+          although the prompt held text said before: a prompted decode can end at once.
 
-    def _redo_unprompted(self, utt: _Utterance, hyp: Hypothesis, prompt: str) -> bool:
-        """Whether ``hyp``, a final of ``utt``, only repeats the end of ``prompt``, the one its decode was
-        given (a revision may have changed the channel's since it was asked for; Whisper copies the
-        prompt when the audio is a fragment: measured live, a continuation holding "of the" came back
-        as the whole sentence before it), or is empty although the prompt held text said before and
-        the VAD heard ``EMPTY_REDO_VOICED_S`` of speech in it; if so, ``utt`` is marked to be decoded
-        again without the prompt (``unprompted``), and what that decode hears is the final, repetition,
-        nothing or not."""
-        if utt.unprompted or utt.head is not None:
+        An empty final is lost for good: the context pass re-hears only finals with text."""
+        if utt.head is not None:
             return False
         heard = normalized_text(hyp.text).split()
-        said_before = normalized_text(prompt) != normalized_text(self.options.prompt)
-        empty = not heard and not hyp.dropped and said_before and utt.voiced >= EMPTY_REDO_VOICED_S * MODEL_RATE
-        if not empty and (len(heard) < ECHO_MIN_WORDS or normalized_text(prompt).split()[-len(heard) :] != heard):
+        lost = not heard and utt.voiced >= EMPTY_REDO_VOICED_S * MODEL_RATE
+        if not utt.careful and hyp.cut_back and lost:
+            utt.careful = True
+        elif not utt.unprompted and self._echo_or_cut_off(hyp, heard, prompt, lost):
+            utt.unprompted = True
+        else:
             return False
-        utt.unprompted = True
         utt.spec = None
         return True
+
+    def _echo_or_cut_off(self, hyp: Hypothesis, heard: list[str], prompt: str, lost: bool) -> bool:
+        """Whether the prompt is to blame for ``hyp`` (see :meth:`_redo`)."""
+        said_before = normalized_text(prompt) != normalized_text(self.options.prompt)
+        if lost and not hyp.dropped and said_before:
+            return True
+        return len(heard) >= ECHO_MIN_WORDS and normalized_text(prompt).split()[-len(heard) :] == heard
 
     def _final(self, utt: _Utterance, hyp: Hypothesis, end: int) -> list[PipelineEvent]:
         """``hyp``, a final decode of ``utt``'s audio up to ``end``: the final, or first a decode

@@ -62,7 +62,7 @@ class DecodeRequest:
     @property
     def cut_back(self) -> bool:
         """Cut back for load, in a burst or busy: a final decoded greedily on the burst window."""
-        return (self.burst or self.busy) and not self.careful
+        return self.burst or self.busy
 
 
 @dataclass(frozen=True)
