@@ -50,6 +50,9 @@ MOST_WORDS_PER_S = 4.5
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
 SEAM_S = 1.0
+# A match this short between two passes' words (aligned) is no match where they put it this far apart.
+ANCHOR_WORDS = 2
+ANCHOR_DRIFT_S = 1.0
 # What is left of a word to tell a respacing of the same letters from another wording (:func:`respaced`).
 _HYPHENATED = re.compile(r"[^\w'-]+")
 
@@ -512,11 +515,10 @@ def merge_words(first: Sequence[Word], second: Sequence[Word]) -> tuple[Word, ..
     such a word where the first pass ended a sentence between them
     (:func:`_spelled_as_first`).
     """
-    a, b = [normalize_word(w.word) for w in first], [normalize_word(w.word) for w in second]
     mean_first, mean_second = _confidence(first), _confidence(second)
     pieces: list[tuple[list[Word], Sequence[Word]]] = []  # words taken, and for words both heard the first pass's
     kept: list[bool] = []  # per piece: a differing stretch kept from the first pass
-    for op, i1, i2, j1, j2 in SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+    for op, i1, i2, j1, j2 in aligned(first, second):
         old, new = first[i1:i2], second[j1:j2]
         if op == "equal":
             pieces.append((list(new), old))
@@ -535,6 +537,32 @@ def merge_words(first: Sequence[Word], second: Sequence[Word]) -> tuple[Word, ..
             _spelled_as_first(words, same, -1)
         out += words
     return tuple(out)
+
+
+def aligned(first: Sequence[Word], second: Sequence[Word]) -> list[tuple[str, int, int, int, int]]:
+    """The two passes' words matched up (:class:`difflib.SequenceMatcher` opcodes on normalized
+    words), where a match of at most ``ANCHOR_WORDS`` words that the two passes put more than
+    ``ANCHOR_DRIFT_S`` apart in time is no match: it is joined with the differing stretches
+    around it into one. Such a match pairs a common word ("the", "at") heard in different places
+    and splits one differing stretch into an insertion before it and a deletion after it, each
+    judged alone: a long-form narration under noise, first pass "The ship's net first at night
+    comes a beam...", pass "Shipped that fast at height of the beam...", matched the two "the"s,
+    kept the first pass against the insertion and took the pass's deletion, and the merge read
+    "The beam from 20 miles away.", seven words lost."""
+    a, b = [normalize_word(w.word) for w in first], [normalize_word(w.word) for w in second]
+    out: list[tuple[str, int, int, int, int]] = []
+    for op, i1, i2, j1, j2 in SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op == "equal" and i2 - i1 <= ANCHOR_WORDS and abs(_middle(first[i1]) - _middle(second[j1])) > ANCHOR_DRIFT_S:
+            op = "replace"
+        if op != "equal" and out and out[-1][0] != "equal":
+            _, i1, _, j1, _ = out.pop()
+            op = "replace"
+        out.append((op, i1, i2, j1, j2))
+    return out
+
+
+def _middle(word: Word) -> float:
+    return (word.start + word.end) / 2
 
 
 def _spelled_as_first(words: list[Word], first: Sequence[Word], at: int) -> None:

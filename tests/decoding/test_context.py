@@ -879,6 +879,29 @@ def test_a_first_pass_final_after_a_sentence_end_starts_with_a_capital(before, a
     check_rules(d)
 
 
+def _timed(text: str, probability: float, start: float, per_word: float = 0.3) -> tuple[Word, ...]:
+    return tuple(Word(" " + w, start + i * per_word, start + (i + 1) * per_word, probability) for i, w in enumerate(text.split()))
+
+
+def test_a_common_word_heard_in_another_place_does_not_split_a_differing_stretch():
+    """The narration under noise: the pass heard the sentence's first words differently and the
+    matcher paired the first pass's opening "The" with the pass's "the" six words later. The
+    insertion before that match and the deletion after it were judged apart, the first pass kept
+    against one and the pass taken for the other, and seven words were lost. Matched by time,
+    that is one differing stretch: it goes whole to one pass or the other."""
+    from asr_server.decoding.context import merge_words
+
+    first = _timed("The ship's net first at night comes a", 0.5, 0.0) + _timed("beam from 20 miles away.", 0.9, 2.4)
+    heard = _timed("Shipped that fast at height of the", 0.45, 0.0, 0.34) + _timed("beam from 20 miles away.", 0.9, 2.4)
+    merged = "".join(w.word for w in merge_words(first, heard))
+    assert merged == " The ship's net first at night comes a beam from 20 miles away."
+    better = _timed("Ships that passed at night could see the", 0.8, 0.0, 0.34) + _timed("beam from 20 miles away.", 0.9, 2.4)
+    assert "".join(w.word for w in merge_words(first, better)) == " Ships that passed at night could see the beam from 20 miles away."
+    # A match in the same place still anchors: only the stretches around it change.
+    same = _timed("The ships net first at night came a", 0.8, 0.0) + _timed("beam from 20 miles away.", 0.9, 2.4)
+    assert "".join(w.word for w in merge_words(first, same)) == " The ships net first at night came a beam from 20 miles away."
+
+
 def test_words_next_to_a_stretch_kept_from_the_first_pass_keep_its_punctuation():
     """The call's customer: the pass heard "great news and thank you" where the first pass had
     "great news. Thank you"; its "and" was not taken, and the merge read "great news thank you".
