@@ -194,13 +194,16 @@ def main() -> None:
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]
             errors = [errors[0] + e[0], errors[1] + e[1]]
-            offline = ""
+            offline, offline_said = "", None
             if args.offline:
-                off = edit_distance(reference, normalize(offline_text(audio, args.compute_type)))
+                offline_said = offline_text(audio, args.compute_type)
+                off = edit_distance(reference, normalize(offline_said))
                 offline_errors += off
                 offline = f" {off / len(reference):.3f} |"
             words += len(reference)
-            texts[f"{name} ch{ch}"] = {"first": first, "revised": revised}
+            texts[f"{name} ch{ch}"] = {"reference": " ".join(references[ch]), "first": first, "revised": revised}
+            if offline_said is not None:
+                texts[f"{name} ch{ch}"]["offline"] = offline_said
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(replayer.reasons.items()))
             late = audio_latencies(replayer, name, ch) if not args.load_streams else []
             latencies += late
