@@ -54,7 +54,10 @@ class Revision:
 
     It covers every finalized utterance from ``first`` to ``last`` (the
     latest), and comes from the context pass: those utterances decoded
-    together, as offline transcription would.
+    together, as offline transcription would. ``changed``: the utterances in
+    that range whose text it changed (``first`` always; the others may be as
+    they were), so that a client can mark them and a bench can tell an
+    utterance's first revision from a later one.
     """
 
     channel: int
@@ -63,6 +66,7 @@ class Revision:
     offset: int
     text: str
     words: tuple[Word, ...]
+    changed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

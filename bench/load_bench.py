@@ -223,7 +223,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     lags: list[float] = []  # per utterance begun with speech: from where the server heard it begin to its first text
     finals_sent = 0
     refined_errors = 0
-    delays: list[float] = []  # revisions of an utterance no revision had changed before
+    delays: list[float] = []  # per utterance a revision changed: from its final to the first such revision
+    per_revision: list[float] = []  # per revision, from its first utterance's final (the measure before 2026-11-27)
     redone: list[float] = []  # revisions of one a revision had changed (an earlier pass outvoted)
     refusal_s: list[float] = []
     broken = 0
@@ -254,14 +255,16 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
             errors, refined_errors, words = errors + e1, refined_errors + e2, words + len(ref)
             tally = per_fixture.setdefault(f"{r.fixture} ch{ch}", [0, 0, 0])
             tally[0], tally[1], tally[2] = tally[0] + e1, tally[1] + e2, tally[2] + len(ref)
-            first_delays, again = revision_delays(r, ch)
+            first_delays, again, revision_firsts = revision_delays(r, ch)
             delays += first_delays
+            per_revision += revision_firsts
             redone += again
     print(f"N={n} WER first pass / after revisions by fixture: "
           + ", ".join(f"{k} {a / w:.3f} / {b / w:.3f}" for k, (a, b, w) in sorted(per_fixture.items())), file=sys.stderr, flush=True)
     return {
         "refined_wer": refined_errors / words if words else float("nan"),
         "revision_p95": pct(delays, 0.95) if delays else float("nan"), "revisions": len(delays),
+        "per_revision_p95": pct(per_revision, 0.95) if per_revision else float("nan"),
         "redone": len(redone), "redone_p50": pct(redone, 0.5) if redone else float("nan"),
         # From a final to the pass that decided it, changed or not (the server's histogram).
         "context_lag50": bucket_quantile(lag0, lag1, 0.5), "context_lag95": bucket_quantile(lag0, lag1, 0.95),
@@ -326,12 +329,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revisions (delay p95, s), again (delay p50, s) | context lag p50 / p95 (s) | server CPU (cores) | time at load level 1+ | model s/audio s (interim + final + context) | final decodes per final | decodes per call (interim / final / context) | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revised utterances (delay p95, s; per revision as before), again (delay p50, s) | context lag p50 / p95 (s) | server CPU (cores) | time at load level 1+ | model s/audio s (interim + final + context) | final decodes per final | decodes per call (interim / final / context) | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
         broken = f" ({r['broken']} broken)" if r["broken"] else ""
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['context_lag50']:.1f} / {r['context_lag95']:.1f} | {r['cpu']:.2f} | {r['degraded']:.0%} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['per_call']['interim']:.1f} / {r['per_call']['final']:.1f} / {r['per_call']['context']:.1f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}; {r['per_revision_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['context_lag50']:.1f} / {r['context_lag95']:.1f} | {r['cpu']:.2f} | {r['degraded']:.0%} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['per_call']['interim']:.1f} / {r['per_call']['final']:.1f} / {r['per_call']['context']:.1f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 

@@ -344,23 +344,31 @@ def sentence_latencies(finals: list[tuple[float, float, float]], ends: list[floa
     return out
 
 
-def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float]]:
-    """Per revision, how long the first utterance it changed had shown its text: for revisions
-    of an utterance no revision had changed before (its first-pass text: how far the context
-    pass lags), and apart, for those of one a revision had changed before (a later pass
-    outvoted an earlier one). Only the first utterance of a revision is known to have changed,
-    so a revision counts as "again" only when its first utterance was another's first."""
+def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float], list[float]]:
+    """How long finals showed words a revision then changed: per utterance, from its final to
+    the first revision that changed it (how far the context pass lags); apart, from its final to
+    each later revision that changed it again (a later pass outvoted an earlier one). The
+    revision's ``changed`` names the utterances it changed. Third, as measured before the
+    server named them (2026-11-27): per revision, from the final of its first utterance, counted
+    as "again" only where that was another revision's first (so a later change of an utterance
+    an earlier revision had changed in its middle counted as a first revision)."""
     shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
     first: list[float] = []
     again: list[float] = []
+    per_revision: list[float] = []
     revised: set[int] = set()
+    firsts: set[int] = set()
     for t in r.of_type("revision"):
         if t.message["channel"] != ch:
             continue
-        lo = t.message["utterances"][0]  # changed for sure (the ones after it may be as they were)
-        (again if lo in revised else first).append(t.at - shown[lo])
-        revised.add(lo)
-    return first, again
+        lo = t.message["utterances"][0]
+        if lo not in firsts:
+            per_revision.append(t.at - shown[lo])
+        firsts.add(lo)
+        for u in t.message.get("changed", [lo]):
+            (again if u in revised else first).append(t.at - shown[u])
+            revised.add(u)
+    return first, again, per_revision
 
 
 def text_lags(r: Replay) -> list[float]:
@@ -436,7 +444,7 @@ def main() -> None:
     proc, port = start_server(args.compute_type, *args.server_arg)
     print(machine_line(port), flush=True)
     url = f"ws://127.0.0.1:{port}"
-    rows, latencies, first_interims, delays, again = [], [], [], [], []
+    rows, latencies, first_interims, delays, again, per_revision = [], [], [], [], [], []
     slow: list[tuple[float, str]] = []  # per sentence a final covered: (latency, which)
     text_lag: list[float] = []  # per utterance begun with speech: to its first text (see text_lags)
     by_fixture: dict[str, list[float]] = {}
@@ -463,9 +471,10 @@ def main() -> None:
                     slow.extend((lat, f"{name} ch{ch} #{k + 1}: {sentence}")
                                 for k, (lat, sentence) in enumerate(zip(per_sentence, entry["references"][ch])) if lat is not None)
                     by_fixture.setdefault(f"{name} ch{ch}", []).extend(found)
-                    first_delays, again_delays = revision_delays(r, ch)
+                    first_delays, again_delays, revision_firsts = revision_delays(r, ch)
                     delays.extend(first_delays)
                     again.extend(again_delays)
+                    per_revision.extend(revision_firsts)
                     if run:
                         continue
                     ref = normalize(" ".join(entry["references"][ch]))
@@ -489,12 +498,12 @@ def main() -> None:
         proc.wait(10)
     rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
     lag = (bucket_quantile(lag0, lag1, 0.5), bucket_quantile(lag0, lag1, 0.95))
-    report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts, slow)
+    report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again, per_revision), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts, slow)
 
 
 def report(args, rows, totals, latencies, interim_figures, revision_delays, context_lag, cpu, audio_s, model, texts, slow) -> None:
     first_interims, text_lag = interim_figures
-    delays, again = revision_delays
+    delays, again, per_revision = revision_delays
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
     noise += f", three voices talking backwards {args.voices_db:g} dB below speech" if args.voices_db is not None else ""
@@ -513,14 +522,15 @@ def report(args, rows, totals, latencies, interim_figures, revision_delays, cont
         print(f"time to first interim (s): median {statistics.median(first_interims):.2f}, max {max(first_interims):.2f} (n={len(first_interims)})")
     if text_lag:
         print(f"first text of each utterance, from where its speech began (s): p50 {pct(text_lag, 0.5):.2f}, p95 {pct(text_lag, 0.95):.2f}, max {max(text_lag):.2f} (n={len(text_lag)})")
-    print(f"revisions: {totals['revisions']} for {totals['finals']} finals; delay from the first changed final (s): p50 {pct(delays, 0.5):.2f}, p95 {pct(delays, 0.95):.2f} (n={len(delays)}); "
-          f"of an utterance revised before (outvoted): p50 {pct(again, 0.5):.2f} (n={len(again)})")
+    print(f"revisions: {totals['revisions']} for {totals['finals']} finals; revision delay, from a final to the first revision that changed it (s): "
+          f"p50 {pct(delays, 0.5):.2f}, p95 {pct(delays, 0.95):.2f} (n={len(delays)}); changed again (outvoted): p50 {pct(again, 0.5):.2f} (n={len(again)}); "
+          f"per revision from its first utterance's final (the measure before 2026-11-27's changed): p95 {pct(per_revision, 0.95):.2f} (n={len(per_revision)})")
     print(f"context lag, from a final to the pass that decided it, changed or not (server histogram, s): p50 {context_lag[0]:.1f}, p95 {context_lag[1]:.1f}")
     kinds = ", ".join(f"{k} {v / audio_s:.3f}" for k, v in sorted(model.items()))
     print(f"compute per audio second: server CPU {cpu / audio_s:.3f} s/s; model time by kind: {kinds} ({audio_s:.0f} s of audio)")
     print("slowest sentences (s after the end of their speech): " + "; ".join(f"{lat:.2f} {which}" for lat, which in sorted(slow, reverse=True)[:5]))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "totals": totals, "latencies": latencies, "delays": delays, "again": again,
+        Path(args.json).write_text(json.dumps({"rows": rows, "totals": totals, "latencies": latencies, "delays": delays, "again": again, "per_revision": per_revision,
                                                 "first_interims": first_interims, "text_lags": text_lag, "cpu_per_audio_s": cpu / audio_s,
                                                 "model_per_audio_s": {k: v / audio_s for k, v in model.items()}, "texts": texts,
                                                 "sentences": [[which, lat] for lat, which in slow]}, indent=1))

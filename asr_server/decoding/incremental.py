@@ -705,6 +705,7 @@ class ChannelDecoder:
         changed = next((k for k, (r, (t, _)) in enumerate(zip(covered, texts)) if t != r.text), None)
         if changed is None:
             return []
+        held = {r.index: r.text for r in covered}
         for record, span, (text, words) in list(zip(covered, spans, texts))[changed:]:
             shift = record.start / MODEL_RATE - span.start
             upper = self._starts_a_sentence(record)
@@ -724,7 +725,8 @@ class ChannelDecoder:
         self._prompt = _tail_words(self._done[-1].text, PROMPT_CHARS)
         revised = self._done[first:]
         words = tuple(w for r in revised for w in r.words) if self.options.word_timestamps else ()
-        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words)]
+        differ = tuple(r.index for r in revised if r is revised[0] or r.text != held.get(r.index, r.text))
+        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, differ)]
         return out + self._moved_interim()
 
     def _starts_a_sentence(self, record: Finalized) -> bool:

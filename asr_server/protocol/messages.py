@@ -84,6 +84,7 @@ class MessageWriter:
                     {
                         "channel": event.channel,
                         "utterances": [event.first, event.last],
+                        "changed": list(event.changed),
                         "offset": event.offset,
                         "text": event.text,
                         "words": _words(event.words),

@@ -140,6 +140,7 @@ def check_rules(d: Driver) -> None:
         elif m["type"] == "revision":
             first, last = m["utterances"]
             assert first <= last and 0 <= m["offset"] <= len(finals)
+            assert m["changed"][0] == first and m["changed"] == sorted(set(m["changed"])) and m["changed"][-1] <= last
             finals = (finals[: m["offset"] - 1] + " " + m["text"]) if m["offset"] else m["text"]
     assert d.client.final_text() == finals
 
@@ -160,6 +161,26 @@ def test_a_revision_replaces_from_the_first_changed_utterance_to_the_latest_fina
     assert revisions[0]["utterances"][1] == latest  # covers every final up to the latest
     assert d.client.final_text() == " ".join(together) == server_transcript(d)
     assert d.messages[-1]["type"] == "closed" and d.close.code == 1000
+
+
+def test_a_revision_names_the_utterances_whose_text_it_changed():
+    """A revision holds every final from the first it changed to the latest; ``changed`` says which
+    of them it changed, so a client can mark those and a bench can tell an utterance's first
+    revision from a later pass outvoting an earlier one."""
+    together = list(ALONE)
+    together[1] = "unless to be rather cold-hearted"
+    together[3] = "is to be ill-disposed"
+    model = TwoPassModel(ALONE, together)
+    d = Driver(model)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    revisions = d.of_type("revision")
+    changed = [u for m in revisions for u in m["changed"]]
+    assert sorted(changed) == [1, 3]  # each once, and none of the others it covered
+    assert all(m["utterances"][0] == m["changed"][0] for m in revisions)
+    assert d.client.final_text() == " ".join(together) == server_transcript(d)
 
 
 def test_every_final_is_reported_decided_once_whether_or_not_its_pass_changed_it():
