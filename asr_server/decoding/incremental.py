@@ -89,6 +89,11 @@ SPLIT_SOLO_PAUSE_MS = 120
 # Speech the VAD heard after an interim's last word that this interim and the one before left
 # out, their words ending a sentence there: the speaker has begun the next one (see unheard_tail).
 SPLIT_UNHEARD_S = 0.8
+# A pause decode whose words end a sentence (SPLIT_MIN_S or more into its audio) ends its utterance
+# exactly where its audio ends once the speaker talks on after a pause the VAD heard this long
+# there, and it is the final: a sentence whose speaker leaves 0.2-0.4 s before the next waits
+# for no interim to hear the next one begin (see _sentence_pause).
+SENTENCE_PAUSE_MS = 250
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
 # Finalized audio a channel keeps for the context pass, at most (for the memory budget).
@@ -113,6 +118,7 @@ class _Utterance:
     spec: tuple[int, Hypothesis, str] | None = None  # a pause decode's (audio end, result, prompt)
     ended: UtteranceEnded | None = None
     splitting: bool = False  # a split was asked for: no new decode until the chunker's answer
+    pause_cut: int | None = None  # the pause decode end a sentence-pause cut was asked at (see _sentence_pause)
     heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentences the last interim heard end (their words)
     unprompted: bool = False  # its final is decoded without the text before it (that decode echoed it)
     careful: bool = False  # its final is decoded never cut back (a cut-back decode heard no words in it)
@@ -196,6 +202,8 @@ class ChannelDecoder:
                     self._utterances[event.utterance].paused_at = event.end
                 case UtteranceEnded():
                     self._ended(event)
+        for utt in self._utterances.values():
+            out.extend(self._sentence_pause(utt))
         out.extend(self._dispatch())
         job = self._in_flight
         if job is not None and job is not self._withdrawn and self._stale(job):
@@ -319,7 +327,7 @@ class ChannelDecoder:
                 out.extend(self._interim(utt, hyp, job.audio_end))
                 # A pause decode the speaker talked on after is one more interim: a sentence end
                 # in it with words after it splits as an interim's would.
-                out.extend(self._split(utt, hyp, job.audio_end))
+                out.extend(self._split(utt, hyp, job.audio_end) or self._sentence_pause(utt))
         out.extend(self._dispatch())
         return out
 
@@ -551,6 +559,28 @@ class ChannelDecoder:
         lo_s, hi_s, needs_pause = gap
         lo, hi = (utt.start + int(t * MODEL_RATE) for t in (lo_s, hi_s))
         return [SplitUtterance(self.channel, utt.index, lo, hi, SPLIT_SOLO_PAUSE_MS if needs_pause else 0, self._spec_cut(utt, lo, hi))]
+
+    def _sentence_pause(self, utt: _Utterance) -> list[PipelineEvent]:
+        """Ask for ``utt`` to end exactly where its pause decode's audio ends, once: that decode's
+        words end a sentence ``SPLIT_MIN_S`` or more into the audio, the talking has run
+        ``split_after_s`` there, and the speaker has talked on. The chunker cuts only if the VAD
+        heard ``SENTENCE_PAUSE_MS`` of pause there; the pause decode is then the final.
+
+        The split rules wait for an interim that hears the next sentence begin with a capital
+        (Whisper ends most decodes with a full stop, commas included), which comes 0.8-1.5 s after
+        the pause; a pause this long and a decode that heard the sentence end are evidence enough."""
+        if utt.spec is None or utt.ended is not None or utt.paused_at is not None or utt.splitting or utt.head is not None:
+            return []
+        at, hyp, _ = utt.spec
+        if utt.pause_cut == at or not self._may_split(utt, at) or not hyp.words:
+            return []
+        last = hyp.words[-1]
+        if not ends_sentence(last.word) or last.end < SPLIT_MIN_S:
+            return []
+        utt.pause_cut = at
+        utt.splitting = True
+        reach = int(SPLIT_TIGHT_S * MODEL_RATE)
+        return [SplitUtterance(self.channel, utt.index, at - reach, at + reach, SENTENCE_PAUSE_MS, at)]
 
     @staticmethod
     def _spec_cut(utt: _Utterance, lo: int, hi: int) -> int | None:

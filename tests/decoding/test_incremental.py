@@ -3,7 +3,7 @@ from dataclasses import replace
 import numpy as np
 
 from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
-from asr_server.decoding.incremental import SPLIT_SOLO_PAUSE_MS, ChannelDecoder
+from asr_server.decoding.incremental import SENTENCE_PAUSE_MS, SPLIT_SOLO_PAUSE_MS, ChannelDecoder
 from asr_server.events import DecodeJob, Final, Interim, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from asr_server.inference.types import Word
 from asr_server.inference.whisper import DecodeKind, Hypothesis
@@ -545,6 +545,55 @@ def test_a_split_at_the_pause_a_pause_decode_heard_takes_that_decode_as_the_fina
     (final,) = only(ev, Final)
     assert (final.utterance, final.text, final.reason) == (0, "The end.", EndReason.SENTENCE)
     assert [e.job.utterance for e in only(ev, SubmitJob)] == [1]  # no decode of utterance 0 again
+
+
+def _pause_decode_answered(text: str, words: tuple[Word, ...], talked: float = 3.0, resume: bool = True, split_after_s: float = 3.0):
+    """An utterance talked ``talked`` s, paused (its pause decode ends at ``talked`` + 0.1 s) and,
+    with ``resume``, the speaker went on before the pause decode answered ``text``: the decoder and
+    the events of that answer."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=split_after_s))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, talked)]), SubmitJob)]
+    d.job_done(job, Hypothesis("The end"))
+    at = int((talked + 0.1) * SR)
+    (spec,) = [e.job for e in only(d.feed([audio(0, 0.2, voiced=False), UtterancePaused(0, at)]), SubmitJob)]
+    d.feed([audio(0, 0.2, voiced=resume)])
+    return d, d.job_done(spec, Hypothesis(text, words))
+
+
+def test_a_pause_decode_that_ends_a_sentence_asks_for_the_cut_there_once_the_speaker_talks_on():
+    """A speaker who leaves 0.2-0.4 s between sentences gets no endpoint, and a split waited for an
+    interim that heard the next sentence begin (0.8-1.5 s later). A pause decode whose words end a
+    sentence asks for the cut exactly where its audio ends, where the VAD heard SENTENCE_PAUSE_MS
+    of pause (the chunker checks), as soon as speech resumes; the pause decode is then the final."""
+    words = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.9, 0.9))
+    d, ev = _pause_decode_answered("The end.", words)
+    (split,) = only(ev, SplitUtterance)
+    at = int(3.1 * SR)
+    assert (split.at, split.pause_ms) == (at, SENTENCE_PAUSE_MS) and split.lo < at < split.hi
+    ev = d.feed([UtteranceEnded(0, at, EndReason.SENTENCE), UtteranceStarted(1, at, at, continuation=True)])  # the chunker's cut
+    (final,) = only(ev, Final)
+    assert (final.text, final.reason) == ("The end.", EndReason.SENTENCE)
+    assert all(e.job.utterance == 1 for e in only(ev, SubmitJob))  # no second decode of utterance 0
+    # Still silent when it answered: asked when the speaker talks on (else it is the endpoint's final).
+    d, ev = _pause_decode_answered("The end.", words, resume=False)
+    assert not only(ev, SplitUtterance)
+    (split,) = only(d.feed([audio(0, 0.1)]), SplitUtterance)
+    assert split.at == at
+    assert not only(d.feed([]), SplitUtterance)  # the chunker declined (the pause was shorter)
+    assert not only(d.feed([audio(0, 0.3)]), SplitUtterance)  # and it is not asked again
+
+
+def test_no_cut_at_a_pause_decode_that_ends_no_sentence_or_in_short_talking():
+    """A comma, a sentence end under SPLIT_MIN_S into the audio, talking shorter than split_after_s
+    (a short answer with a pause at its comma: "That is great news, thank you") or splits turned
+    off: the pause decode only waits to be the final, as before."""
+    words = (Word(" The", 0.3, 0.5, 0.9), Word(" end,", 0.5, 2.9, 0.9))
+    assert not only(_pause_decode_answered("The end,", words)[1], SplitUtterance)
+    early = (Word(" End.", 0.2, 0.8, 0.9),)
+    assert not only(_pause_decode_answered("End.", early)[1], SplitUtterance)
+    ended = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 1.9, 0.9))
+    assert not only(_pause_decode_answered("The end.", ended, talked=2.0)[1], SplitUtterance)
+    assert not only(_pause_decode_answered("The end.", ended, split_after_s=0.0)[1], SplitUtterance)
 
 
 def _second_final(d: ChannelDecoder, first: str) -> DecodeJob:
