@@ -54,10 +54,10 @@ class Revision:
 
     It covers every finalized utterance from ``first`` to ``last`` (the
     latest), and comes from the context pass: those utterances decoded
-    together, as offline transcription would. ``changed``: the utterances in
-    that range whose text it changed (``first`` always; the others may be as
-    they were), so that a client can mark them and a bench can tell an
-    utterance's first revision from a later one.
+    together, as offline transcription would. ``changed``: the utterances of
+    that range whose text it changed, in order (``first``, then those of the
+    later ones whose text differs), so that a client can mark them and a
+    bench can tell an utterance's first revision from a later one.
     """
 
     channel: int

@@ -145,15 +145,20 @@ def check_rules(d: Driver) -> None:
     assert d.client.final_text() == finals
 
 
-def test_a_revision_replaces_from_the_first_changed_utterance_to_the_latest_final():
-    together = list(ALONE)
-    together[0] = "he was not an ill-disposed young man"  # only the first sentence changes
-    model = TwoPassModel(ALONE, together)
-    d = Driver(model)
+def _streamed_whole(together: list[str]) -> Driver:
+    """The fixture streamed to its end, first pass ``ALONE`` and passes ``together``, every pass run."""
+    d = Driver(TwoPassModel(ALONE, together))
     d.feed(speech())
     d.apply(d.session.end_of_stream())
     d.run_context()
     check_rules(d)
+    return d
+
+
+def test_a_revision_replaces_from_the_first_changed_utterance_to_the_latest_final():
+    together = list(ALONE)
+    together[0] = "he was not an ill-disposed young man"  # only the first sentence changes
+    d = _streamed_whole(together)
     revisions = d.of_type("revision")
     assert revisions and revisions[0]["utterances"][0] == 0 and revisions[0]["offset"] == 0
     assert revisions[0]["text"].startswith("he was not an ill-disposed young man")
@@ -170,12 +175,7 @@ def test_a_revision_names_the_utterances_whose_text_it_changed():
     together = list(ALONE)
     together[1] = "unless to be rather cold-hearted"
     together[3] = "is to be ill-disposed"
-    model = TwoPassModel(ALONE, together)
-    d = Driver(model)
-    d.feed(speech())
-    d.apply(d.session.end_of_stream())
-    d.run_context()
-    check_rules(d)
+    d = _streamed_whole(together)
     revisions = d.of_type("revision")
     changed = [u for m in revisions for u in m["changed"]]
     assert sorted(changed) == [1, 3]  # each once, and none of the others it covered
