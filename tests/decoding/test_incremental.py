@@ -585,14 +585,16 @@ def test_a_pause_decode_that_ends_a_sentence_asks_for_the_cut_there_once_the_spe
 
 def test_no_cut_at_a_pause_decode_that_ends_no_sentence_or_in_short_talking():
     """A comma, a sentence end under SPLIT_MIN_S into the audio, talking shorter than split_after_s
-    (a short answer with a pause at its comma: "That is great news, thank you") or splits turned
-    off: the pause decode only waits to be the final, as before."""
+    less a second (a short answer with a pause at its comma: "That is great news, thank you") or
+    splits turned off: the pause decode only waits to be the final, as before."""
     words = (Word(" The", 0.3, 0.5, 0.9), Word(" end,", 0.5, 2.9, 0.9))
     assert not only(_pause_decode_answered("The end,", words)[1], SplitUtterance)
     early = (Word(" End.", 0.2, 0.8, 0.9),)
     assert not only(_pause_decode_answered("End.", early)[1], SplitUtterance)
-    ended = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 1.9, 0.9))
-    assert not only(_pause_decode_answered("The end.", ended, talked=2.0)[1], SplitUtterance)
+    ended = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 1.6, 0.9))
+    assert not only(_pause_decode_answered("The end.", ended, talked=1.7)[1], SplitUtterance)  # 1.8 s < 3 - 1
+    assert only(_pause_decode_answered("The end.", ended, talked=2.0)[1], SplitUtterance)  # 2.1 s: a second sooner than split_after_s
+    assert not only(_pause_decode_answered("The end.", ended, talked=2.0, split_after_s=5.0)[1], SplitUtterance)
     assert not only(_pause_decode_answered("The end.", ended, split_after_s=0.0)[1], SplitUtterance)
 
 
