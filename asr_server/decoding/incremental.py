@@ -544,11 +544,12 @@ class ChannelDecoder:
             )
         ]
 
-    def _may_split(self, utt: _Utterance, end: int) -> bool:
+    def _may_split(self, utt: _Utterance, end: int, sooner_s: float = 0.0) -> bool:
         """Whether ``utt``, heard up to ``end``, may be split at a sentence end: once the talking
-        it belongs to (across earlier splits and short pauses) has run ``split_after_s``."""
+        it belongs to (across earlier splits and short pauses) has run ``split_after_s`` (less
+        ``sooner_s``)."""
         after = self.options.split_after_s
-        return after > 0 and end - utt.talk_start >= after * MODEL_RATE
+        return after > 0 and end - utt.talk_start >= (after - sooner_s) * MODEL_RATE
 
     def _split(self, utt: _Utterance, hyp: Hypothesis, audio_end: int) -> list[PipelineEvent]:
         """Ask for ``utt`` to end where the last sentence in this interim ends, if there is one:
@@ -571,8 +572,9 @@ class ChannelDecoder:
     def _sentence_pause(self, utt: _Utterance) -> list[PipelineEvent]:
         """Ask for ``utt`` to end exactly where its pause decode's audio ends, once: that decode's
         words end a sentence ``SPLIT_MIN_S`` or more into the audio, the talking has run
-        ``split_after_s`` less ``SENTENCE_PAUSE_SOONER_S`` there, and the speaker has talked on. The chunker cuts only if the VAD
-        heard ``SENTENCE_PAUSE_MS`` of pause there; the pause decode is then the final.
+        ``split_after_s`` less ``SENTENCE_PAUSE_SOONER_S`` there, and the speaker has talked on.
+        The chunker cuts only if the VAD heard ``SENTENCE_PAUSE_MS`` of pause there; the pause
+        decode is then the final.
 
         The split rules wait for an interim that hears the next sentence begin with a capital
         (Whisper ends most decodes with a full stop, commas included), which comes 0.8-1.5 s after
@@ -580,8 +582,7 @@ class ChannelDecoder:
         if utt.spec is None or utt.ended is not None or utt.paused_at is not None or utt.splitting or utt.head is not None:
             return []
         at, hyp, _ = utt.spec
-        after = self.options.split_after_s
-        if utt.pause_cut == at or not after or at - utt.talk_start < (after - SENTENCE_PAUSE_SOONER_S) * MODEL_RATE or not hyp.words:
+        if utt.pause_cut == at or not self._may_split(utt, at, SENTENCE_PAUSE_SOONER_S) or not hyp.words:
             return []
         last = hyp.words[-1]
         if not ends_sentence(last.word) or last.end < SPLIT_MIN_S:
@@ -744,15 +745,17 @@ class ChannelDecoder:
         changed = next((k for k, (r, (t, _)) in enumerate(zip(covered, texts)) if t != r.text), None)
         if changed is None:
             return []
-        held = {r.index: r.text for r in covered}
+        differ: list[int] = []
         for record, span, (text, words) in list(zip(covered, spans, texts))[changed:]:
             shift = record.start / MODEL_RATE - span.start
             upper = self._starts_a_sentence(record)
-            record.text = text
+            held, record.text = record.text, text
             if words:
                 record.words = tuple(Word(w.word, round(w.start + shift, 3), round(w.end + shift, 3), w.probability) for w in words)
             if upper:
                 _capitalize(record)
+            if not differ or record.text != held:
+                differ.append(record.index)
         first = self._done.index(covered[changed])
         offset = self._done[first].offset
         position = offset
@@ -764,8 +767,7 @@ class ChannelDecoder:
         self._prompt = _tail_words(self._done[-1].text, PROMPT_CHARS)
         revised = self._done[first:]
         words = tuple(w for r in revised for w in r.words) if self.options.word_timestamps else ()
-        differ = tuple(r.index for r in revised if r is revised[0] or r.text != held.get(r.index, r.text))
-        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, differ)]
+        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, tuple(differ))]
         return out + self._moved_interim()
 
     def _starts_a_sentence(self, record: Finalized) -> bool:
