@@ -127,6 +127,9 @@ class SplitUtterance:
     # Where a pause decode of the utterance ended, inside the span: cut exactly there if the VAD
     # heard no speech at that point, so that the pause decode is the final (None: no such point).
     at: int | None = None
+    # A dip (a pause too short for the VAD's vote) counts as that pause: two hearings in a row
+    # agreed on the sentence end. One hearing alone often puts a full stop at a comma's short pause.
+    dips: bool = False
 
 
 PipelineEvent = SpeechStart | Interim | Final | Revision | ContextDecided | SubmitJob | WithdrawJob | SplitUtterance

@@ -213,6 +213,7 @@ class Session:
         changed = False
         for d in self._decoders:
             d.lean_context = load.lean_context
+            d.dip_decodes = load.level == 0  # pause decodes at dips are the first work shed
             changed |= (d.interim_ms, d.interim_model, d.interim_short_window) != settings
             d.interim_ms, d.interim_model, d.interim_short_window = settings
         if not changed or not self.options.interim_results or self.state is not SessionState.STREAMING:
@@ -298,7 +299,7 @@ class Session:
                 out.append(event)
             elif isinstance(event, SplitUtterance):
                 c = event.channel
-                out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].split(event.utterance, event.lo, event.hi, event.pause_ms, event.at))))
+                out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].split(event.utterance, event.lo, event.hi, event.pause_ms, event.at, event.dips))))
             else:
                 out.append(Send(self._writer.event(event), event))
         return out

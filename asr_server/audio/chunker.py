@@ -23,6 +23,12 @@ trailing silence reaches ``tail_ms``: the audio up to its ``end`` is exactly
 what the final will hold if the speaker does not resume, so a decode can
 start early (see :mod:`asr_server.decoding.incremental`).
 
+A pause too short for that (the learned detector heard a frame or two as not
+speech, and the speaker went on) is reported as :class:`UtteranceDipped` once
+speech resumes. In a reverberant room the echo fills the 0.2-0.3 s a speaker
+leaves between two sentences, and such a dip is all the VAD hears of it; a
+split may cut exactly at a dip (see :meth:`Chunker.split`).
+
 All positions are sample indices at 16 kHz from the start of the stream.
 """
 
@@ -44,6 +50,7 @@ __all__ = [
     "UtteranceAudio",
     "UtterancePaused",
     "UtteranceEnded",
+    "UtteranceDipped",
     "ChunkEvent",
     "Chunker",
 ]
@@ -132,7 +139,16 @@ class UtteranceEnded:
     reason: EndReason
 
 
-ChunkEvent = UtteranceStarted | UtteranceAudio | UtterancePaused | UtteranceEnded
+@dataclass(frozen=True)
+class UtteranceDipped:
+    """Speech resumed after frames the learned detector did not hear as speech, too few for a
+    pause (no :class:`UtterancePaused` came); ``at`` is the middle of the quietest of them."""
+
+    utterance: int
+    at: int
+
+
+ChunkEvent = UtteranceStarted | UtteranceAudio | UtterancePaused | UtteranceEnded | UtteranceDipped
 
 
 class _State(enum.Enum):
@@ -158,6 +174,8 @@ class Chunker:
         self._silence = 0
         self._paused = False
         self._energy: list[tuple[int, float, bool]] = []  # (frame start, rms, speech) of the open utterance
+        self._dip: tuple[int, float] | None = None  # a dip under way: its quietest frame's middle, and rms
+        self._dips: list[tuple[int, float]] = []  # the dips of the open utterance (where a split may cut), as _dip
 
     @property
     def in_speech(self) -> bool:
@@ -180,32 +198,38 @@ class Chunker:
         end = min(self._last_speech_end + self.options.tail_samples, self._position)
         return [self._close(end, reason)]
 
-    def split(self, utterance: int, lo: int, hi: int, pause_ms: int = 0, at: int | None = None) -> list[ChunkEvent]:
+    def split(self, utterance: int, lo: int, hi: int, pause_ms: int = 0, at: int | None = None, dips: bool = False) -> list[ChunkEvent]:
         """End the open ``utterance`` in the quietest stretch of frames starting in ``[lo, hi]``
         (stream samples) and continue it in the next one: a sentence ended there and the
-        speaker went on. With ``pause_ms``, only at a pause: the span must hold a run of
-        non-speech frames that long, and the cut goes in the middle of the longest.
+        speaker went on. With ``pause_ms``, only at a pause: in the middle of the longest run of
+        non-speech frames in the span if one is that long; else, with ``dips``, at the quietest
+        dip the utterance reported in it (see :class:`UtteranceDipped`); else in an energy valley
+        (:func:`_valley`: reverberation can hide a pause from the learned detector too).
 
         The cut is in the middle of the stretch, so that each side keeps some of the pause
         (a word that starts right at the cut is easily lost). With ``at`` (a point inside the
         span, where a pause decode ended), the cut is exactly there instead when its frame is
-        not speech and belongs to a run of non-speech frames ``pause_ms`` long: the audio
-        before the cut is then the audio that decode heard. Nothing happens (``[]``) when
-        ``utterance`` is no longer open, or no frame of it with speech after it starts in the
-        span, or (with ``pause_ms``) the span holds no such pause.
+        not speech and belongs to a run of non-speech frames ``pause_ms`` long, or it is a
+        dip (without ``pause_ms``, or with ``dips``): the audio before the cut is then the audio
+        that decode heard. Nothing happens
+        (``[]``) when ``utterance`` is no longer open, or no frame of it with speech after it
+        starts in the span, or (with ``pause_ms``) the span holds no such pause.
         """
         if self._state is _State.IDLE or utterance != self._utterance:
             return []
         frames = [f for f in self._energy if lo <= f[0] <= hi and self._start < f[0] < self._last_speech_end]
         if not frames:
             return []
-        if at is not None and _in_pause(frames, at, pause_ms * MODEL_RATE // 1000):
+        dipped = [d for d in self._dips if lo <= d[0] <= hi and self._start < d[0] < self._last_speech_end] if dips or pause_ms <= 0 else []
+        if at is not None and (at in (d for d, _ in dipped) or _in_pause(frames, at, pause_ms * MODEL_RATE // 1000)):
             return self._continue_at(at, EndReason.SENTENCE)
         if pause_ms <= 0:
             return self._continue_at(_middle_of_quietest(frames), EndReason.SENTENCE)
         length, middle = _longest_run([not f[2] for f in frames], latest=False)
         if length * FRAME_SAMPLES >= pause_ms * MODEL_RATE // 1000:
             return self._continue_at(frames[middle][0], EndReason.SENTENCE)
+        if dipped:
+            return self._continue_at(min(dipped, key=lambda d: d[1])[0], EndReason.SENTENCE)
         valley = _valley(frames, self._energy)
         return [] if valley is None else self._continue_at(valley, EndReason.SENTENCE)
 
@@ -221,6 +245,7 @@ class Chunker:
             self._talk_start = self._start
         self._talked = True
         self._energy = [(f.start, f.rms, False) for f in earlier]
+        self._dip, self._dips = None, []
         self._last_speech_end = frame.end
         self._silence = 0
         self._paused = False
@@ -246,9 +271,25 @@ class Chunker:
             return
         if self._silence >= opts.tail_samples and not self._paused:
             self._paused = True
+            self._dip = None  # a pause, not a dip: the pause decode hears it
             events.append(UtterancePaused(self._utterance, self._last_speech_end + opts.tail_samples))
+        if not self._paused:
+            self._track_dip(frame, events)
         if frame.end - self._start >= opts.max_samples:
             self._cut(events)
+
+    def _track_dip(self, frame: VadFrame, events: list[ChunkEvent]) -> None:
+        """Follow frames the learned detector did not hear as speech; when it hears speech again
+        (and no pause came), report the dip at the quietest of them."""
+        if frame.learned is None:
+            return
+        if not frame.learned:
+            if self._dip is None or frame.rms < self._dip[1]:
+                self._dip = (frame.start + FRAME_SAMPLES // 2, frame.rms)
+        elif self._dip is not None:
+            self._dips.append(self._dip)
+            events.append(UtteranceDipped(self._utterance, self._dip[0]))
+            self._dip = None
 
     def _cut(self, events: list[ChunkEvent]) -> None:
         events.extend(self._continue_at(self._quietest_point(), EndReason.MAX_LENGTH))
@@ -258,6 +299,8 @@ class Chunker:
         self._utterance += 1
         self._start = cut
         self._energy = [f for f in self._energy if f[0] >= cut]
+        self._dips = [d for d in self._dips if d[0] >= cut]
+        self._dip = None
         self._last_speech_end = max(self._last_speech_end, cut)
         self._paused = False
         return [ended, UtteranceStarted(self._utterance, cut, cut, continuation=True, talk_start=self._talk_start)]
@@ -283,6 +326,7 @@ class Chunker:
         self._state = _State.IDLE
         self._preroll.clear()
         self._energy = []
+        self._dip, self._dips = None, []
         return event
 
 

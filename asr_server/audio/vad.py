@@ -108,6 +108,11 @@ class VadFrame:
     # Set on the frame where speech begins: sample index of the first voiced frame of the vote.
     onset: int | None = None
     rms: float = 0.0  # the frame's level (the chunker cuts long utterances at quiet frames)
+    # The learned detector's own call on this frame (its probability, with hysteresis), before the
+    # energy floor, the talker's level and the vote (None: the detector is webrtcvad alone, whose
+    # single frames flip on a click). A frame it did not hear as speech inside speech is a pause
+    # too short for the vote (see the chunker's dips).
+    learned: bool | None = None
 
     @property
     def end(self) -> int:
@@ -235,7 +240,7 @@ class VadGate:
         if speech and not self._speaking:
             onset = next(s for s, v in self._votes if v)
         self._speaking = speech
-        return VadFrame(start, samples, speech, onset, rms)
+        return VadFrame(start, samples, speech, onset, rms, learned if self._silero is not None else None)
 
     def _learned(self, end: int) -> bool:
         """Silero's call for the frame ending at ``end``: its latest window that ended by then

@@ -6,6 +6,7 @@ from asr_server.audio.chunker import (
     ChunkerOptions,
     EndReason,
     UtteranceAudio,
+    UtteranceDipped,
     UtteranceEnded,
     UtterancePaused,
     UtteranceStarted,
@@ -13,12 +14,16 @@ from asr_server.audio.chunker import (
 from asr_server.audio.vad import FRAME_SAMPLES, VadFrame
 
 
-def frames(pattern: str, start: int = 0, level: float = 0.1, quiet_at: set[int] = frozenset(), silence: float = 0.001):
-    """VadFrames from a pattern of 'S' (speech) and '.' (silence, at ``silence``), 30 ms each."""
+def frames(pattern: str, start: int = 0, level: float = 0.1, quiet_at: set[int] = frozenset(), silence: float = 0.001,
+           learned: bool = False):
+    """VadFrames from a pattern of 'S' (speech) and '.' (silence, at ``silence``), 30 ms each; with
+    ``learned``, the learned detector's own calls too (speech on 'S'), and 'd' is a frame the vote
+    still calls speech that the detector did not (at ``silence`` as well)."""
     out = []
     for i, ch in enumerate(pattern):
-        amp = silence if (ch == "." or (start + i) in quiet_at) else level
-        out.append(VadFrame((start + i) * FRAME_SAMPLES, np.full(FRAME_SAMPLES, amp, np.float32), ch == "S", rms=amp))
+        amp = silence if (ch in ".d" or (start + i) in quiet_at) else level
+        out.append(VadFrame((start + i) * FRAME_SAMPLES, np.full(FRAME_SAMPLES, amp, np.float32), ch in "Sd", rms=amp,
+                            learned=(ch == "S") if learned else None))
     return out
 
 
@@ -221,3 +226,39 @@ def test_a_split_cuts_where_the_pause_decode_ended_when_the_vad_heard_no_speech_
     c = Chunker()
     c.feed(frames("S" * 58 + "." * 3 + "S" * 39, silence=0.01))  # 90 ms, 20 dB down: too short for the condition
     assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120, at=59 * FRAME_SAMPLES) == []
+
+
+def test_a_pause_too_short_for_the_vote_is_reported_as_a_dip_once_speech_resumes():
+    """Frames the learned detector did not hear as speech, too few for the vote to end speech: the
+    dip is reported when the detector hears speech again, at the middle of the quietest of them.
+    A pause the VAD heard is no dip (the pause decode has it), nor is anything without a learned
+    detector's calls (webrtcvad alone)."""
+    c = Chunker()
+    assert not any(isinstance(e, UtteranceDipped) for e in c.feed(frames("S" * 60 + "dd", learned=True)))
+    dip = [e for e in c.feed(frames("S" * 5, 62, learned=True)) if isinstance(e, UtteranceDipped)]
+    assert dip == [UtteranceDipped(0, 60 * FRAME_SAMPLES + FRAME_SAMPLES // 2)]  # the first of equally quiet frames
+    c = Chunker(ChunkerOptions(tail_ms=60))
+    events = c.feed(frames("S" * 60 + "." * 4 + "S" * 5, learned=True))  # 120 ms: the VAD paused
+    assert "UtterancePaused" in kinds(events) and "UtteranceDipped" not in kinds(events)
+    c = Chunker()
+    assert "UtteranceDipped" not in kinds(c.feed(frames("S" * 60 + "dd" + "S" * 5)))
+
+
+def test_a_dip_is_the_pause_a_split_needs_only_where_the_sentence_end_was_heard_twice():
+    """With ``dips`` the split cuts at the quietest dip in the span, or exactly at ``at`` where that
+    is one; without, a pause that short does not count (one hearing alone often put a full stop at
+    a comma's short pause). Asked for no pause, ``at`` at a dip is cut at as it is."""
+    talk = frames("S" * 60 + "d" + "S" * 39, learned=True, level=0.1)
+    dip = 60 * FRAME_SAMPLES + FRAME_SAMPLES // 2
+    span = (55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES)
+    for pause_ms, at, dips, cut in [(120, None, True, dip), (250, dip, True, dip), (120, None, False, None), (120, dip, False, None), (0, dip, False, dip)]:
+        c = Chunker()
+        c.feed(talk)
+        events = c.split(0, *span, pause_ms=pause_ms, at=at, dips=dips)
+        assert (events[0].end if events else None) == cut, (pause_ms, at, dips)
+    c = Chunker()
+    c.feed(talk)
+    assert c.split(0, 62 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120, dips=True) == []  # no dip in the span
+    (ended, _) = c.split(0, 20 * FRAME_SAMPLES, 40 * FRAME_SAMPLES)  # a cut before the dip ...
+    assert ended.end < dip
+    assert c.split(1, *span, pause_ms=120, dips=True)[0].end == dip  # ... keeps it for the next

@@ -2,7 +2,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
+from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceDipped, UtteranceEnded, UtterancePaused, UtteranceStarted
 from asr_server.decoding.incremental import SENTENCE_PAUSE_MS, SPLIT_SOLO_PAUSE_MS, ChannelDecoder
 from asr_server.events import DecodeJob, Final, Interim, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from asr_server.inference.types import Word
@@ -398,10 +398,23 @@ def test_a_sentence_end_heard_by_one_interim_only_splits_only_at_a_pause_the_vad
     # chunker is to cut only where its VAD heard a pause around it.
     (split,) = only(d.job_done(_long_interim(d, "The end next"), _sentence_then_more()), SplitUtterance)
     assert split.pause_ms == SPLIT_SOLO_PAUSE_MS > 0
+    assert not split.dips  # a pause too short for the VAD's vote will not do: commas have those
     # Heard by two in a row, any quiet stretch will do.
     d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
     (split,) = only(d.job_done(_long_interim(d, "The end."), _sentence_then_more()), SplitUtterance)
     assert split.pause_ms == 0
+
+
+def test_two_interims_agree_on_a_sentence_end_by_its_last_words():
+    """Greedy interims flip an earlier word from one to the next ("the stones came" / "the storms
+    came"): the sentence end is still heard twice, and splits at any quiet stretch. Where its last
+    words differ, it was heard once."""
+    words = (Word(" Snow", 0.3, 0.6, 0.9), Word(" came", 0.6, 0.9, 0.9), Word(" from", 0.9, 1.2, 0.9), Word(" the", 1.2, 1.4, 0.9),
+             Word(" north.", 1.4, 2.1, 0.9), Word(" Next", 2.4, 2.8, 0.9), Word(" one", 2.8, 3.2, 0.9))
+    for before, pause_ms in (("Rain came from the north.", 0), ("Rain came from the porch.", SPLIT_SOLO_PAUSE_MS)):
+        d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+        (split,) = only(d.job_done(_long_interim(d, before), Hypothesis("Snow came from the north. Next one", words)), SplitUtterance)
+        assert split.pause_ms == pause_ms, before
 
 
 def test_a_split_the_chunker_declines_leaves_the_utterance_going():
@@ -440,7 +453,7 @@ def test_a_sentence_end_two_interims_heard_before_a_lower_case_word_splits_only_
     words = (Word(" its", 0.3, 0.8, 0.9), Word(" name.", 0.8, 1.6, 0.9), Word(" but", 1.9, 2.4, 0.9), Word(" in", 2.4, 2.8, 0.9))
     d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
     (split,) = only(d.job_done(_long_interim(d, "its name. but"), Hypothesis("its name. but in", words)), SplitUtterance)
-    assert (split.lo, split.hi, split.pause_ms) == (int(1.5 * SR), int(2.0 * SR), SPLIT_SOLO_PAUSE_MS)
+    assert (split.lo, split.hi, split.pause_ms, split.dips) == (int(1.5 * SR), int(2.0 * SR), SPLIT_SOLO_PAUSE_MS, True)
     # "3000. 800": a number goes on, however often it was heard so.
     digits = (Word(" as", 0.3, 0.8, 0.9), Word(" 3000.", 0.8, 1.6, 0.9), Word(" 800", 1.9, 2.4, 0.9), Word(" BC", 2.4, 2.8, 0.9))
     d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
@@ -471,7 +484,7 @@ def test_a_sentence_two_interims_ended_while_the_next_was_heard_splits_at_a_paus
     words = (Word(" The", 0.3, 0.6, 0.9), Word(" tower.", 0.6, 2.2, 0.9))  # 3.5 s heard, all voiced
     d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
     (split,) = only(d.job_done(_long_interim(d, "The tower."), Hypothesis("The tower.", words)), SplitUtterance)
-    assert (split.lo, split.hi, split.pause_ms) == (int(2.1 * SR), int(2.7 * SR), SPLIT_SOLO_PAUSE_MS)
+    assert (split.lo, split.hi, split.pause_ms, split.dips) == (int(2.1 * SR), int(2.7 * SR), SPLIT_SOLO_PAUSE_MS, True)
     # Heard by this interim alone; a last word that is no sentence end; 0.6 s after it only.
     cases = [("The tower", words), ("The tower of", (*words[:1], Word(" tower", 0.6, 2.2, 0.9))),
              ("The tower.", (*words[:1], Word(" tower.", 0.6, 2.9, 0.9)))]
@@ -596,6 +609,69 @@ def test_no_cut_at_a_pause_decode_that_ends_no_sentence_or_in_short_talking():
     assert only(_pause_decode_answered("The end.", ended, talked=2.0)[1], SplitUtterance)  # 2.1 s: a second sooner than split_after_s
     assert not only(_pause_decode_answered("The end.", ended, talked=2.0, split_after_s=5.0)[1], SplitUtterance)
     assert not only(_pause_decode_answered("The end.", ended, split_after_s=0.0)[1], SplitUtterance)
+
+
+def _dipped(talked: float = 3.0, dip_decodes: bool = True) -> tuple[ChannelDecoder, list]:
+    """An utterance talked ``talked`` s with its first interim answered; then a dip at ``talked`` less
+    0.2 s, reported as the speaker went on: the decoder and the events of that feed."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    d.dip_decodes = dip_decodes
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, talked)]), SubmitJob)]
+    d.job_done(job, Hypothesis("The end"))
+    return d, d.feed([audio(0, 0.1), UtteranceDipped(0, int((talked - 0.2) * SR))])
+
+
+def test_a_dip_in_long_talking_gets_a_pause_decode_that_a_confirmed_split_takes_as_the_final():
+    """In a reverberant room the VAD hears no pause between two sentences, only a dip. A pause
+    decode of the audio up to it runs as the speaker goes on; a full stop at its end cuts nothing
+    (Whisper ends nearly every decode with one). When an interim hears that sentence end and the
+    next begin, the split is asked for exactly at the dip and the dip's decode is the final."""
+    d, ev = _dipped()
+    (spec,) = [e.job for e in only(ev, SubmitJob)]
+    at = int(2.8 * SR)
+    assert spec.speculative and spec.request.kind is DecodeKind.FINAL and spec.audio_end == at
+    assert not spec.request.busy  # a final's beam: greedy, one was taken as the final and the pass did not mend it
+    first = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.7, 0.9))
+    ev = d.job_done(spec, Hypothesis("The end.", first))
+    assert not only(ev, SplitUtterance) and [i.text for i in only(ev, Interim)] == ["The end."]
+    assert not only(d.feed([audio(0, 0.3)]), SplitUtterance)  # not on the speaker going on either
+    (job,) = [e.job for e in only(d.feed([audio(0, 0.3)]), SubmitJob)]
+    assert job.request.kind is DecodeKind.INTERIM
+    (split,) = only(d.job_done(job, Hypothesis("The end. Next", first + (Word(" Next", 2.9, 3.3, 0.9),))), SplitUtterance)
+    assert split.at == at
+    ev = d.feed([UtteranceEnded(0, at, EndReason.SENTENCE), UtteranceStarted(1, at, at, continuation=True)])
+    (final,) = only(ev, Final)
+    assert (final.text, final.reason) == ("The end.", EndReason.SENTENCE)
+    assert all(e.job.utterance == 1 for e in only(ev, SubmitJob))  # no second decode of utterance 0
+
+
+def test_a_dip_decode_waits_for_nothing_and_is_skipped_once_the_vad_hears_a_pause():
+    """An interim queued when the dip comes is withdrawn (the dip's decode is owed first); a dip's
+    decode still queued when the VAD hears a pause gives way to that pause's decode."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 3.0)]), SubmitJob)]
+    ev = d.feed([audio(0, 0.1), UtteranceDipped(0, int(2.8 * SR))])
+    assert only(ev, WithdrawJob) == [WithdrawJob(job)] and d.refresh(job) is None
+    (spec,) = [e.job for e in only(d.job_skipped(job), SubmitJob)]
+    assert spec.audio_end == int(2.8 * SR)
+    d.feed([audio(0, 0.2, voiced=False), UtterancePaused(0, int(3.2 * SR))])
+    assert d.refresh(spec) is None
+    (pause,) = [e.job for e in only(d.job_skipped(spec), SubmitJob)]
+    assert pause.audio_end == int(3.2 * SR)
+
+
+def test_no_dip_decode_in_short_talking_near_the_start_or_under_load():
+    assert not only(_dipped(talked=1.9)[1], SubmitJob)  # 1.7 s: under split_after_s less a second
+    assert not only(_dipped(dip_decodes=False)[1], SubmitJob)
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 3.0)]), SubmitJob)]
+    d.job_done(job, Hypothesis("The end"))
+    ev = d.feed([UtteranceEnded(0, 3 * SR, EndReason.SENTENCE), UtteranceStarted(1, 3 * SR, 3 * SR, continuation=True, talk_start=0),
+                 audio(1, 0.5), UtteranceDipped(1, int(3.3 * SR))])
+    (final,) = [e.job for e in only(ev, SubmitJob)]
+    assert (final.utterance, final.speculative) == (0, False)
+    after = only(d.job_done(final, Hypothesis("The end.")), SubmitJob)
+    assert [(e.job.utterance, e.job.speculative) for e in after] == [(1, False)]  # an interim: the dip was 0.3 s into it
 
 
 def _second_final(d: ChannelDecoder, first: str) -> DecodeJob:
