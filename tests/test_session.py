@@ -4,7 +4,6 @@ import pytest
 from asr_server.errors import InferenceFailed, InvalidAudio, InvalidMessage
 from asr_server.events import SubmitJob
 from asr_server.options import StreamOptions
-from asr_server.scheduler.governor import LoadSettings
 from asr_server.session import Session
 
 from .fakes import FakeRunner, SyncDriver, words_for_length
@@ -222,13 +221,3 @@ def test_a_telephone_stream_finds_every_utterance_of_phone_band_speech(rate):
         assert found == [s for s, _ in spans] and len(starts) == len(spans)
     else:  # why telephone streams need their own thresholds
         assert len(found) < len(spans)
-
-
-def test_pause_decodes_at_dips_are_shed_under_load_and_come_back_when_it_falls():
-    session = Session("t", StreamOptions(channels=2))
-    session.start()
-    assert all(d.dip_decodes for d in session._decoders)
-    session.set_load(LoadSettings(level=1, scale=2, short_window=True))
-    assert not any(d.dip_decodes for d in session._decoders)
-    session.set_load(LoadSettings(level=0))
-    assert all(d.dip_decodes for d in session._decoders)

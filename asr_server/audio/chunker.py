@@ -27,7 +27,7 @@ A pause too short for that (the learned detector heard a frame or two as not
 speech, and the speaker went on) is reported as :class:`UtteranceDipped` once
 speech resumes. In a reverberant room the echo fills the 0.2-0.3 s a speaker
 leaves between two sentences, and such a dip is all the VAD hears of it; a
-split may cut exactly at a dip (see :meth:`Chunker.split`).
+split may cut at a dip (see :meth:`Chunker.split`).
 
 All positions are sample indices at 16 kHz from the start of the stream.
 """
@@ -209,25 +209,24 @@ class Chunker:
         The cut is in the middle of the stretch, so that each side keeps some of the pause
         (a word that starts right at the cut is easily lost). With ``at`` (a point inside the
         span, where a pause decode ended), the cut is exactly there instead when its frame is
-        not speech and belongs to a run of non-speech frames ``pause_ms`` long, or it is a
-        dip (without ``pause_ms``, or with ``dips``): the audio before the cut is then the audio
-        that decode heard. Nothing happens
-        (``[]``) when ``utterance`` is no longer open, or no frame of it with speech after it
-        starts in the span, or (with ``pause_ms``) the span holds no such pause.
+        not speech and belongs to a run of non-speech frames ``pause_ms`` long: the audio
+        before the cut is then the audio that decode heard. Nothing happens (``[]``) when
+        ``utterance`` is no longer open, or no frame of it with speech after it starts in the
+        span, or (with ``pause_ms``) the span holds no such pause.
         """
         if self._state is _State.IDLE or utterance != self._utterance:
             return []
         frames = [f for f in self._energy if lo <= f[0] <= hi and self._start < f[0] < self._last_speech_end]
         if not frames:
             return []
-        dipped = [d for d in self._dips if lo <= d[0] <= hi and self._start < d[0] < self._last_speech_end] if dips or pause_ms <= 0 else []
-        if at is not None and (at in (d for d, _ in dipped) or _in_pause(frames, at, pause_ms * MODEL_RATE // 1000)):
+        if at is not None and _in_pause(frames, at, pause_ms * MODEL_RATE // 1000):
             return self._continue_at(at, EndReason.SENTENCE)
         if pause_ms <= 0:
             return self._continue_at(_middle_of_quietest(frames), EndReason.SENTENCE)
         length, middle = _longest_run([not f[2] for f in frames], latest=False)
         if length * FRAME_SAMPLES >= pause_ms * MODEL_RATE // 1000:
             return self._continue_at(frames[middle][0], EndReason.SENTENCE)
+        dipped = [d for d in self._dips if lo <= d[0] <= hi and self._start < d[0] < self._last_speech_end] if dips else []
         if dipped:
             return self._continue_at(min(dipped, key=lambda d: d[1])[0], EndReason.SENTENCE)
         valley = _valley(frames, self._energy)

@@ -18,10 +18,7 @@ Rules it keeps:
   utterance up to that point starts at once. If the endpoint then comes with
   no new speech, the final audio is identical and that result is the final:
   the endpoint wait and the decode overlap instead of adding up. If speech
-  resumes, the result was just another interim. Where the talking has run
-  long enough to split, a dip (a pause too short for the VAD's vote, as a
-  reverberant room leaves between sentences) gets such a decode too, once
-  the speaker has gone on.
+  resumes, the result was just another interim.
 * Sentences in continuous speech: once an utterance is ``split_after_s``
   long its interims carry word timing, and when one hears a sentence end
   (``.``, ``?``, ``!``) with the next sentence begun after it, the decoder asks for
@@ -51,7 +48,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..audio.buffer import AudioBuffer
-from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceDipped, UtteranceEnded, UtterancePaused, UtteranceStarted
+from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
@@ -135,8 +132,7 @@ class _Utterance:
     ended: UtteranceEnded | None = None
     splitting: bool = False  # a split was asked for: no new decode until the chunker's answer
     pause_cut: int | None = None  # the pause decode end a sentence-pause cut was asked at (see _sentence_pause)
-    dip_at: int | None = None  # the latest dip worth a pause decode (see _dipped)
-    heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentences the last interim heard end (their words)
+    heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentence ends the last interim heard (_sentence_key)
     unprompted: bool = False  # its final is decoded without the text before it (that decode echoed it)
     careful: bool = False  # its final is decoded never cut back (a cut-back decode heard no words in it)
     talk_start: int = 0  # where the talking it belongs to began (:attr:`UtteranceStarted.talk_start`)
@@ -184,8 +180,6 @@ class ChannelDecoder:
         # Under load, context passes decode no audio they already decided (cheaper, catch up sooner),
         # and quick finals are busy ones (ContextOptions.busy_finals).
         self.lean_context = False
-        # Pause decodes at dips (see _dipped); the server turns them off under load.
-        self.dip_decodes = True
 
     # -- state the session looks at -------------------------------------------------
 
@@ -221,8 +215,6 @@ class ChannelDecoder:
                     self._utterances[event.utterance].paused_at = event.end
                 case UtteranceEnded():
                     self._ended(event)
-                case UtteranceDipped():
-                    self._dipped(event)
         for utt in self._utterances.values():
             out.extend(self._sentence_pause(utt))
         out.extend(self._dispatch())
@@ -263,15 +255,14 @@ class ChannelDecoder:
     def _stale(self, job: DecodeJob) -> bool:
         """Whether the result of ``job`` (in flight) is no longer wanted.
 
-        An interim is stale once its utterance has paused or ended, or a dip's
-        decode is owed (a final-quality decode is owed next); a pause decode once
-        the speaker went on talking (it can no longer become the final), unless
-        it is the decode of the latest dip and no pause came since.
+        An interim is stale once its utterance has paused or ended (a
+        final-quality decode is owed next); a pause decode once the speaker
+        went on talking (it can no longer become the final).
         """
         utt = self._utterances.get(job.utterance)
         if job.request.kind is DecodeKind.FINAL:
-            return job.speculative and utt is not None and utt.ended is None and job.audio_end != _pause_point(utt)
-        return utt is None or utt.ended is not None or utt.paused_at is not None or self._dip_owed(utt)
+            return job.speculative and utt is not None and utt.ended is None and utt.paused_at != job.audio_end
+        return utt is None or utt.ended is not None or utt.paused_at is not None
 
     def job_running(self, job: DecodeJob) -> list[PipelineEvent]:
         """``job``, withdrawn, was already running: if it is an interim of an utterance that paused or
@@ -405,21 +396,6 @@ class ChannelDecoder:
             utt.last_voiced_end = utt.end
             utt.paused_at = None  # speech resumed
 
-    def _dipped(self, event: UtteranceDipped) -> None:
-        """A dip (a pause too short for the VAD's vote) where a split could cut: it gets a pause
-        decode, unless the server is under load (``dip_decodes`` off). That decode is no evidence
-        of a sentence end by itself (Whisper ends nearly every decode with a full stop: of 76 such
-        decodes in the replays of the fixtures and held-out recordings, 9 were at one). When an
-        interim then hears a sentence end there, the split cuts at the dip and that decode is the
-        final (see :meth:`_spec_cut`), with no decode of its own to wait for."""
-        utt = self._utterances[event.utterance]
-        into = event.at - utt.start
-        if self.dip_decodes and utt.ended is None and into >= SPLIT_MIN_S * MODEL_RATE and self._may_split(utt, event.at, SENTENCE_PAUSE_SOONER_S):
-            utt.dip_at = event.at
-
-    def _dip_owed(self, utt: _Utterance) -> bool:
-        return utt.dip_at is not None and utt.paused_at is None and utt.spec_requested != utt.dip_at
-
     def _ended(self, event: UtteranceEnded) -> None:
         utt = self._utterances[event.utterance]
         utt.ended = event
@@ -452,12 +428,13 @@ class ChannelDecoder:
                 out.append(self._submit(utt, DecodeKind.FINAL, end, speculative=False))
                 break
             if utt.paused_at is not None and utt.spec_requested != utt.paused_at:
-                out.append(self._pause_decode(utt, utt.paused_at))
+                utt.spec_requested = utt.paused_at
+                # It shows as an interim: the next interim waits until interim_ms more is heard
+                # (one as soon as speech resumes would hear nothing new of it).
+                utt.interim_len = max(utt.interim_len, utt.paused_at - utt.start)
+                out.append(self._submit(utt, DecodeKind.FINAL, utt.paused_at, speculative=True))
                 break
             if utt.splitting:
-                break
-            if self._dip_owed(utt):
-                out.append(self._pause_decode(utt, utt.dip_at))
                 break
             grown = len(utt.audio) - utt.interim_len
             # No interim decode while the speaker is silent: speech may be ending, and a
@@ -470,15 +447,6 @@ class ChannelDecoder:
                 out.append(self._submit(utt, DecodeKind.INTERIM, utt.end, speculative=False))
             break
         return out
-
-    def _pause_decode(self, utt: _Utterance, end: int) -> SubmitJob:
-        """A final-quality decode of ``utt`` up to a pause (or dip) at ``end``: the final if the
-        utterance ends there."""
-        utt.spec_requested = end
-        # It shows as an interim: the next interim waits until interim_ms more is heard
-        # (one as soon as speech resumes would hear nothing new of it).
-        utt.interim_len = max(utt.interim_len, end - utt.start)
-        return self._submit(utt, DecodeKind.FINAL, end, speculative=True)
 
     def _submit(self, utt: _Utterance, kind: DecodeKind, end: int, *, speculative: bool, start: int | None = None) -> SubmitJob:
         """A decode of ``utt``'s audio up to ``end`` (from ``start``: a final's continuation, with no
@@ -616,12 +584,11 @@ class ChannelDecoder:
 
         The split rules wait for an interim that hears the next sentence begin with a capital
         (Whisper ends most decodes with a full stop, commas included), which comes 0.8-1.5 s after
-        the pause; a pause this long and a decode that heard the sentence end are evidence enough.
-        A dip is not (see :meth:`_dipped`)."""
+        the pause; a pause this long and a decode that heard the sentence end are evidence enough."""
         if utt.spec is None or utt.ended is not None or utt.paused_at is not None or utt.splitting or utt.head is not None:
             return []
         at, hyp, _ = utt.spec
-        if utt.pause_cut == at or at == utt.dip_at or not self._may_split(utt, at, SENTENCE_PAUSE_SOONER_S) or not hyp.words:
+        if utt.pause_cut == at or not self._may_split(utt, at, SENTENCE_PAUSE_SOONER_S) or not hyp.words:
             return []
         last = hyp.words[-1]
         if not ends_sentence(last.word) or last.end < SPLIT_MIN_S:
@@ -936,11 +903,6 @@ def _sentence_key(words: list[str]) -> tuple[str, ...]:
     """What two hypotheses must share to agree on where a sentence ends: its last
     ``SENTENCE_KEY_WORDS`` words (normalized), not all of them."""
     return tuple(normalize_word(w) for w in words[-SENTENCE_KEY_WORDS:])
-
-
-def _pause_point(utt: _Utterance) -> int | None:
-    """Where a pause decode of ``utt`` may still become its final: the pause, else the latest dip."""
-    return utt.paused_at if utt.paused_at is not None else utt.dip_at
 
 
 def sentences_ended(hyp: Hypothesis) -> frozenset[tuple[str, ...]]:

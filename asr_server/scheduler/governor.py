@@ -15,8 +15,7 @@ step every ``lower_after_s`` (slower down than up, so it does not flap). The
 steps, in order:
 
 1. ``FEWER_INTERIMS`` - interims every ``interim_factor`` times more audio,
-   and on the runner's short encoder window (cheaper, less accurate); no pause
-   decodes at dips (pauses too short for the VAD, see the chunker); context
+   and on the runner's short encoder window (cheaper, less accurate); context
    passes lean (only the utterances they decide) and quick finals busy
    (greedy on the burst window) once a final was late through a raise
    period, until the level is back at 0;

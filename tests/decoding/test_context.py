@@ -75,10 +75,6 @@ class Driver:
     def __init__(self, model: TwoPassModel, *, revisions: bool = True, context: ContextOptions | None = None) -> None:
         self.model = model
         self.session = Session("t", StreamOptions(revisions=revisions), context=context)
-        for decoder in self.session._decoders:
-            # The model tells sentences apart by the length of the audio a final decode hears; a
-            # dip's pause decode hears part of one.
-            decoder.dip_decodes = False
         self.messages: list[dict] = []
         self.client = Transcript()
         self.context_jobs: list = []

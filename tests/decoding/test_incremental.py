@@ -2,7 +2,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceDipped, UtteranceEnded, UtterancePaused, UtteranceStarted
+from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from asr_server.decoding.incremental import SENTENCE_PAUSE_MS, SPLIT_SOLO_PAUSE_MS, ChannelDecoder
 from asr_server.events import DecodeJob, Final, Interim, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from asr_server.inference.types import Word
@@ -609,69 +609,6 @@ def test_no_cut_at_a_pause_decode_that_ends_no_sentence_or_in_short_talking():
     assert only(_pause_decode_answered("The end.", ended, talked=2.0)[1], SplitUtterance)  # 2.1 s: a second sooner than split_after_s
     assert not only(_pause_decode_answered("The end.", ended, talked=2.0, split_after_s=5.0)[1], SplitUtterance)
     assert not only(_pause_decode_answered("The end.", ended, split_after_s=0.0)[1], SplitUtterance)
-
-
-def _dipped(talked: float = 3.0, dip_decodes: bool = True) -> tuple[ChannelDecoder, list]:
-    """An utterance talked ``talked`` s with its first interim answered; then a dip at ``talked`` less
-    0.2 s, reported as the speaker went on: the decoder and the events of that feed."""
-    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
-    d.dip_decodes = dip_decodes
-    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, talked)]), SubmitJob)]
-    d.job_done(job, Hypothesis("The end"))
-    return d, d.feed([audio(0, 0.1), UtteranceDipped(0, int((talked - 0.2) * SR))])
-
-
-def test_a_dip_in_long_talking_gets_a_pause_decode_that_a_confirmed_split_takes_as_the_final():
-    """In a reverberant room the VAD hears no pause between two sentences, only a dip. A pause
-    decode of the audio up to it runs as the speaker goes on; a full stop at its end cuts nothing
-    (Whisper ends nearly every decode with one). When an interim hears that sentence end and the
-    next begin, the split is asked for exactly at the dip and the dip's decode is the final."""
-    d, ev = _dipped()
-    (spec,) = [e.job for e in only(ev, SubmitJob)]
-    at = int(2.8 * SR)
-    assert spec.speculative and spec.request.kind is DecodeKind.FINAL and spec.audio_end == at
-    assert not spec.request.busy  # a final's beam: greedy, one was taken as the final and the pass did not mend it
-    first = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.7, 0.9))
-    ev = d.job_done(spec, Hypothesis("The end.", first))
-    assert not only(ev, SplitUtterance) and [i.text for i in only(ev, Interim)] == ["The end."]
-    assert not only(d.feed([audio(0, 0.3)]), SplitUtterance)  # not on the speaker going on either
-    (job,) = [e.job for e in only(d.feed([audio(0, 0.3)]), SubmitJob)]
-    assert job.request.kind is DecodeKind.INTERIM
-    (split,) = only(d.job_done(job, Hypothesis("The end. Next", first + (Word(" Next", 2.9, 3.3, 0.9),))), SplitUtterance)
-    assert split.at == at
-    ev = d.feed([UtteranceEnded(0, at, EndReason.SENTENCE), UtteranceStarted(1, at, at, continuation=True)])
-    (final,) = only(ev, Final)
-    assert (final.text, final.reason) == ("The end.", EndReason.SENTENCE)
-    assert all(e.job.utterance == 1 for e in only(ev, SubmitJob))  # no second decode of utterance 0
-
-
-def test_a_dip_decode_waits_for_nothing_and_is_skipped_once_the_vad_hears_a_pause():
-    """An interim queued when the dip comes is withdrawn (the dip's decode is owed first); a dip's
-    decode still queued when the VAD hears a pause gives way to that pause's decode."""
-    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
-    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 3.0)]), SubmitJob)]
-    ev = d.feed([audio(0, 0.1), UtteranceDipped(0, int(2.8 * SR))])
-    assert only(ev, WithdrawJob) == [WithdrawJob(job)] and d.refresh(job) is None
-    (spec,) = [e.job for e in only(d.job_skipped(job), SubmitJob)]
-    assert spec.audio_end == int(2.8 * SR)
-    d.feed([audio(0, 0.2, voiced=False), UtterancePaused(0, int(3.2 * SR))])
-    assert d.refresh(spec) is None
-    (pause,) = [e.job for e in only(d.job_skipped(spec), SubmitJob)]
-    assert pause.audio_end == int(3.2 * SR)
-
-
-def test_no_dip_decode_in_short_talking_near_the_start_or_under_load():
-    assert not only(_dipped(talked=1.9)[1], SubmitJob)  # 1.7 s: under split_after_s less a second
-    assert not only(_dipped(dip_decodes=False)[1], SubmitJob)
-    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
-    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 3.0)]), SubmitJob)]
-    d.job_done(job, Hypothesis("The end"))
-    ev = d.feed([UtteranceEnded(0, 3 * SR, EndReason.SENTENCE), UtteranceStarted(1, 3 * SR, 3 * SR, continuation=True, talk_start=0),
-                 audio(1, 0.5), UtteranceDipped(1, int(3.3 * SR))])
-    (final,) = [e.job for e in only(ev, SubmitJob)]
-    assert (final.utterance, final.speculative) == (0, False)
-    after = only(d.job_done(final, Hypothesis("The end.")), SubmitJob)
-    assert [(e.job.utterance, e.job.speculative) for e in after] == [(1, False)]  # an interim: the dip was 0.3 s into it
 
 
 def _second_final(d: ChannelDecoder, first: str) -> DecodeJob:
