@@ -24,10 +24,10 @@ what the final will hold if the speaker does not resume, so a decode can
 start early (see :mod:`asr_server.decoding.incremental`).
 
 A pause too short for that (the learned detector heard a frame or two as not
-speech, and the speaker went on) is reported as :class:`UtteranceDipped` once
-speech resumes. In a reverberant room the echo fills the 0.2-0.3 s a speaker
-leaves between two sentences, and such a dip is all the VAD hears of it; a
-split may cut at a dip (see :meth:`Chunker.split`).
+speech, and the speaker went on) is kept as a dip once speech resumes. In a
+reverberant room the echo fills the 0.2-0.3 s a speaker leaves between two
+sentences, and such a dip is all the VAD hears of it; a split may cut at one
+(see :meth:`Chunker.split`).
 
 All positions are sample indices at 16 kHz from the start of the stream.
 """
@@ -50,7 +50,6 @@ __all__ = [
     "UtteranceAudio",
     "UtterancePaused",
     "UtteranceEnded",
-    "UtteranceDipped",
     "ChunkEvent",
     "Chunker",
 ]
@@ -139,16 +138,7 @@ class UtteranceEnded:
     reason: EndReason
 
 
-@dataclass(frozen=True)
-class UtteranceDipped:
-    """Speech resumed after frames the learned detector did not hear as speech, too few for a
-    pause (no :class:`UtterancePaused` came); ``at`` is the middle of the quietest of them."""
-
-    utterance: int
-    at: int
-
-
-ChunkEvent = UtteranceStarted | UtteranceAudio | UtterancePaused | UtteranceEnded | UtteranceDipped
+ChunkEvent = UtteranceStarted | UtteranceAudio | UtterancePaused | UtteranceEnded
 
 
 class _State(enum.Enum):
@@ -175,7 +165,9 @@ class Chunker:
         self._paused = False
         self._energy: list[tuple[int, float, bool]] = []  # (frame start, rms, speech) of the open utterance
         self._dip: tuple[int, float] | None = None  # a dip under way: its quietest frame's middle, and rms
-        self._dips: list[tuple[int, float]] = []  # the dips of the open utterance (where a split may cut), as _dip
+        # The dips of the open utterance (where a split may cut), as _dip: speech resumed after frames the
+        # learned detector did not hear as speech, too few for a pause (no UtterancePaused came).
+        self._dips: list[tuple[int, float]] = []
 
     @property
     def in_speech(self) -> bool:
@@ -203,7 +195,7 @@ class Chunker:
         (stream samples) and continue it in the next one: a sentence ended there and the
         speaker went on. With ``pause_ms``, only at a pause: in the middle of the longest run of
         non-speech frames in the span if one is that long; else, with ``dips``, at the quietest
-        dip the utterance reported in it (see :class:`UtteranceDipped`); else in an energy valley
+        dip of the utterance in it (see the module's docstring); else in an energy valley
         (:func:`_valley`: reverberation can hide a pause from the learned detector too).
 
         The cut is in the middle of the stretch, so that each side keeps some of the pause
@@ -273,13 +265,13 @@ class Chunker:
             self._dip = None  # a pause, not a dip: the pause decode hears it
             events.append(UtterancePaused(self._utterance, self._last_speech_end + opts.tail_samples))
         if not self._paused:
-            self._track_dip(frame, events)
+            self._track_dip(frame)
         if frame.end - self._start >= opts.max_samples:
             self._cut(events)
 
-    def _track_dip(self, frame: VadFrame, events: list[ChunkEvent]) -> None:
+    def _track_dip(self, frame: VadFrame) -> None:
         """Follow frames the learned detector did not hear as speech; when it hears speech again
-        (and no pause came), report the dip at the quietest of them."""
+        (and no pause came), keep the dip at the middle of the quietest of them."""
         if frame.learned is None:
             return
         if not frame.learned:
@@ -287,7 +279,6 @@ class Chunker:
                 self._dip = (frame.start + FRAME_SAMPLES // 2, frame.rms)
         elif self._dip is not None:
             self._dips.append(self._dip)
-            events.append(UtteranceDipped(self._utterance, self._dip[0]))
             self._dip = None
 
     def _cut(self, events: list[ChunkEvent]) -> None:

@@ -6,7 +6,6 @@ from asr_server.audio.chunker import (
     ChunkerOptions,
     EndReason,
     UtteranceAudio,
-    UtteranceDipped,
     UtteranceEnded,
     UtterancePaused,
     UtteranceStarted,
@@ -228,20 +227,25 @@ def test_a_split_cuts_where_the_pause_decode_ended_when_the_vad_heard_no_speech_
     assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120, at=59 * FRAME_SAMPLES) == []
 
 
-def test_a_pause_too_short_for_the_vote_is_reported_as_a_dip_once_speech_resumes():
-    """Frames the learned detector did not hear as speech, too few for the vote to end speech: the
-    dip is reported when the detector hears speech again, at the middle of the quietest of them.
-    A pause the VAD heard is no dip (the pause decode has it), nor is anything without a learned
-    detector's calls (webrtcvad alone)."""
+def test_a_pause_too_short_for_the_vote_is_a_dip_once_speech_resumes():
+    """Frames the learned detector did not hear as speech, too few for the vote to end speech:
+    once the detector hears speech again they are a dip, at the middle of the quietest of them,
+    where a split that may cut at dips does. Not while the speaker is still silent, not a pause
+    the VAD heard (the pause decode has it), and nothing without a learned detector's calls."""
+    span = (55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES)
     c = Chunker()
-    assert not any(isinstance(e, UtteranceDipped) for e in c.feed(frames("S" * 60 + "dd", learned=True)))
-    dip = [e for e in c.feed(frames("S" * 5, 62, learned=True)) if isinstance(e, UtteranceDipped)]
-    assert dip == [UtteranceDipped(0, 60 * FRAME_SAMPLES + FRAME_SAMPLES // 2)]  # the first of equally quiet frames
+    c.feed(frames("S" * 60 + "d", learned=True, silence=0.01) + frames("d", 61, learned=True, silence=0.008))  # 20 dB: no valley
+    assert c.split(0, *span, pause_ms=120, dips=True) == []  # not yet: the speaker may be pausing
+    c.feed(frames("S" * 5, 62, learned=True))
+    (ended, _) = c.split(0, *span, pause_ms=120, dips=True)
+    assert ended.end == 61 * FRAME_SAMPLES + FRAME_SAMPLES // 2  # the quieter frame's middle
     c = Chunker(ChunkerOptions(tail_ms=60))
-    events = c.feed(frames("S" * 60 + "." * 4 + "S" * 5, learned=True))  # 120 ms: the VAD paused
-    assert "UtterancePaused" in kinds(events) and "UtteranceDipped" not in kinds(events)
+    events = c.feed(frames("S" * 60 + "." * 4 + "S" * 40, learned=True, silence=0.01))  # 120 ms: the VAD paused
+    assert "UtterancePaused" in kinds(events)
+    assert c.split(0, *span, pause_ms=200, dips=True) == []  # 120 ms, under 200: no pause, and no dip
     c = Chunker()
-    assert "UtteranceDipped" not in kinds(c.feed(frames("S" * 60 + "dd" + "S" * 5)))
+    c.feed(frames("S" * 60 + "dd" + "S" * 38, silence=0.01))
+    assert c.split(0, *span, pause_ms=120, dips=True) == []
 
 
 def test_a_dip_is_the_pause_a_split_needs_only_where_the_sentence_end_was_heard_twice():
