@@ -93,7 +93,12 @@ SPLIT_SOLO_PAUSE_MS = 120
 SENTENCE_KEY_WORDS = 2
 # Speech the VAD heard after an interim's last word that this interim and the one before left
 # out, their words ending a sentence there: the speaker has begun the next one (see unheard_tail).
-SPLIT_UNHEARD_S = 0.8
+# The cut still needs a pause or a dip there (the chunker checks). At 0.8 s, a narration under
+# noise whose two interims ended "...of the tower." 0.36 s and 0.96 s before their audio ended
+# waited for the second; the held-out meeting in the room likewise. Replays with every interim
+# (bench/replay_bench.py --interims): 0.3 s took worst final latency in audio time under noise
+# 1.15 -> 0.79 s and in the room p95 1.27 -> 0.84 s; the fixtures and clean audio the same.
+SPLIT_UNHEARD_S = 0.3
 # A pause decode whose words end a sentence (SPLIT_MIN_S or more into its audio) ends its utterance
 # exactly where its audio ends once the speaker talks on after a pause the VAD heard this long
 # there, and it is the final: a sentence whose speaker leaves 0.2-0.4 s before the next waits
@@ -107,6 +112,11 @@ SENTENCE_PAUSE_MS = 250
 # Not from the start of the talking: a call's "That is great news, | thank you very much." has a
 # pause at its comma 1.2 s in, where the pause decode ends "news." with a full stop.
 SENTENCE_PAUSE_SOONER_S = 1.0
+# Where the chunker declined that cut (the VAD heard a shorter pause), the next interim comes this
+# much audio after the pause decode, not interim_ms: it is the one that hears the next sentence
+# begin and splits there, with the pause decode as the final (a 0.25 s pause between a narration's
+# sentences under noise: that final 0.2 s sooner).
+SENTENCE_RESUME_MS = 300
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
 # Finalized audio a channel keeps for the context pass, at most (for the memory budget).
@@ -442,11 +452,18 @@ class ChannelDecoder:
             # that asked for no interims still gets these decodes, unsent, once an utterance
             # is long enough to split: they are what finds its sentence ends.
             wanted = self.options.interim_results or self._may_split(utt, utt.end)
-            if wanted and not utt.in_silence and grown * 1000 >= self.interim_ms * MODEL_RATE:
+            if wanted and not utt.in_silence and grown * 1000 >= self._interim_due(utt) * MODEL_RATE:
                 utt.interim_len = len(utt.audio)
                 out.append(self._submit(utt, DecodeKind.INTERIM, utt.end, speculative=False))
             break
         return out
+
+    def _interim_due(self, utt: _Utterance) -> int:
+        """Milliseconds of new audio the next interim of ``utt`` waits for: ``interim_ms``, or
+        ``SENTENCE_RESUME_MS`` after a pause decode whose cut at a sentence end was asked for (see
+        :meth:`_sentence_pause`) and declined."""
+        declined = utt.spec is not None and utt.pause_cut == utt.spec[0] == utt.start + utt.interim_len
+        return min(self.interim_ms, SENTENCE_RESUME_MS) if declined else self.interim_ms
 
     def _submit(self, utt: _Utterance, kind: DecodeKind, end: int, *, speculative: bool, start: int | None = None) -> SubmitJob:
         """A decode of ``utt``'s audio up to ``end`` (from ``start``: a final's continuation, with no

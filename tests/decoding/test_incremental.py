@@ -479,15 +479,21 @@ def test_a_sentence_end_whose_last_word_was_stretched_over_the_pause_splits_at_a
 def test_a_sentence_two_interims_ended_while_the_next_was_heard_splits_at_a_pause():
     """Greedy interims often stop at a sentence end and leave out the start of the next sentence
     (measured under noise: two in a row ended "...of the tower." with 1.1 and 1.7 s of the next
-    sentence heard, and that sentence waited 2.7 s for an interim that wrote it). With 0.8 s or
-    more of speech the VAD heard after the last word, it splits there, at a pause only."""
+    sentence heard, and that sentence waited 2.7 s for an interim that wrote it). With
+    SPLIT_UNHEARD_S (0.3 s) or more of speech the VAD heard after the last word, it splits there,
+    at a pause only (a dip will do: the chunker checks)."""
     words = (Word(" The", 0.3, 0.6, 0.9), Word(" tower.", 0.6, 2.2, 0.9))  # 3.5 s heard, all voiced
     d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
     (split,) = only(d.job_done(_long_interim(d, "The tower."), Hypothesis("The tower.", words)), SplitUtterance)
     assert (split.lo, split.hi, split.pause_ms, split.dips) == (int(2.1 * SR), int(2.7 * SR), SPLIT_SOLO_PAUSE_MS, True)
-    # Heard by this interim alone; a last word that is no sentence end; 0.6 s after it only.
+    # 0.4 s of speech after it is enough (the cut reaches no further than the speech heard).
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    near = (words[0], Word(" tower.", 0.6, 3.1, 0.9))
+    (split,) = only(d.job_done(_long_interim(d, "The tower."), Hypothesis("The tower.", near)), SplitUtterance)
+    assert (split.lo, split.hi, split.pause_ms, split.dips) == (int(3.0 * SR), int(3.5 * SR), SPLIT_SOLO_PAUSE_MS, True)
+    # Heard by this interim alone; a last word that is no sentence end; 0.2 s after it only.
     cases = [("The tower", words), ("The tower of", (*words[:1], Word(" tower", 0.6, 2.2, 0.9))),
-             ("The tower.", (*words[:1], Word(" tower.", 0.6, 2.9, 0.9)))]
+             ("The tower.", (*words[:1], Word(" tower.", 0.6, 3.3, 0.9)))]
     for before, heard in cases:
         d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
         text = " ".join(w.word.strip() for w in heard)
@@ -594,6 +600,28 @@ def test_a_pause_decode_that_ends_a_sentence_asks_for_the_cut_there_once_the_spe
     assert split.at == at
     assert not only(d.feed([]), SplitUtterance)  # the chunker declined (the pause was shorter)
     assert not only(d.feed([audio(0, 0.3)]), SplitUtterance)  # and it is not asked again
+
+
+def test_after_a_declined_cut_at_a_pause_decode_the_next_interim_comes_sooner():
+    """The chunker declines the cut at a pause decode that ended a sentence when the VAD heard a
+    shorter pause (a narration's 0.25 s between sentences under noise): the interim that hears the
+    next sentence begin, and splits there with that decode as the final, then comes
+    SENTENCE_RESUME_MS after the pause decode instead of interim_ms; later ones as usual. After a
+    pause decode that ended no sentence, interim_ms as before."""
+    words = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.9, 0.9))
+    d, ev = _pause_decode_answered("The end.", words)  # paused at 3.1 s, 0.3 s heard since
+    assert only(ev, SplitUtterance)
+    (job,) = [e.job for e in only(d.feed([]), SubmitJob)]  # the chunker's answer: no cut
+    assert job.request.kind is DecodeKind.INTERIM and len(job.request.audio) == int(3.4 * SR)
+    d.job_done(job, Hypothesis("The end."))
+    assert not only(d.feed([audio(0, 0.3)]), SubmitJob)
+    (job,) = [e.job for e in only(d.feed([audio(0, 0.2)]), SubmitJob)]
+    assert len(job.request.audio) == int(3.9 * SR)
+    comma = (Word(" The", 0.3, 0.5, 0.9), Word(" end,", 0.5, 2.9, 0.9))
+    d, ev = _pause_decode_answered("The end,", comma)
+    assert not only(ev, SplitUtterance) and not only(d.feed([]), SubmitJob)
+    (job,) = [e.job for e in only(d.feed([audio(0, 0.2)]), SubmitJob)]
+    assert len(job.request.audio) == int(3.6 * SR)
 
 
 def test_no_cut_at_a_pause_decode_that_ends_no_sentence_or_in_short_talking():
