@@ -208,7 +208,7 @@ class Chunker:
         """
         if self._state is _State.IDLE or utterance != self._utterance:
             return []
-        frames = [f for f in self._energy if lo <= f[0] <= hi and self._start < f[0] < self._last_speech_end]
+        frames = [f for f in self._energy if self._may_cut(f[0], lo, hi)]
         if not frames:
             return []
         if at is not None and _in_pause(frames, at, pause_ms * MODEL_RATE // 1000):
@@ -218,11 +218,15 @@ class Chunker:
         length, middle = _longest_run([not f[2] for f in frames], latest=False)
         if length * FRAME_SAMPLES >= pause_ms * MODEL_RATE // 1000:
             return self._continue_at(frames[middle][0], EndReason.SENTENCE)
-        dipped = [d for d in self._dips if lo <= d[0] <= hi and self._start < d[0] < self._last_speech_end] if dips else []
+        dipped = [d for d in self._dips if self._may_cut(d[0], lo, hi)] if dips else []
         if dipped:
             return self._continue_at(min(dipped, key=lambda d: d[1])[0], EndReason.SENTENCE)
         valley = _valley(frames, self._energy)
         return [] if valley is None else self._continue_at(valley, EndReason.SENTENCE)
+
+    def _may_cut(self, at: int, lo: int, hi: int) -> bool:
+        """Whether a split may cut the open utterance at ``at``: in ``[lo, hi]``, after its start, with speech after it."""
+        return lo <= at <= hi and self._start < at < self._last_speech_end
 
     def _idle_frame(self, frame: VadFrame, events: list[ChunkEvent]) -> None:
         if not frame.speech:
