@@ -576,8 +576,9 @@ class ChannelDecoder:
     def _split(self, utt: _Utterance, hyp: Hypothesis, audio_end: int) -> list[PipelineEvent]:
         """Ask for ``utt`` to end where the last sentence in this interim ends, if there is one:
         anywhere quiet around it when the interim before heard it end too and the next word
-        starts with a capital, else only at a pause the VAD heard there (one interim alone may
-        put a full stop where the speaker only slowed; see :func:`sentence_gap` for the lower case)."""
+        starts with a capital, else only at a pause the VAD heard there, or a dip where two
+        interims heard the sentence end (one interim alone may put a full stop where the speaker
+        only slowed; see :func:`sentence_gap` for the lower case)."""
         heard_before, utt.heard_ends = utt.heard_ends, sentences_ended(hyp)
         if utt.ended is not None or utt.paused_at is not None or not self._may_split(utt, audio_end):
             return []
@@ -951,7 +952,8 @@ def sentence_gap(
     one that ends a sentence ("gave it its name. but in those"): the prefix keeps that lower
     case in every later interim, and that sentence waited 5-15 s for a pause (a fast reader,
     clean and under noise). So a lower-case word counts when two interims in a row heard the
-    sentence end, and the caller then cuts only at a pause the VAD heard. A digit never does
+    sentence end, and the caller then cuts only at a pause the VAD heard, or a dip (the fourth
+    item: the sentence end was heard twice). A digit never does
     ("as early as 3000. 800 BC")."""
     tight = None
     for i in range(len(words) - 2, -1, -1):
