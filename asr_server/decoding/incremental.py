@@ -99,6 +99,11 @@ SENTENCE_KEY_WORDS = 2
 # (bench/replay_bench.py --interims): 0.3 s took worst final latency in audio time under noise
 # 1.15 -> 0.79 s and in the room p95 1.27 -> 0.84 s; the fixtures and clean audio the same.
 SPLIT_UNHEARD_S = 0.3
+# A sentence end the interim before heard, where this interim hears a comma (or a semicolon or
+# colon) and then no word for this long: the speaker paused where one decode heard a sentence
+# end and the next a clause end, and that is taken as the sentence end it was (see clause_gap).
+SPLIT_CLAUSE_GAP_S = 0.3
+CLAUSE_ENDS = (",", ";", ":")
 # A pause decode whose words end a sentence (SPLIT_MIN_S or more into its audio) ends its utterance
 # exactly where its audio ends once the speaker talks on after a pause the VAD heard this long
 # there, and it is the final: a sentence whose speaker leaves 0.2-0.4 s before the next waits
@@ -143,6 +148,7 @@ class _Utterance:
     splitting: bool = False  # a split was asked for: no new decode until the chunker's answer
     pause_cut: int | None = None  # the pause decode end a sentence-pause cut was asked at (see _sentence_pause)
     heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentence ends the last interim heard (_sentence_key)
+    split_from: tuple[Hypothesis, int] | None = None  # the interim that asked for the last split, and its audio end
     unprompted: bool = False  # its final is decoded without the text before it (that decode echoed it)
     careful: bool = False  # its final is decoded never cut back (a cut-back decode heard no words in it)
     talk_start: int = 0  # where the talking it belongs to began (:attr:`UtteranceStarted.talk_start`)
@@ -350,7 +356,7 @@ class ChannelDecoder:
                 out.extend(self._interim(utt, hyp, job.audio_end))
                 # A pause decode the speaker talked on after is one more interim: a sentence end
                 # in it with words after it splits as an interim's would.
-                out.extend(self._split(utt, hyp, job.audio_end) or self._sentence_pause(utt))
+                out.extend(self._split(utt, hyp, job) or self._sentence_pause(utt))
         out.extend(self._dispatch())
         return out
 
@@ -431,6 +437,10 @@ class ChannelDecoder:
                 end = utt.ended.end
                 if utt.spec is not None and utt.spec[0] == end and not self._redo(utt, utt.spec[1], utt.spec[2]):
                     out.extend(self._final(utt, utt.spec[1], end))
+                    continue
+                heard = self._split_heard(utt, end)
+                if heard is not None:
+                    out.extend(self._final(utt, heard, end))
                     continue
                 if utt.voiced == 0 or end <= utt.start:
                     out.extend(self._finalize(utt, Hypothesis(text="")))
@@ -573,21 +583,26 @@ class ChannelDecoder:
         after = self.options.split_after_s
         return after > 0 and end - utt.talk_start >= (after - sooner_s) * MODEL_RATE
 
-    def _split(self, utt: _Utterance, hyp: Hypothesis, audio_end: int) -> list[PipelineEvent]:
+    def _split(self, utt: _Utterance, hyp: Hypothesis, job: DecodeJob) -> list[PipelineEvent]:
         """Ask for ``utt`` to end where the last sentence in this interim ends, if there is one:
         anywhere quiet around it when the interim before heard it end too and the next word
         starts with a capital, else only at a pause the VAD heard there, or a dip where two
         interims heard the sentence end (one interim alone may put a full stop where the speaker
-        only slowed; see :func:`sentence_gap` for the lower case)."""
+        only slowed; see :func:`sentence_gap` for the lower case).
+
+        Where the context pass will refine the final and the main model heard ``hyp``, the split
+        keeps it (:meth:`_split_heard`)."""
+        audio_end = job.audio_end
         heard_before, utt.heard_ends = utt.heard_ends, sentences_ended(hyp)
         if utt.ended is not None or utt.paused_at is not None or not self._may_split(utt, audio_end):
             return []
         min_s = SPLIT_MIN_S if utt.talk_start == utt.start else SPLIT_MIN_CONTINUED_S
         voiced_s = (min(utt.last_voiced_end, audio_end) - utt.start) / MODEL_RATE
-        gap = sentence_gap(hyp.words, heard_before, min_s) or unheard_tail(hyp.words, heard_before, voiced_s, min_s)
+        gap = sentence_gap(hyp.words, heard_before, min_s) or unheard_tail(hyp.words, heard_before, voiced_s, min_s) or clause_gap(hyp.words, heard_before, min_s)
         if gap is None:
             return []
         utt.splitting = True
+        utt.split_from = (hyp, audio_end) if self.quick_finals and not job.request.model else None
         lo_s, hi_s, needs_pause, agreed = gap
         lo, hi = (utt.start + int(t * MODEL_RATE) for t in (lo_s, hi_s))
         pause_ms = SPLIT_SOLO_PAUSE_MS if needs_pause else 0
@@ -615,6 +630,21 @@ class ChannelDecoder:
         utt.splitting = True
         reach = int(SPLIT_TIGHT_S * MODEL_RATE)
         return [SplitUtterance(self.channel, utt.index, at - reach, at + reach, SENTENCE_PAUSE_MS, at)]
+
+    @staticmethod
+    def _split_heard(utt: _Utterance, end: int) -> Hypothesis | None:
+        """The final of ``utt``, cut at ``end`` by a sentence split, as the interim that asked for
+        the split heard it: its words before the cut, where they end a sentence and none runs
+        across the cut (that interim heard past it). None otherwise: the cut is decoded."""
+        if utt.ended is None or utt.ended.reason is not EndReason.SENTENCE or utt.split_from is None:
+            return None
+        hyp, heard_to = utt.split_from
+        cut = (end - utt.start) / MODEL_RATE
+        before = tuple(w for w in hyp.words if w.end <= cut + SPLIT_MARGIN_S)
+        after = hyp.words[len(before) :]
+        if heard_to < end or not before or not ends_sentence(before[-1].word) or any(w.start < cut for w in after):
+            return None
+        return replace(hyp, text="".join(w.word for w in before).strip(), words=before)
 
     @staticmethod
     def _spec_cut(utt: _Utterance, lo: int, hi: int) -> int | None:
@@ -991,6 +1021,30 @@ def unheard_tail(
         return None
     end = words[-1].end
     return max(0.0, end - SPLIT_MARGIN_S), min(voiced_s, end + SPLIT_TIGHT_S), True, True
+
+
+def clause_gap(
+    words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]], min_s: float = SPLIT_MIN_S
+) -> tuple[float, float, bool, bool] | None:
+    """Where to look for a sentence end that the interim before heard (``heard_before``) and
+    this one writes as a clause end (a comma, semicolon or colon) with ``SPLIT_CLAUSE_GAP_S``
+    or more before the next word, ``min_s`` or more into the audio; the last such one. The cut
+    needs a pause (a dip will do: two decodes heard the boundary).
+
+    Whisper rewrites a sentence end as a comma once it hears the next sentence begin with a
+    word it takes for a conjunction (a narration in the room: one interim ended "...the mouth
+    of the harbor." with 0.7 s of the next sentence unheard, the next wrote "harbor, and
+    really the keeper" with 0.44 s between the two words for "Every", and every interim after
+    it did too): no rule saw a sentence end there again, and that sentence waited 4.9 s for
+    the pause after the next one. None otherwise."""
+    for i in range(len(words) - 2, -1, -1):
+        end, following = words[i].end, words[i + 1].start
+        if end < min_s:
+            break
+        ended = words[i].word.strip().endswith(CLAUSE_ENDS) and _sentence_key([w.word for w in words[: i + 1]]) in heard_before
+        if ended and following - end >= SPLIT_CLAUSE_GAP_S:
+            return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S, True, True
+    return None
 
 
 def _tail_words(text: str, limit: int) -> str:

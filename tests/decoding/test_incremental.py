@@ -332,9 +332,8 @@ def test_a_long_utterance_is_split_where_an_interim_hears_a_sentence_end():
     cut = int(2.2 * SR)
     ev = d.feed([audio(0, 0.3), UtteranceEnded(0, cut, EndReason.SENTENCE), UtteranceStarted(1, cut, cut, continuation=True)])
     assert not only(ev, SpeechStart)  # the speaker did not start again: the utterance goes on
-    (job,) = [e.job for e in only(ev, SubmitJob)]
-    assert job.request.kind is DecodeKind.FINAL and len(job.request.audio) == cut
-    ev = d.job_done(job, Hypothesis("The end.", (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.1, 0.9))))
+    # The interim that asked for the split heard the sentence through and past the cut: its
+    # words before the cut are the final, with no decode to wait for.
     (final,) = only(ev, Final)
     assert (final.utterance, final.reason, final.offset, final.text) == (0, EndReason.SENTENCE, 0, "The end.")
     # The continuation holds the audio after the cut and goes on with interims at the next offset.
@@ -342,6 +341,29 @@ def test_a_long_utterance_is_split_where_an_interim_hears_a_sentence_end():
     assert job.utterance == 1 and len(job.request.audio) == int(3.8 * SR) - cut
     (interim,) = only(d.job_done(job, Hypothesis("Next one")), Interim)
     assert (interim.utterance, interim.offset) == (1, len("The end.") + 1)
+
+
+def _split_cut_at(cut_s: float, revisions: bool = True, interim_model: bool = False) -> list:
+    """An utterance split where an interim heard "The end." end at 2.1 s and "Next" begin at
+    2.4 s, the chunker's cut at ``cut_s``: what the decoder does then."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0, revisions=revisions))
+    d.interim_model = interim_model
+    d.job_done(_long_interim(d, "The end."), _sentence_then_more())
+    cut = int(cut_s * SR)
+    return d.feed([audio(0, 0.3), UtteranceEnded(0, cut, EndReason.SENTENCE), UtteranceStarted(1, cut, cut, continuation=True)])
+
+
+def test_a_split_whose_cut_runs_through_a_word_the_interim_heard_is_decoded():
+    """The interim's words are the final only where they fall whole on either side of the cut:
+    a cut through "Next" (the chunker found its quietest stretch there) is decoded as usual, and
+    so is one before the sentence's last word ends."""
+    assert only(_split_cut_at(2.25), Final)
+    # Nor where no context pass will refine it (revisions=false: a greedy interim's words would
+    # be the transcript for good), nor where the smaller interim model heard them (under load).
+    for cut_s, revisions, interim_model in ((2.5, True, False), (1.9, True, False), (2.25, False, False), (2.25, True, True)):
+        ev = _split_cut_at(cut_s, revisions, interim_model)
+        (job,) = [e.job for e in only(ev, SubmitJob)]
+        assert not only(ev, Final) and job.request.kind is DecodeKind.FINAL and len(job.request.audio) == int(cut_s * SR)
 
 
 def test_a_short_utterance_splits_once_the_talking_it_continues_has_run_split_after_s():
@@ -495,6 +517,25 @@ def test_a_sentence_two_interims_ended_while_the_next_was_heard_splits_at_a_paus
     cases = [("The tower", words), ("The tower of", (*words[:1], Word(" tower", 0.6, 2.2, 0.9))),
              ("The tower.", (*words[:1], Word(" tower.", 0.6, 3.3, 0.9)))]
     for before, heard in cases:
+        d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+        text = " ".join(w.word.strip() for w in heard)
+        assert not only(d.job_done(_long_interim(d, before), Hypothesis(text, heard)), SplitUtterance), (before, text)
+
+
+def test_a_sentence_end_the_next_interim_hears_as_a_comma_before_a_pause_splits_at_a_pause():
+    """Whisper rewrites a sentence end as a comma once it takes the next sentence's first word for
+    a conjunction (a narration in the room: "...of the harbor." then "harbor, and really the
+    keeper", and that sentence waited 4.9 s for the pause after the next one). A comma where the
+    interim before heard the sentence end, with SPLIT_CLAUSE_GAP_S (0.3 s) or more before the
+    next word, splits there at a pause (a dip will do: two decodes heard the boundary)."""
+    def words(mark: str, gap: float) -> tuple[Word, ...]:
+        return (Word(" The", 0.3, 0.6, 0.9), Word(" harbor" + mark, 0.6, 2.2, 0.9), Word(" and", 2.2 + gap, 2.6, 0.9), Word(" the", 2.6, 3.0, 0.9))
+
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (split,) = only(d.job_done(_long_interim(d, "The harbor."), Hypothesis("The harbor, and the", words(",", 0.4))), SplitUtterance)
+    assert (split.lo, split.hi, split.pause_ms, split.dips) == (int(2.1 * SR), int(2.7 * SR), SPLIT_SOLO_PAUSE_MS, True)
+    # No sentence end heard before it; a comma without such a pause after it; no comma at all.
+    for before, heard in [("The harbor and", words(",", 0.4)), ("The harbor.", words(",", 0.2)), ("The harbor.", words("", 0.4))]:
         d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
         text = " ".join(w.word.strip() for w in heard)
         assert not only(d.job_done(_long_interim(d, before), Hypothesis(text, heard)), SplitUtterance), (before, text)
