@@ -92,19 +92,14 @@ SPLIT_SOLO_PAUSE_MS = 120
 # "windows on the tower"), and with every word compared, or three, that sentence waited 1.2-2.3 s
 # more for the next one to be heard (held-out narration, in the room and under noise).
 SENTENCE_KEY_WORDS = 2
-# Speech the VAD heard after an interim's last word that this interim and the one before left
-# out, their words ending a sentence there: the speaker has begun the next one (see unheard_tail).
-# The cut still needs a pause or a dip there (the chunker checks). At 0.8 s, a narration under
+# Speech the VAD heard after an interim's last word that it left out, its words ending a sentence
+# there: the speaker has begun the next one (see unheard_tail). The cut still needs a pause there,
+# or a dip where the interim before heard that sentence end too (the chunker checks). At 0.8 s, a narration under
 # noise whose two interims ended "...of the tower." 0.36 s and 0.96 s before their audio ended
 # waited for the second; the held-out meeting in the room likewise. Replays with every interim
 # (bench/replay_bench.py --interims): 0.3 s took worst final latency in audio time under noise
 # 1.15 -> 0.79 s and in the room p95 1.27 -> 0.84 s; the fixtures and clean audio the same.
 SPLIT_UNHEARD_S = 0.3
-# A sentence end the interim before heard, where this interim hears a comma (or a semicolon or
-# colon) and then no word for this long: the speaker paused where one decode heard a sentence
-# end and the next a clause end, and that is taken as the sentence end it was (see clause_gap).
-SPLIT_CLAUSE_GAP_S = 0.3
-CLAUSE_ENDS = (",", ";", ":")
 # A pause decode whose words end a sentence (SPLIT_MIN_S or more into its audio) ends its utterance
 # exactly where its audio ends once the speaker talks on after a pause the VAD heard this long
 # there, and it is the final: a sentence whose speaker leaves 0.2-0.4 s before the next waits
@@ -599,7 +594,7 @@ class ChannelDecoder:
             return []
         min_s = SPLIT_MIN_S if utt.talk_start == utt.start else SPLIT_MIN_CONTINUED_S
         voiced_s = (min(utt.last_voiced_end, audio_end) - utt.start) / MODEL_RATE
-        gap = sentence_gap(hyp.words, heard_before, min_s) or unheard_tail(hyp.words, heard_before, voiced_s, min_s) or clause_gap(hyp.words, heard_before, min_s)
+        gap = sentence_gap(hyp.words, heard_before, min_s) or unheard_tail(hyp.words, heard_before, voiced_s, min_s)
         if gap is None:
             return []
         utt.splitting = True
@@ -1014,41 +1009,23 @@ def unheard_tail(
 ) -> tuple[float, float, bool, bool] | None:
     """Where to look for the end of the sentence that ``words`` end with, when the speaker has
     begun another that they leave out: the last word ends a sentence ``min_s`` or more into the
-    audio, the interim before heard that sentence end too (``heard_before``), and speech the VAD
-    heard runs ``SPLIT_UNHEARD_S`` or more past it (to ``voiced_s``). The cut needs a pause (a
-    dip will do: the sentence end was heard twice).
+    audio and speech the VAD heard runs ``SPLIT_UNHEARD_S`` or more past it (to ``voiced_s``).
+    The cut needs a pause; a dip will do where the interim before heard that sentence end too
+    (``heard_before``; the fourth item), else an energy valley (the chunker checks).
 
     Greedy interims often stop at a sentence end and leave out the start of the next sentence
     for a second or more (a narration under pink noise 20 dB down: two interims in a row ended
     "...the windows of the tower." with 1.1 and 1.7 s of the next sentence heard, and that
-    sentence waited 2.7 s for the one that wrote it). None otherwise."""
-    if not words or not ends_sentence(words[-1].word) or words[-1].end < min_s:
-        return None
-    if _sentence_key([w.word for w in words]) not in heard_before or voiced_s - words[-1].end < SPLIT_UNHEARD_S:
+    sentence waited 2.7 s for the one that wrote it). One interim alone can be the only one
+    that hears a sentence end there: in the room one ended "...of the hardware." with 0.7 s of
+    the next sentence unheard, the one before had ended "...of the cargo." and every one after
+    ran the two sentences together ("hardware, and really the keeper" with int8 on the CPU,
+    "hardo and really link the keeper" with float32), and that sentence waited 4.6-4.9 s for the
+    pause after the next one (so with float16 on a GPU as well). None otherwise."""
+    if not words or not ends_sentence(words[-1].word) or words[-1].end < min_s or voiced_s - words[-1].end < SPLIT_UNHEARD_S:
         return None
     end = words[-1].end
-    return max(0.0, end - SPLIT_MARGIN_S), min(voiced_s, end + SPLIT_TIGHT_S), True, True
-
-
-def clause_gap(
-    words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]], min_s: float = SPLIT_MIN_S
-) -> tuple[float, float, bool, bool] | None:
-    """Where to look for a sentence end that the interim before heard (``heard_before``) and
-    this one writes as a clause end (a comma, semicolon or colon) with ``SPLIT_CLAUSE_GAP_S``
-    or more before the next word, ``min_s`` or more into the audio; the last such one. The cut
-    needs a pause (a dip will do: two decodes heard the boundary).
-
-    Whisper rewrites a sentence end as a comma once it hears the next sentence begin with a
-    word it takes for a conjunction (a narration in the room: one interim ended "...the mouth
-    of the harbor." with 0.7 s of the next sentence unheard, the next wrote "harbor, and
-    really the keeper" with 0.44 s between the two words for "Every", and every interim after
-    it did too): no rule saw a sentence end there again, and that sentence waited 4.9 s for
-    the pause after the next one. None otherwise."""
-    for i, end, following in _word_gaps(words, min_s):
-        ended = words[i].word.strip().endswith(CLAUSE_ENDS) and _sentence_key([w.word for w in words[: i + 1]]) in heard_before
-        if ended and following - end >= SPLIT_CLAUSE_GAP_S:
-            return max(0.0, end - SPLIT_MARGIN_S), following + SPLIT_MARGIN_S, True, True
-    return None
+    return max(0.0, end - SPLIT_MARGIN_S), min(voiced_s, end + SPLIT_TIGHT_S), True, _sentence_key([w.word for w in words]) in heard_before
 
 
 def _tail_words(text: str, limit: int) -> str:
