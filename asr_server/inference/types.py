@@ -84,7 +84,8 @@ class Hypothesis:
     dropped: tuple[str, ...] = field(default=())  # guards that removed text, for logs
     packed: bool = False  # decoded in a window shared with other finals (see plan_packs)
     # Kept from a sampled attempt (temperature above 0): the greedy or beam decode failed
-    # Whisper's checks (too unlikely or too repetitive), and sampling can hallucinate.
+    # Whisper's checks (too unlikely or too repetitive), and sampling can hallucinate. Also set
+    # on a quick final that failed them: it keeps its beam attempt (no fallback), as doubtful.
     sampled: bool = False
     # Decoded on the finals' own copy of the weights (CPU; see WhisperRunner._load_copies): in a
     # burst that call ends sooner than the others beside it, so its time says little of how fast

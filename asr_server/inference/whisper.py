@@ -315,14 +315,16 @@ class WhisperRunner(Runner):
         encoded = self.model.model.encode(_storage(features))
         final = kind.final_quality
         beam = self._beam(kind, requests[0])
-        results = self._generate(tokenizer, items, features, encoded, temperatures=FINAL_TEMPERATURES if final else (0.0,), beam_size=beam)
+        # A quick final (the context pass refines it) keeps its beam attempt: a retry re-encodes and samples.
+        quick = kind is DecodeKind.FINAL and requests[0].short_window
+        results = self._generate(tokenizer, items, features, encoded, temperatures=FINAL_TEMPERATURES if final and not quick else (0.0,), beam_size=beam)
         texts = [text_tokens(tokenizer, r.tokens) for r in results]
         words = self._words(tokenizer, items, texts, features, encoded)
         out = []
         for it, attempt, tokens, w in zip(items, results, texts, words, strict=True):
             text = " ".join(tokenizer.decode(tokens).split())
             out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio,
-                                  sampled=attempt.temperature > 0, cut_back=it.request.cut_back))
+                                  sampled=attempt.temperature > 0 or (quick and needs_fallback(attempt)), cut_back=it.request.cut_back))
             log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", kind.value, it.request.duration, it.request.prompt, it.request.prefix, text)
         return out
 

@@ -216,3 +216,28 @@ def test_a_load_lowered_that_fails_raises_in_the_caller():
     with pytest.raises(ModelNotFound, match="no weights"):
         call_lowered(4, broken)
     assert call_lowered(0, lambda: threading.get_native_id()) == threading.get_native_id()
+
+
+def test_a_quick_final_keeps_its_beam_attempt_where_a_full_final_falls_back(whisper_runner, monkeypatch):
+    """Whisper's temperature fallback re-encodes the audio and samples again when a beam attempt
+    fails its checks: in the room, on an 8 kHz caller, that made a pause decode take 0.5-0.77 s
+    instead of 0.2 s, for a final the context pass rewrote anyway. A quick final (a stream with
+    revisions: the pass refines it) keeps the beam attempt and is marked doubtful (``sampled``:
+    not a prompt, and the pass's wording wins); a full final still falls back."""
+    from ..harness import MANIFEST, load_mono
+
+    start, end = MANIFEST["espeak_16k.wav"]["spans"][0][1]
+    audio = load_mono("espeak_16k.wav")[int((start - 0.3) * 16000) : int((end + 0.2) * 16000)]
+    tried: list[float] = []
+    attempt = whisper_runner._attempt
+
+    def unlikely(tokenizer, items, source, temperature, beam_size):  # every attempt fails the log-probability check
+        tried.append(temperature)
+        return [a._replace(avg_logprob=-2.0) for a in attempt(tokenizer, items, source, temperature, beam_size)]
+
+    monkeypatch.setattr(whisper_runner, "_attempt", unlikely)
+    quick = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.FINAL, word_timestamps=True, short_window=True))
+    assert tried == [0.0] and quick.sampled and quick.text and quick.words
+    tried.clear()
+    full = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.FINAL, word_timestamps=True))
+    assert tried == [0.0, 0.4, 0.8] and full.text
