@@ -90,8 +90,11 @@ SPLIT_SOLO_PAUSE_MS = 120
 # Two interims agree on a sentence end when its last this many words agree: greedy interims flip an
 # earlier word from one to the next ("the stones came" / "the storms came", "windows of the tower" /
 # "windows on the tower"), and with every word compared, or three, that sentence waited 1.2-2.3 s
-# more for the next one to be heard (held-out narration, in the room and under noise).
-SENTENCE_KEY_WORDS = 2
+# more for the next one to be heard (held-out narration, in the room and under noise). Two were
+# still too many where the word before the last flipped ("that word." / "the word." before a
+# lower-case "she"): with float32 the narration's "...took over the work." waited 1.36 s in a
+# replay, 1.30 s with float16 on a GPU; with one, 0.84 s (twenty-sixth session).
+SENTENCE_KEY_WORDS = 1
 # Speech the VAD heard after an interim's last word that it left out, its words ending a sentence
 # there: the speaker has begun the next one (see unheard_tail). The cut still needs a pause there,
 # or a dip where the interim before heard that sentence end too (the chunker checks). At 0.8 s, a narration under

@@ -429,11 +429,11 @@ def test_a_sentence_end_heard_by_one_interim_only_splits_only_at_a_pause_the_vad
 
 def test_two_interims_agree_on_a_sentence_end_by_its_last_words():
     """Greedy interims flip an earlier word from one to the next ("the stones came" / "the storms
-    came"): the sentence end is still heard twice, and splits at any quiet stretch. Where its last
-    words differ, it was heard once."""
+    came", "that word." / "the word."): the sentence end is still heard twice, and splits at any
+    quiet stretch. Where its last word differs, it was heard once."""
     words = (Word(" Snow", 0.3, 0.6, 0.9), Word(" came", 0.6, 0.9, 0.9), Word(" from", 0.9, 1.2, 0.9), Word(" the", 1.2, 1.4, 0.9),
              Word(" north.", 1.4, 2.1, 0.9), Word(" Next", 2.4, 2.8, 0.9), Word(" one", 2.8, 3.2, 0.9))
-    for before, pause_ms in (("Rain came from the north.", 0), ("Rain came from the porch.", SPLIT_SOLO_PAUSE_MS)):
+    for before, pause_ms in (("Rain came from the north.", 0), ("Rain came from that north.", 0), ("Rain came from the porch.", SPLIT_SOLO_PAUSE_MS)):
         d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
         (split,) = only(d.job_done(_long_interim(d, before), Hypothesis("Snow came from the north. Next one", words)), SplitUtterance)
         assert split.pause_ms == pause_ms, before
