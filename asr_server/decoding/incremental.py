@@ -43,7 +43,6 @@ Rules it keeps:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -958,15 +957,6 @@ def sentences_ended(hyp: Hypothesis) -> frozenset[tuple[str, ...]]:
     return frozenset(_sentence_key(words[: i + 1]) for i, w in enumerate(words) if ends_sentence(w))
 
 
-def _word_gaps(words: tuple[Word, ...], min_s: float) -> Iterator[tuple[int, float, float]]:
-    """Each word but the last that ends ``min_s`` or more into the audio, latest first: its
-    index, its end and the next word's start (where a sentence split may look)."""
-    for i in range(len(words) - 2, -1, -1):
-        if words[i].end < min_s:
-            return
-        yield i, words[i].end, words[i + 1].start
-
-
 def sentence_gap(
     words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]], min_s: float = SPLIT_MIN_S
 ) -> tuple[float, float, bool, bool] | None:
@@ -994,7 +984,10 @@ def sentence_gap(
     item: the sentence end was heard twice). A digit never does
     ("as early as 3000. 800 BC")."""
     tight = None
-    for i, end, following in _word_gaps(words, min_s):
+    for i in range(len(words) - 2, -1, -1):
+        end, following = words[i].end, words[i + 1].start
+        if end < min_s:
+            break
         if not ends_sentence(words[i].word):
             continue
         agreed = _sentence_key([w.word for w in words[: i + 1]]) in heard_before

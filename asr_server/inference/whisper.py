@@ -317,7 +317,7 @@ class WhisperRunner(Runner):
         beam = self._beam(kind, requests[0])
         # A quick final (the context pass refines it) keeps its beam attempt: a retry re-encodes and samples.
         quick = kind is DecodeKind.FINAL and requests[0].short_window
-        results = self._generate(tokenizer, items, features, encoded, temperatures=FINAL_TEMPERATURES if final and not quick else (0.0,), beam_size=beam)
+        results = self._generate(tokenizer, items, features, encoded, temperatures=FINAL_TEMPERATURES if final else (0.0,), beam_size=beam, fallback=not quick)
         texts = [text_tokens(tokenizer, r.tokens) for r in results]
         words = self._words(tokenizer, items, texts, features, encoded)
         out = []
