@@ -100,6 +100,10 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--background-nice", type=int, default=BACKGROUND_NICE,
                    help="with that second copy, how much lower in CPU priority (Linux nice) the other calls compute: interims and "
                         "context passes then take the cores a final leaves (default %(default)s; 0: the same priority)")
+    p.add_argument("--burst-copy", action=argparse.BooleanOptionalAction, default=True,
+                   help="with that second copy and a --background-nice above 0, load the weights a third time, at the finals' priority "
+                        "with --cpu-threads each, for finals in a burst: a call on each core at once, with a worker kept for each "
+                        "(default on; --no-burst-copy: the first call of a burst on the finals' copy, the rest beside interims)")
     p.add_argument("--interim-encoder-pad-s", type=float, default=INTERIM_ENCODER_PAD_S,
                    help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster)")
     p.add_argument("--busy-interim-encoder-pad-s", type=float, default=SHORT_INTERIM_PAD_S,
@@ -316,15 +320,22 @@ def _cuda_workers(model_path: str | None) -> int:
     return CUDA_WORKERS_SMALL if size <= SMALL_MODEL_BYTES else CUDA_WORKERS
 
 
-def _cpu_workers(cores: int) -> int:
+def _cpu_workers(cores: int, burst_copy: bool) -> int:
     """Default workers on CPU: one per core for interims and context passes, and on two cores or
-    more one more, since background work never takes the last worker (it stays free for finals).
+    more the workers kept for finals (:func:`_final_workers`), which background work never takes.
     With a worker per core only, two cores left interims one worker, and a context pass (1.5-3 s
     on a slow core) held it: a new sentence's first text came p95 4.0 s after its speech began,
-    against 0.95 s with the extra worker (docs/benchmarks.md, thirteenth session). Background
-    calls compute at a lower priority than finals (``--background-nice``), so the extra thread
-    costs finals little."""
-    return cores + 1 if cores >= 2 else cores
+    against 0.95 s with a worker more (docs/benchmarks.md, thirteenth session). Background
+    calls compute at a lower priority than finals (``--background-nice``), so the extra threads
+    cost finals little."""
+    return cores + _final_workers(cores, burst_copy) if cores >= 2 else cores
+
+
+def _final_workers(cores: int, burst_copy: bool) -> int:
+    """Workers kept for finals on CPU: one, or with a burst copy one per core, so that a burst's
+    finals decode on every core at once while two slow background calls run on (16 streams in
+    step on 2 cores: one call of finals at a time behind two calls of interims; docs/benchmarks.md)."""
+    return cores if burst_copy and cores >= 2 else 1
 
 
 def _plan(args: argparse.Namespace, model_path: str | None = None) -> _Plan:
@@ -334,13 +345,15 @@ def _plan(args: argparse.Namespace, model_path: str | None = None) -> _Plan:
     batch_seconds = args.max_batch_seconds or (30.0 * max_batch if args.device == "cuda" else 60.0)
     max_frames = max(1, int(batch_seconds * 100))
     final_frames = max(1, int((args.final_batch_seconds or (batch_seconds if args.device == "cuda" else 30.0)) * 100))
-    workers = args.workers or (_cuda_workers(model_path) if args.device == "cuda" else _cpu_workers(cores))
+    burst_copy = args.device == "cpu" and args.burst_copy and args.background_nice > 0
+    workers = args.workers or (_cuda_workers(model_path) if args.device == "cuda" else _cpu_workers(cores, burst_copy))
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
                     webrtc_connect_timeout_s=args.webrtc_connect_timeout, resume_ttl_s=args.resume_ttl,
                     ended_session_ttl_s=args.ended_session_ttl)
     return _Plan(
         limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames, context_max_wait_s=args.context_max_wait_s,
-                            context_share=args.context_share, context_batch=args.max_context_batch),
+                            context_share=args.context_share, context_batch=args.max_context_batch,
+                            final_workers=min(workers, _final_workers(cores, burst_copy)) if args.device == "cpu" else 1),
         max(1, min(max_batch, max(max_frames, final_frames) // FULL_WINDOW_FRAMES)), workers, args.cpu_threads or max(1, cores // workers),
     )
 
@@ -353,7 +366,7 @@ def _load(
                   short_interim_pad_s=args.busy_interim_encoder_pad_s, final_encoder_pad_s=args.final_encoder_pad_s, workers=plan.workers)
     baseline = process_rss()
     runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, final_beam_size=args.final_beam_size,
-                           final_threads=args.final_cpu_threads or (os.cpu_count() or 1), background_nice=args.background_nice,
+                           final_threads=args.final_cpu_threads or (os.cpu_count() or 1), background_nice=args.background_nice, burst_copy=args.burst_copy,
                            quick_final_pad_s=args.quick_final_encoder_pad_s, quick_final_beam_size=args.quick_final_beam_size,
                            burst_final_pad_s=args.burst_final_encoder_pad_s, lean_context_pad_s=args.lean_context_encoder_pad_s, **common)
     interim = None

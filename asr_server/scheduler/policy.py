@@ -213,9 +213,14 @@ class BatchLimits:
     # which CTranslate2 does no cheaper per pass in a batch: on an H200, 0.13 s per pass alone
     # or in a batch of 9, 0.19 s in a batch of 16 and 0.33 s in one of 32 (docs/benchmarks.md).
     context_batch: int = 0
+    # Workers that interims and context passes never take, so that finals always find them
+    # (on CPU with a burst copy of the weights, one per core: a burst's finals then decode a
+    # call per core while calls of background work, at a lower priority, run on beside them).
+    final_workers: int = 1
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_frames < 1 or self.final_frames < 0 or (self.burst_backlog or 0) < 0 or (self.context_max_wait_s or 0) < 0 or self.context_batch < 0:
+        if self.max_batch < 1 or self.max_frames < 1 or self.final_frames < 0 or (self.burst_backlog or 0) < 0 or (self.context_max_wait_s or 0) < 0 or self.context_batch < 0 \
+                or self.final_workers < 1:
             raise ValueError("batch limits must be positive")
         if not 0.0 <= self.context_share <= 1.0:
             raise ValueError("context_share is a fraction")

@@ -180,7 +180,7 @@ def test_the_copy_for_interims_and_passes_computes_below_the_finals_copy_in_cpu_
     niceness = sorted(thread_nice(tid) for tid in _threads() - before)
     assert runner.background_nice == 3
     assert niceness.count(min(19, own + 3)) >= 2  # one compute thread per worker of the shared copy
-    assert own in niceness  # the finals' copy
+    assert niceness.count(own) >= 1 + 2  # the finals' copy, and one per worker of the burst copy
     assert thread_nice(threading.get_native_id()) == own
     assert runner.transcribe(DecodeRequest(np.zeros(16000, np.float32), DecodeKind.FINAL, word_timestamps=True)).text is not None
     same = WhisperRunner(resolve_model("tiny.en"), cpu_threads=2, final_threads=2, background_nice=3)
@@ -201,10 +201,41 @@ def test_the_copy_for_interims_and_passes_computes_below_the_finals_copy_in_cpu_
         worker.start()
         with runner._using(DecodeKind.CONTEXT):  # other kinds go to the shared copy at once
             assert runner.model is runner._base_model
-        assert _burst_model(runner) is runner._base_model  # and so does a call of burst finals
         assert not entered.wait(0.2)  # still waiting for the first call of finals
     worker.join()
     assert found["model"] is wide is not runner._base_model
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_calls_of_burst_finals_decode_at_once_on_their_own_copy_at_the_finals_priority():
+    """In a burst every worker kept for finals decodes one: two one-thread calls at once drain a
+    burst a third faster on 2 cores than one call on both. They take neither the finals' copy (one
+    call at a time) nor the lowered shared one (whose threads give way to every other call)."""
+    runner = WhisperRunner(resolve_model("tiny.en"), cpu_threads=1, workers=2, final_threads=2, background_nice=3)
+    burst = runner._burst_model
+    assert burst is not None and burst is not runner._base_model and burst is not runner._wide_model
+    inside = threading.Barrier(2, timeout=30)  # both calls must be inside at once, or it breaks
+    found: list = []
+
+    def burst_call() -> None:
+        with runner._using(DecodeKind.FINAL, burst=True) as wide:
+            found.append((runner.model, wide))
+            inside.wait()
+
+    with runner._using(DecodeKind.FINAL):  # a call of finals on the finals' copy does not hold them up
+        calls = [threading.Thread(target=burst_call) for _ in range(2)]
+        for call in calls:
+            call.start()
+        for call in calls:
+            call.join()
+    assert found == [(burst, False), (burst, False)]
+    request = DecodeRequest(np.zeros(16000, np.float32), DecodeKind.FINAL, short_window=True, burst=True)
+    assert runner.transcribe_batch([request])[0].finals_copy is False  # the capacity model learns from it
+    assert runner.measure_burst_final(repeats=1, concurrent=2) > 0
+    off = WhisperRunner(resolve_model("tiny.en"), cpu_threads=1, workers=2, final_threads=2, background_nice=3, burst_copy=False)
+    assert off._burst_model is None and _burst_model(off) is off._wide_model  # the first of a burst: the finals' copy
+    level = WhisperRunner(resolve_model("tiny.en"), cpu_threads=1, workers=2, final_threads=2)
+    assert level._burst_model is None  # nothing lowered: the shared copy computes at the finals' priority already
 
 
 def test_a_load_lowered_that_fails_raises_in_the_caller():

@@ -156,6 +156,22 @@ def test_with_two_workers_one_is_kept_for_finals():
     assert [r.prompt for r in core.schedule(0.1, 1).batch.requests] == ["f"]
 
 
+def test_workers_kept_for_finals_take_a_burst_while_interims_run_on():
+    """With a burst copy on 2 cores, two of four workers are kept for finals: two calls of
+    interims (slow, at a lower priority) may run, and a burst's finals still decode two calls at once."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1, final_workers=2), workers=4)
+    for i in range(4):
+        core.add(f"i{i}", interim(f"i{i}"), 0.0)
+    assert [core.schedule(0.0, w).batch is not None for w in range(4)] == [True, True, False, False]
+    for i in range(6):
+        core.add(f"f{i}", final(f"f{i}"), 0.1)
+    picked = [core.schedule(0.1, w).batch for w in (2, 3)]
+    assert [r.prompt for b in picked for r in b.requests] == ["f0", "f1"]
+    assert all(b.entries[0].burst for b in picked)  # more waiting than workers: burst finals
+    with pytest.raises(ValueError):
+        BatchLimits(final_workers=0)
+
+
 def test_a_context_pass_leaves_interims_a_worker_when_one_more_is_kept_for_finals():
     """On two cores the default is three workers: a pass (seconds on a slow core) on one, interims on
     another, the third for finals. With two, a new sentence's interims waited for the whole pass."""
