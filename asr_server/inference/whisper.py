@@ -425,7 +425,10 @@ class WhisperRunner(Runner):
     def _tokenizer(self, language: str) -> Any:
         tokens = self._tokens.get(language)
         if tokens is None:
-            tokens = self._tokens[language] = fw.tokens_for(self.model, language)
+            # Two workers may meet a language first at once: the first entry stored stays, so the
+            # tokenizer each gets is the one its suppress list is looked up by (a second store had
+            # replaced it, and the first caller's lookup found nothing).
+            tokens = self._tokens.setdefault(language, fw.tokens_for(self.model, language))
         return tokens.tokenizer
 
     def _suppress(self, tokenizer: Any) -> list[int]:

@@ -272,3 +272,26 @@ def test_a_quick_final_keeps_its_beam_attempt_where_a_full_final_falls_back(whis
     tried.clear()
     full = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.FINAL, word_timestamps=True))
     assert tried == [0.0, 0.4, 0.8] and full.text
+
+
+def test_a_language_two_workers_meet_first_at_once_gives_each_a_tokenizer_it_can_decode_with(monkeypatch):
+    """Seen with four burst calls timed at once on a fresh runner: the second worker to build
+    the tokenizer replaced the first one's entry, and the first one's decode failed looking up
+    its suppressed tokens. Here the other worker builds its tokenizer while this one is building."""
+    from asr_server.inference import fw
+
+    runner = WhisperRunner(resolve_model("tiny.en"), cpu_threads=1)
+    assert not runner._tokens
+    real = fw.tokens_for
+    meanwhile: list = []
+
+    def racing(model, language):
+        if not meanwhile:
+            meanwhile.append(None)
+            meanwhile.append(runner._tokenizer(language))  # the other worker, in between
+        return real(model, language)
+
+    monkeypatch.setattr(fw, "tokens_for", racing)
+    mine = runner._tokenizer("en")
+    assert mine is meanwhile[1]  # the first entry stored stays
+    assert runner._suppress(mine) and runner._suppress(meanwhile[1])
