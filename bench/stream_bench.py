@@ -105,7 +105,9 @@ def machine_line(port: int) -> str:
     if capacity:
         return (f"machine: {cpu}, {os.cpu_count()} cores; a burst final takes {capacity['final_s']:.3f} model s, a context pass"
                 f" {capacity['pass_s']:.3f} (the server's start-up measure: capacity {capacity['channels']} channels)")
-    # A fixed --max-channels: the server measured nothing, so time one here as it would (one thread a worker).
+    # A fixed --max-channels: the server measured nothing, so time one here, as the server did before it had
+    # a burst copy (one call on the finals' copy beside one on the other, at the same priority): the yardstick
+    # every session's figures were printed with, kept so that they stay comparable.
     from asr_server.inference.whisper import DEFAULT_MODEL, WhisperRunner, resolve_model
 
     cores = os.cpu_count() or 1
