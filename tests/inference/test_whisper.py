@@ -275,7 +275,7 @@ def test_a_quick_final_keeps_its_beam_attempt_where_a_full_final_falls_back(whis
 
 
 def test_a_language_two_workers_meet_first_at_once_gives_each_a_tokenizer_it_can_decode_with(monkeypatch):
-    """Seen with four burst calls timed at once on a fresh runner: the second worker to build
+    """Seen with two burst calls timed at once on a fresh runner: the second worker to build
     the tokenizer replaced the first one's entry, and the first one's decode failed looking up
     its suppressed tokens. Here the other worker builds its tokenizer while this one is building."""
     from asr_server.inference import fw
