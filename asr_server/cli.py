@@ -333,8 +333,9 @@ def _cpu_workers(cores: int, burst_copy: bool) -> int:
 
 def _final_workers(cores: int, burst_copy: bool) -> int:
     """Workers kept for finals on CPU: one, or with a burst copy one per core, so that a burst's
-    finals decode on every core at once while two slow background calls run on (16 streams in
-    step on 2 cores: one call of finals at a time behind two calls of interims; docs/benchmarks.md)."""
+    finals decode on every core at once while the background calls already running go on at their
+    lower priority (16 streams in step on 2 cores with one kept: one call of finals at a time while
+    two calls of interims held the other workers; docs/benchmarks.md)."""
     return cores if burst_copy and cores >= 2 else 1
 
 

@@ -168,14 +168,10 @@ class WhisperRunner(Runner):
         With a burst copy, every call of burst finals decodes there instead.
         Yields whether the call is on the wide copy."""
         if burst and self._burst_model is not None:
-            self._local.model = self._burst_model
-            try:
-                yield False
-            finally:
-                self._local.model = None
-            return
-        wide = kind is DecodeKind.FINAL and self._wide_model is not None and self._wide_free.acquire(blocking=self.background_nice > 0 and not burst)
-        self._local.model = self._wide_model if wide else self._base_model
+            wide, self._local.model = False, self._burst_model
+        else:
+            wide = kind is DecodeKind.FINAL and self._wide_model is not None and self._wide_free.acquire(blocking=self.background_nice > 0 and not burst)
+            self._local.model = self._wide_model if wide else self._base_model
         try:
             yield wide
         finally:

@@ -19,9 +19,9 @@ budget of 2 s admitted 18 and their finals' p95 was 2.77 s.
 final with a fixed number of tokens on every worker at once, as a burst
 runs them, and counts until the last is done) and follows the burst finals the
 server actually decodes (an exponential average of each one's share of its
-model call, from the calls on the shared copy of the weights: on CPU the
-first call of a burst takes the finals' own copy, has every core first and
-ends sooner than the rest), so a slower machine, a larger model or a busier host lowers
+model call, from the calls on the burst copy or the shared copy of the
+weights: on CPU without a burst copy the first call of a burst takes the
+finals' own copy, has every core first and ends sooner than the rest), so a slower machine, a larger model or a busier host lowers
 the limit and a GPU raises it. ``p`` likewise: a pass timed at start-up,
 then the passes the server runs (each one's share of its model call: passes
 batched together hold a worker longer, but a burst of finals is admitted on

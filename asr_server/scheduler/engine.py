@@ -17,7 +17,8 @@ On CPU two workers with one thread each get more out of two cores than one
 worker with two threads (measured: 26% more decodes per second), since much
 of a decode does not parallelize. Finals are the exception: the runner decodes
 them with a thread per core (``--final-cpu-threads``), so a final that finds
-the other worker idle has both cores.
+the other worker idle has both cores. Finals in a burst decode a call per core at
+once instead (``--burst-copy``: they drain faster so), on workers kept for them.
 """
 
 from __future__ import annotations
