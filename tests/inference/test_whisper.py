@@ -162,6 +162,11 @@ def _burst_model(runner: WhisperRunner):
         return runner.model
 
 
+def _model(runner: WhisperRunner, kind: DecodeKind):
+    with runner._using(kind):
+        return runner.model
+
+
 def _threads() -> set[int]:
     import os
 
@@ -176,17 +181,18 @@ def test_the_copy_for_interims_and_passes_computes_below_the_finals_copy_in_cpu_
 
     own = thread_nice(threading.get_native_id())
     before = _threads()
-    runner = WhisperRunner(resolve_model("tiny.en"), cpu_threads=1, workers=2, final_threads=2, background_nice=3)
+    runner = WhisperRunner(resolve_model("tiny.en"), cpu_threads=1, workers=2, final_threads=2, background_nice=3, burst_copy=False)
     niceness = sorted(thread_nice(tid) for tid in _threads() - before)
     assert runner.background_nice == 3
     assert niceness.count(min(19, own + 3)) >= 2  # one compute thread per worker of the shared copy
-    assert niceness.count(own) >= 1 + 2  # the finals' copy, and one per worker of the burst copy
+    assert own in niceness  # the finals' copy
     assert thread_nice(threading.get_native_id()) == own
     assert runner.transcribe(DecodeRequest(np.zeros(16000, np.float32), DecodeKind.FINAL, word_timestamps=True)).text is not None
     same = WhisperRunner(resolve_model("tiny.en"), cpu_threads=2, final_threads=2, background_nice=3)
     assert same.background_nice == 0  # no finals' copy to give way to: nothing lowered
 
-    # A second call of finals waits for the finals' copy rather than run on the lowered one.
+    # A second call of finals waits for the finals' copy rather than run on the lowered one
+    # (with no burst copy to decode on instead).
     entered = threading.Event()
     found: dict = {}
 
@@ -210,8 +216,15 @@ def test_the_copy_for_interims_and_passes_computes_below_the_finals_copy_in_cpu_
 def test_calls_of_burst_finals_decode_at_once_on_their_own_copy_at_the_finals_priority():
     """In a burst every worker kept for finals decodes one: two one-thread calls at once drain a
     burst a third faster on 2 cores than one call on both. They take neither the finals' copy (one
-    call at a time) nor the lowered shared one (whose threads give way to every other call)."""
+    call at a time) nor the lowered shared one (whose threads give way to every other call); nor
+    does a call of finals wait for the finals' copy while another has it: it decodes there too."""
+    from asr_server.inference.priority import thread_nice
+
+    own = thread_nice(threading.get_native_id())
+    before = _threads()
     runner = WhisperRunner(resolve_model("tiny.en"), cpu_threads=1, workers=2, final_threads=2, background_nice=3)
+    niceness = sorted(thread_nice(tid) for tid in _threads() - before)
+    assert niceness.count(own) >= 1 + 2  # the finals' copy, and one per worker of the burst copy
     burst = runner._burst_model
     assert burst is not None and burst is not runner._base_model and burst is not runner._wide_model
     inside = threading.Barrier(2, timeout=30)  # both calls must be inside at once, or it breaks
@@ -222,13 +235,20 @@ def test_calls_of_burst_finals_decode_at_once_on_their_own_copy_at_the_finals_pr
             found.append((runner.model, wide))
             inside.wait()
 
-    with runner._using(DecodeKind.FINAL):  # a call of finals on the finals' copy does not hold them up
+    with runner._using(DecodeKind.FINAL) as first:  # a call of finals on the finals' copy does not hold them up
+        assert first and runner.model is runner._wide_model
         calls = [threading.Thread(target=burst_call) for _ in range(2)]
         for call in calls:
             call.start()
         for call in calls:
             call.join()
-    assert found == [(burst, False), (burst, False)]
+        second = threading.Thread(target=lambda: found.append(_model(runner, DecodeKind.FINAL)))
+        second.start()
+        second.join(timeout=30)
+        assert not second.is_alive()  # it did not wait for the first
+    assert found == [(burst, False), (burst, False), burst]
+    assert _model(runner, DecodeKind.FINAL) is runner._wide_model  # the finals' copy is free again
+    assert _model(runner, DecodeKind.INTERIM) is runner._base_model
     request = DecodeRequest(np.zeros(16000, np.float32), DecodeKind.FINAL, short_window=True, burst=True)
     assert runner.transcribe_batch([request])[0].finals_copy is False  # the capacity model learns from it
     assert runner.measure_burst_final(repeats=1, concurrent=2) > 0
