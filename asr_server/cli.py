@@ -102,8 +102,9 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
                         "context passes then take the cores a final leaves (default %(default)s; 0: the same priority)")
     p.add_argument("--burst-copy", action=argparse.BooleanOptionalAction, default=True,
                    help="with that second copy and a --background-nice above 0, load the weights a third time, at the finals' priority "
-                        "with --cpu-threads each, for finals in a burst: a call on each core at once, with a worker kept for each "
-                        "(default on; --no-burst-copy: the first call of a burst on the finals' copy, the rest beside interims)")
+                        "with --cpu-threads each, for finals in a burst (a call on each core at once, with a worker kept for each) "
+                        "and for a call of finals that finds the finals' copy taken (default on; --no-burst-copy: the first call "
+                        "of a burst on the finals' copy, the rest beside interims, and other finals wait for that copy)")
     p.add_argument("--interim-encoder-pad-s", type=float, default=INTERIM_ENCODER_PAD_S,
                    help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster)")
     p.add_argument("--busy-interim-encoder-pad-s", type=float, default=SHORT_INTERIM_PAD_S,
