@@ -167,8 +167,8 @@ class WhisperRunner(Runner):
         stopped, and the first call of the burst then has the cores at the finals' priority.
         With a burst copy, every call of burst finals decodes there instead, and so does a call
         of other finals that finds the wide copy taken, rather than wait for it: under load two
-        such calls then decode at once (16 streams on 2 cores: finals p95 1.10-1.27 s against
-        1.50-1.64 s waiting; docs/benchmarks.md).
+        such calls then decode at once (16 streams on 2 cores: finals p95 1.10-1.38 s against
+        1.30-1.64 s waiting, revisions later; docs/benchmarks.md).
         Yields whether the call is on the wide copy."""
         spill = kind is DecodeKind.FINAL and self._burst_model is not None
         if burst and spill:
