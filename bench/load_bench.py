@@ -313,10 +313,10 @@ def main() -> None:
     VOICES_DB[0] = args.voices_db
     admission = [] if args.max_channels in ("", "auto") else ["--max-channels", args.max_channels]
     proc, port = start_server(args.compute_type, *admission, *args.server_arg)
-    print(machine_line(port), flush=True)
     url = f"ws://127.0.0.1:{port}"
     rows, best = [], 0
-    try:
+    try:  # the server is stopped whatever fails, the machine line included (a crash there left one running)
+        print(machine_line(port), flush=True)
         for n in (int(x) for x in args.streams.split(",")):
             wait_calm(port)
             row = asyncio.run(run_level(url, n, args.seed + n, proc.pid, port, args.rounds, args.sync))

@@ -444,7 +444,11 @@ def main() -> None:
         for name in names:
             use_fast_reader(name)
     proc, port = start_server(args.compute_type, *args.server_arg)
-    print(machine_line(port), flush=True)
+    try:
+        print(machine_line(port), flush=True)
+    except BaseException:  # stop the server: a crash here left one running
+        proc.terminate()
+        raise
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims, delays, again, per_revision = [], [], [], [], [], []
     slow: list[tuple[float, str]] = []  # per sentence a final covered: (latency, which)
