@@ -297,6 +297,7 @@ class _Plan:
     max_windows: int  # the most 30 s windows one model call may encode
     workers: int
     threads: int
+    burst_copy: bool = False  # the runner loads a burst copy, and a worker per core is kept for finals
 
 
 # Model calls at once on CUDA. A small model's decode is bound by the steps of its search, not by
@@ -347,7 +348,10 @@ def _plan(args: argparse.Namespace, model_path: str | None = None) -> _Plan:
     batch_seconds = args.max_batch_seconds or (30.0 * max_batch if args.device == "cuda" else 60.0)
     max_frames = max(1, int(batch_seconds * 100))
     final_frames = max(1, int((args.final_batch_seconds or (batch_seconds if args.device == "cuda" else 30.0)) * 100))
-    burst_copy = args.device == "cpu" and args.burst_copy and args.background_nice > 0
+    # The runner loads one only beside a wide finals' copy whose peer computes lowered (_load_copies):
+    # decided once here, so that the workers kept for it and the copy come and go together.
+    burst_copy = (args.device == "cpu" and args.burst_copy and args.background_nice > 0
+                  and (args.final_cpu_threads or cores) > (args.cpu_threads or 1))
     workers = args.workers or (_cuda_workers(model_path) if args.device == "cuda" else _cpu_workers(cores, burst_copy))
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
                     webrtc_connect_timeout_s=args.webrtc_connect_timeout, resume_ttl_s=args.resume_ttl,
@@ -355,8 +359,9 @@ def _plan(args: argparse.Namespace, model_path: str | None = None) -> _Plan:
     return _Plan(
         limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames, context_max_wait_s=args.context_max_wait_s,
                             context_share=args.context_share, context_batch=args.max_context_batch,
-                            final_workers=min(workers, _final_workers(cores, burst_copy)) if args.device == "cpu" else 1),
+                            final_workers=min(workers, _final_workers(cores, burst_copy))),
         max(1, min(max_batch, max(max_frames, final_frames) // FULL_WINDOW_FRAMES)), workers, args.cpu_threads or max(1, cores // workers),
+        burst_copy,
     )
 
 
@@ -368,7 +373,7 @@ def _load(
                   short_interim_pad_s=args.busy_interim_encoder_pad_s, final_encoder_pad_s=args.final_encoder_pad_s, workers=plan.workers)
     baseline = process_rss()
     runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, final_beam_size=args.final_beam_size,
-                           final_threads=args.final_cpu_threads or (os.cpu_count() or 1), background_nice=args.background_nice, burst_copy=args.burst_copy,
+                           final_threads=args.final_cpu_threads or (os.cpu_count() or 1), background_nice=args.background_nice, burst_copy=plan.burst_copy,
                            quick_final_pad_s=args.quick_final_encoder_pad_s, quick_final_beam_size=args.quick_final_beam_size,
                            burst_final_pad_s=args.burst_final_encoder_pad_s, lean_context_pad_s=args.lean_context_encoder_pad_s, **common)
     interim = None
