@@ -49,6 +49,28 @@ def test_a_busy_final_decodes_greedily_on_the_burst_window_but_not_as_a_burst(wh
     assert hyp.words  # the guards and the context pass need its words
 
 
+def test_the_runaway_guard_lets_a_decode_give_as_many_tokens_as_it_says(whisper_runner, monkeypatch):
+    """CTranslate2's Whisper decodes at most half the ``max_length`` it is given: asked for the
+    guard's count as it was, a decode stopped at half of it, and a 21 s context pass of a fast
+    reader lost its last sentence mid-word ("... plenty of gr"). A guard of 12 tokens must let
+    about 12 through, and no more."""
+    from asr_server.inference import whisper as module
+
+    from ..harness import MANIFEST, load_mono
+
+    spans = MANIFEST["librivox_16k.wav"]["spans"][0]
+    audio = load_mono("librivox_16k.wav")[int((spans[0][0] - 0.3) * 16000) : int((spans[1][1] + 0.2) * 16000)]
+    tokenizer = whisper_runner._tokenizer("en")
+    full = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True))
+    assert len(tokenizer.encode(full.text)) > 20  # two sentences: far more than the guard below
+    monkeypatch.setattr(module, "max_new_tokens", lambda duration: 12)
+    for kind in (DecodeKind.CONTEXT, DecodeKind.INTERIM):
+        cut = whisper_runner.transcribe(DecodeRequest(audio, kind, word_timestamps=kind.final_quality))
+        # Timestamp tokens count too (a context decode's first is one), so 10-12 text tokens.
+        assert 10 <= len(tokenizer.encode(cut.text)) <= 12, (kind, cut.text)
+        assert full.text.lower().startswith(cut.text.lower().rstrip(".,")[:20]), (full.text, cut.text)
+
+
 def test_model_resolution(tmp_path):
     assert resolve_model("tiny.en").endswith("model")
     with pytest.raises(ModelNotFound, match="model.bin"):
