@@ -66,9 +66,10 @@ def test_the_runaway_guard_lets_a_decode_give_as_many_tokens_as_it_says(whisper_
     monkeypatch.setattr(module, "max_new_tokens", lambda duration: 12)
     for kind in (DecodeKind.CONTEXT, DecodeKind.INTERIM):
         cut = whisper_runner.transcribe(DecodeRequest(audio, kind, word_timestamps=kind.final_quality))
-        # Timestamp tokens count too (a context decode's first is one), so 10-12 text tokens.
-        assert 10 <= len(tokenizer.encode(cut.text)) <= 12, (kind, cut.text)
-        assert full.text.lower().startswith(cut.text.lower().rstrip(".,")[:20]), (full.text, cut.text)
+        # Timestamp tokens count too (a context decode's first is one), and the text is encoded
+        # again here, a token either way: 8-13, where the halved guard let 5 or 6 through.
+        assert 8 <= len(tokenizer.encode(cut.text)) <= 13, (kind, cut.text)
+        assert cut.text.lower().split()[:2] == full.text.lower().split()[:2], (full.text, cut.text)  # its start
 
 
 def test_model_resolution(tmp_path):
