@@ -448,6 +448,7 @@ def main() -> None:
         print(machine_line(port), flush=True)
     except BaseException:  # stop the server: a crash here left one running
         proc.terminate()
+        proc.wait(10)
         raise
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims, delays, again, per_revision = [], [], [], [], [], []

@@ -173,10 +173,8 @@ class WhisperRunner(Runner):
         1.30-1.64 s waiting, revisions later; docs/benchmarks.md).
         Yields whether the call is on the wide copy."""
         spill = kind is DecodeKind.FINAL and self._burst_model is not None
-        if burst and spill:
-            wide = False
-        else:
-            wide = kind is DecodeKind.FINAL and self._wide_model is not None and self._wide_free.acquire(blocking=self.background_nice > 0 and not burst and not spill)
+        wide = (kind is DecodeKind.FINAL and self._wide_model is not None and not (burst and spill)
+                and self._wide_free.acquire(blocking=self.background_nice > 0 and not burst and not spill))
         self._local.model = self._wide_model if wide else self._burst_model if spill else self._base_model
         try:
             yield wide
