@@ -794,7 +794,7 @@ class ChannelDecoder:
         return out + self._dispatch_context()
 
     def _revise(self, covered: list[Finalized], spans: list[Span], texts: list[tuple[str, tuple[Word, ...]]]) -> list[PipelineEvent]:
-        changed = next((k for k, (r, (t, _)) in enumerate(zip(covered, texts)) if t != r.text), None)
+        changed = next((k for k, (r, t) in enumerate(zip(covered, self._placed(covered, texts))) if t != r.text), None)
         if changed is None:
             return []
         differ: list[int] = []
@@ -821,6 +821,17 @@ class ChannelDecoder:
         words = tuple(w for r in revised for w in r.words) if self.options.word_timestamps else ()
         out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, tuple(differ))]
         return out + self._moved_interim()
+
+    def _placed(self, covered: list[Finalized], texts: list[tuple[str, tuple[Word, ...]]]) -> list[str]:
+        """Each of ``texts`` as :meth:`_revise` would place it: with a capital where a sentence starts.
+        A pass that heard a sentence's first word in lower case ("unless to be" after "young man,"
+        in its window) changes nothing the client holds: no revision for it (one went out, the
+        same text again, counted as a change of the utterance)."""
+        out: list[str] = []
+        for record, (text, _) in zip(covered, texts):
+            upper = ends_sentence(_last_word(out[-1])) if out else self._starts_a_sentence(record)
+            out.append(_capitalized(text, ())[0] if upper else text)
+        return out
 
     def _starts_a_sentence(self, record: Finalized) -> bool:
         """Whether ``record`` starts a sentence: the record before it ends one, or it starts the

@@ -1000,3 +1000,15 @@ def test_a_sentence_end_the_first_pass_put_beside_a_kept_stretch_stays_whole(fir
         return _words_of(text, [0.3 if w == unsure else 0.9 for w in text.split()])
 
     assert "".join(w.word for w in merge_words(words(first, ""), words(second, unsure))) == merged
+
+
+def test_a_pass_that_only_hears_a_sentence_start_in_lower_case_sends_no_revision():
+    """A window can join two sentences and hear the second one's first word in lower case ("young
+    man, unless to be"); the revision would give that utterance its capital back, the same text
+    the client holds. No such revision goes out (one did, counted as a change of the utterance)."""
+    lowered = [SENTENCES[0], SENTENCES[1][0].lower() + SENTENCES[1][1:], *SENTENCES[2:]]
+    model = VaryingModel(SENTENCES, lambda n, call: lowered[n])
+    d = _pass_after_every_final(model)
+    assert model.context_requests >= 2
+    assert not d.of_type("revision")
+    assert d.client.final_text() == " ".join(SENTENCES) == server_transcript(d)
