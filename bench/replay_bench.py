@@ -155,6 +155,7 @@ def main() -> None:
     ap.add_argument("--voices-db", type=float, default=None, help="three other people talking (backwards: no words) this many dB below the speech")
     ap.add_argument("--phone", action="store_true", help="as a phone line carries it: 300-3400 Hz, 8 kHz mu-law, decoded as the server does")
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
+    ap.add_argument("--context-ahead-s", type=float, default=ContextOptions().ahead_s, help="a pass may decide the newest final once the next utterance holds this much (0: once the next final came)")
     ap.add_argument("--lean", action="store_true", help="passes as under load: only the utterances they decide, on the lean window")
     ap.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S, help="the lean window: the audio plus this (30: the full window)")
     ap.add_argument("--interims", action="store_true", help="decode every interim too (without it, only long utterances are, for sentence splits)")
@@ -175,7 +176,7 @@ def main() -> None:
     ctranslate2.set_random_seed(1)
     runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type, lean_context_pad_s=args.lean_context_encoder_pad_s)
     runner.warm_up()
-    context = ContextOptions(back_s=args.context_back_s)
+    context = ContextOptions(back_s=args.context_back_s, ahead_s=args.context_ahead_s)
     errors = [0, 0]
     offline_errors = 0
     words = 0

@@ -57,7 +57,7 @@ ANCHOR_DRIFT_S = 1.0
 _HYPHENATED = re.compile(r"[^\w'-]+")
 
 __all__ = [
-    "CONFIDENCE_MARGIN", "ContextOptions", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words", "merge_words",
+    "CONFIDENCE_MARGIN", "ContextOptions", "before_ahead", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words", "merge_words",
     "revised_texts", "window_words", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "respaced",
 ]
 
@@ -83,8 +83,18 @@ class ContextOptions:
     # ... or once the channel has been silent this long after its last final (a pause in talk).
     idle_s: float = 2.0
     # The newest final is decided only with a later one in the window (context on both sides,
-    # as offline transcription has), unless the channel has been silent this long, or ended.
+    # as offline transcription has), unless the channel has been silent this long, or ended ...
     settle_s: float = 3.0
+    # ... or the next utterance has this much audio so far: its first ``ahead_max_s`` go in the
+    # window after the newest final as lookahead (heard, never decided), so a final need not
+    # wait for the whole next sentence to end (0: wait for the next final). 8 streams in step on
+    # 2 cores: context lag p95 11.7-11.9 -> 9.5-9.8 s, revision delay p95 11.2-11.8 -> 9.5-10.4 s;
+    # with 2 s (up to 4 s) the lag fell as far, but a lookahead that short decided "old-sposed"
+    # where the whole next sentence had fixed it, and later passes changed it 18 s after its
+    # final (revision delay p95 18.7-19.2 s). WER after revisions the same within a point in the
+    # replays (docs/benchmarks.md, twenty-ninth session).
+    ahead_s: float = 3.0
+    ahead_max_s: float = 8.0
     # First-pass finals are quick (a shorter window) while the pass is on.
     quick_finals: bool = True
     # ... and while the server is loaded (its passes lean, since a final was late) they decode
@@ -263,6 +273,22 @@ def split_words(words: Sequence[Word], spans: Sequence[Span], texts: Sequence[st
     return out
 
 
+def before_ahead(words: Sequence[Word], start: float) -> tuple[Word, ...]:
+    """The words a decode heard before a lookahead that starts at ``start`` (window seconds): a word
+    whose middle lies in the lookahead goes, with the pieces written after it (",800" after " 3").
+    Not left to :func:`split_words`: its seam rule gives a word near a seam to the utterance whose
+    first-pass text holds it at the aligned place, and the lookahead has no first pass to hold its
+    own words (the next utterance's first word went to the one before so, in a test)."""
+    out: list[Word] = []
+    keep = True
+    for k, w in enumerate(words):
+        if k == 0 or w.word[:1].isspace():
+            keep = (w.start + w.end) / 2 < start
+        if keep:
+            out.append(w)
+    return tuple(out)
+
+
 def _matched_spans(heard: list[str], texts: Sequence[str]) -> dict[int, int]:
     """Heard word -> the span whose first-pass text has it at the aligned place (same words,
     or a substitution of as many words)."""
@@ -350,7 +376,7 @@ def _outvotes(record: Finalized, heard: tuple[str, ...]) -> bool:
     return votes > against or (votes == against and held == record.first_pass)
 
 
-def count_votes(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], spans: Sequence[Span], decide_to: int) -> None:
+def count_votes(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], spans: Sequence[Span], decide_to: int, ahead: bool = False) -> None:
     """Add to each record's votes what a context decode heard in its span, where that is to be
     trusted (:func:`heard_in`). Call once per decode, and only for a :func:`trusted` one;
     ``decide_to``: the last record it decides.
@@ -372,14 +398,15 @@ def count_votes(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], 
     help you to make?" held two votes so, and the two later windows that heard "today" with
     the sentences after it could not outvote it). A different wording it hears does count,
     as before (dropping that too delayed revisions: a later window then had to wait for the
-    other party's turn before two windows could outvote)."""
+    other party's turn before two windows could outvote). ``ahead``: the window held the next
+    utterance's first seconds after ``records`` (:attr:`ContextOptions.ahead_s`), so no record is alone."""
     for n, (record, group, span, around) in enumerate(zip(records, groups, spans, _neighbours(groups), strict=True)):
         heard = heard_in(record, group, span, around)
         lookahead = len(spans) > 1 and n == len(spans) - 1 and record.index > decide_to
         if heard is None or lookahead:
             continue
         key = _hearing(record, word_key(heard))
-        if len(spans) > 1 or key != _hearing(record, word_key(record.text)):
+        if len(spans) > 1 or ahead or key != _hearing(record, word_key(record.text)):
             record.votes[key] = record.votes.get(key, 0) + 1
 
 

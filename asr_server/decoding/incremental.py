@@ -53,7 +53,7 @@ from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request,
+from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
 from .text import ends_sentence, guard, normalize_word, normalized_text
@@ -167,6 +167,7 @@ class ChannelDecoder:
         self._unrevised = 0  # how many of the latest records no context pass has covered yet
         self._context_job: DecodeJob | None = None
         self._context_spans: list[Span] = []
+        self._context_ahead: Span | None = None  # where the pass in flight's lookahead sits in its window
         self._context_fresh = 0  # the first utterance the pass in flight may revise (earlier ones: context only)
         self._context_decide_to = 0  # the last one it may revise (later ones: lookahead only)
         self._context_closed = False  # no more context passes (given up at close)
@@ -725,9 +726,11 @@ class ChannelDecoder:
         if not self.context.enabled or self._context_closed or self._context_job is not None or not self._unrevised:
             return []
         fresh = self._done[-self._unrevised :]
-        decidable = fresh if self._settled() else fresh[:-1]
+        ahead = self._ahead()
+        decidable = fresh if self._settled() or ahead is not None else fresh[:-1]
         quiet = not self._utterances and self._position - self._last_final_end >= self.context.idle_s * MODEL_RATE
-        enough = sum(r.seconds for r in fresh) >= self.context.min_new_s
+        heard = (ahead.end - ahead.speech_at) / MODEL_RATE if ahead is not None else 0.0
+        enough = sum(r.seconds for r in fresh) + heard >= self.context.min_new_s
         if not decidable or not (enough or quiet or (self._draining and not self._utterances)):
             return []
         job = self._context_job = self._context_window()
@@ -740,14 +743,40 @@ class ChannelDecoder:
 
     def _context_window(self) -> DecodeJob:
         options = replace(self.context, back_s=0.0) if self.lean_context else self.context
-        records = plan_window(self._done, options, self._unrevised)
+        ahead = self._lookahead()
+        records = plan_window(self._done if ahead is None else [*self._done, ahead], options, self._unrevised + (ahead is not None))
+        if ahead is not None and len(records) < 2:  # the newest final fills the window alone
+            ahead, records = None, plan_window(self._done, options, self._unrevised)
+        elif ahead is not None:
+            records.pop()
         before = _trusted_tail(self._done[: len(self._done) - len(records)])
         prompt = _with_vocabulary(self.options.prompt, _tail_words(" ".join(r.text for r in before), PROMPT_CHARS))
-        request, self._context_spans = window_request(records, self.context, self.options.language, prompt, self.lean_context)
+        window = records if ahead is None else [*records, ahead]
+        request, spans = window_request(window, self.context, self.options.language, prompt, self.lean_context)
+        self._context_spans = spans[: len(records)]
+        self._context_ahead = None if ahead is None else spans[-1]
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
-        self._context_decide_to = records[-1].index if self._settled() or len(records) < 2 else records[-2].index
+        settled = self._settled() or ahead is not None
+        self._context_decide_to = records[-1].index if settled or len(records) < 2 else records[-2].index
         last = records[-1]
         return DecodeJob(self.channel, last.index, request, False, last.start + len(last.audio))
+
+    def _ahead(self) -> _Utterance | None:
+        """The utterance after the newest final, once it holds ``ahead_s`` of audio from where its
+        speech began (None before that, or with no final before it, or with ``ahead_s`` 0)."""
+        utt = next(iter(self._utterances.values()), None)
+        if utt is None or not self.context.ahead_s or not self._done or utt.index <= self._done[-1].index:
+            return None
+        return utt if utt.end - utt.speech_at >= self.context.ahead_s * MODEL_RATE else None
+
+    def _lookahead(self) -> Finalized | None:
+        """:meth:`_ahead`'s audio up to ``ahead_max_s`` after its speech began, as a record that a pass
+        holds after the newest final as lookahead (never decided: its words are dropped)."""
+        utt = self._ahead()
+        if utt is None:
+            return None
+        audio = utt.audio.copy(0, utt.speech_at - utt.start + int(self.context.ahead_max_s * MODEL_RATE))
+        return Finalized(utt.index, utt.start, audio, 0, "", ())
 
     def _settled(self) -> bool:
         """Whether the newest final may be decided without a later one (the speaker stopped, or the stream ended)."""
@@ -759,8 +788,8 @@ class ChannelDecoder:
         """A waiting pass takes the newest finals when its turn comes (pull model, as interims)."""
         if job is not self._context_job or self._context_closed:
             return None
-        if job.utterance == self._done[-1].index:
-            return job
+        if job.utterance == self._done[-1].index and self._context_ahead is None and self._ahead() is None:
+            return job  # no newer final, and no lookahead to take or to grow
         fresh = self._context_job = self._context_window()
         return fresh
 
@@ -776,8 +805,9 @@ class ChannelDecoder:
         covered = [r for r in self._done if spans[0].index <= r.index <= spans[-1].index]
         groups = None
         if hypothesis is not None and [r.index for r in covered] == [s.index for s in spans]:
-            hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered))
-            groups = split_words(hyp.words, spans, [r.text for r in covered])
+            ahead_s = self._context_ahead.end - self._context_ahead.start if self._context_ahead else 0.0
+            hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered) + ahead_s)
+            groups = self._pass_groups(hyp.words, spans, covered)
             intended, self._context_decide_to = self._context_decide_to, reached(covered, groups, self._context_fresh, self._context_decide_to)
             self._last_pass = (_window_key(job.request, spans), intended, hypothesis)
         waiting = self._done[-self._unrevised :] if self._unrevised else []
@@ -786,12 +816,19 @@ class ChannelDecoder:
         out: list[PipelineEvent] = [ContextDecided(self.channel, decided)] if decided else []
         if groups is not None and trusted(covered, groups, self._context_fresh, self._context_decide_to):
             if not repeat:
-                count_votes(covered, groups, spans, self._context_decide_to)
+                count_votes(covered, groups, spans, self._context_decide_to, ahead=self._context_ahead is not None)
             texts = revised_texts(covered, groups, spans, self._context_fresh, self._context_decide_to)
             mark_heard(covered, groups, spans, self._context_decide_to)
             out.extend(self._revise(covered, spans, _mended_seams(covered, groups, spans, texts)))
         self._trim()
         return out + self._dispatch_context()
+
+    def _pass_groups(self, words: tuple[Word, ...], spans: list[Span], covered: list[Finalized]) -> list[list[Word]]:
+        """:func:`split_words` over the pass's records; the words of its lookahead, if any, are dropped first
+        (:func:`before_ahead`)."""
+        if self._context_ahead is not None:
+            words = before_ahead(words, self._context_ahead.start)
+        return split_words(words, spans, [r.text for r in covered])
 
     def _revise(self, covered: list[Finalized], spans: list[Span], texts: list[tuple[str, tuple[Word, ...]]]) -> list[PipelineEvent]:
         changed = next((k for k, (r, t) in enumerate(zip(covered, self._placed(covered, texts))) if t != r.text), None)

@@ -16,6 +16,10 @@ from asr_server.session import Close, Send, Session
 
 from ..harness import load_mono
 
+# A span of a context window that no final's audio matches: the next utterance's first seconds,
+# held as lookahead (ContextOptions.ahead_s). Its words must never reach the transcript.
+AHEAD = -1
+AHEAD_WORDS = "words heard ahead"
 GAP = 8000  # ContextOptions.gap_s at 16 kHz: context windows join utterances with exact zeros
 
 
@@ -37,11 +41,11 @@ class TwoPassModel:
     def context(self, request) -> Hypothesis:
         self.context_requests += 1
         words: list[Word] = []
-        self.windows.append([self.lengths[end - start] for start, end in _spans(request.audio)])
+        self.windows.append([self.lengths.get(end - start, AHEAD) for start, end in _spans(request.audio)])
         self.short_windows.append(request.short_window)
         for start, end in _spans(request.audio):
-            n = self.lengths[end - start]
-            words += _hyp(self.together[n], start / 16000, end / 16000).words
+            n = self.lengths.get(end - start, AHEAD)
+            words += _hyp(self.together[n] if n != AHEAD else AHEAD_WORDS, start / 16000, end / 16000).words
         return Hypothesis(" ".join("".join(w.word for w in words).split()), tuple(words), avg_logprob=-0.1)
 
     def interim(self, request) -> Hypothesis:
@@ -534,10 +538,11 @@ class VaryingModel(TwoPassModel):
         call = self.context_requests
         self.context_requests += 1
         spans = _spans(request.audio)
-        self.windows.append([self.lengths[end - start] for start, end in spans])
+        self.windows.append([self.lengths.get(end - start, AHEAD) for start, end in spans])
         words: list[Word] = []
         for start, end in spans:
-            text = self.heard(self.lengths[end - start], call)
+            n = self.lengths.get(end - start, AHEAD)
+            text = AHEAD_WORDS if n == AHEAD else self.heard(n, call)
             if text is not None:
                 words += _hyp(text, start / 16000, end / 16000).words
         return Hypothesis(" ".join("".join(w.word for w in words).split()), tuple(words), avg_logprob=-0.1)
@@ -545,8 +550,9 @@ class VaryingModel(TwoPassModel):
 
 def _pass_after_every_final(model: TwoPassModel) -> Driver:
     """Every sentence fed, with a context pass run as soon as one is asked for (each final
-    starts one: min_new_s 0.1), then the end of the stream and the last pass."""
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
+    starts one: min_new_s 0.1, with the next final as its lookahead: ahead_s 0), then the end
+    of the stream and the last pass."""
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0))
     audio = speech()
     for i in range(0, len(audio), 1600):
         d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
@@ -654,7 +660,7 @@ def test_a_window_of_one_utterance_alone_is_not_a_second_vote_for_its_first_pass
         return right if n == 0 and call in (1, 2) else ALONE[n]
 
     model = VaryingModel(ALONE, heard)
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=1.0, settle_s=1.0))
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=1.0, settle_s=1.0, ahead_s=0.0))
     audio = speech()
     d.feed(audio[: int(4.5 * 16000)])
     d.feed(np.zeros(2 * 16000, np.float32))  # the speaker stops after the first sentence
@@ -1000,6 +1006,36 @@ def test_a_sentence_end_the_first_pass_put_beside_a_kept_stretch_stays_whole(fir
         return _words_of(text, [0.3 if w == unsure else 0.9 for w in text.split()])
 
     assert "".join(w.word for w in merge_words(words(first, ""), words(second, unsure))) == merged
+
+
+@pytest.mark.parametrize("ahead_s", [1.5, 0.0])
+def test_the_newest_final_is_decided_once_the_next_sentence_is_under_way_and_the_lookahead_words_stay_out(ahead_s):
+    """With ``ahead_s``, a pass may decide the newest final once the next utterance holds that
+    much audio: its first seconds go in the window after the final as lookahead, so the
+    revision need not wait for the next sentence to end. What the pass heard in the lookahead
+    ("words heard ahead", from the fake model) never reaches the transcript. With 0 the pass
+    waits for the next final, as before."""
+    together = [ALONE[0].replace("old-sposed", "ill-disposed"), *ALONE[1:]]
+    model = TwoPassModel(ALONE, together)
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, ahead_s=ahead_s))
+    audio = speech()
+    revised_before_next_final = False
+    for i in range(0, len(audio), 1600):
+        d.feed(audio[i : i + 1600])
+        finals = len([m for m in d.of_type("final") if m["text"]])
+        if d.context_jobs:
+            d.run_context()
+            if finals == 1 and d.of_type("revision"):
+                revised_before_next_final = True
+                assert model.windows == [[0, AHEAD]] and d.decided == [0]
+                assert d.client.final_text() == together[0]
+        check_rules(d)
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert revised_before_next_final == (ahead_s > 0)
+    assert AHEAD_WORDS.split()[0] not in d.client.text()
+    assert d.client.final_text() == " ".join(together) == server_transcript(d)
 
 
 def test_a_pass_that_only_hears_a_sentence_start_in_lower_case_sends_no_revision():
