@@ -144,6 +144,9 @@ def _context_options(p: argparse.ArgumentParser) -> None:
                         "0 while the server is loaded, load level 1 and up)")
     p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,
                    help=f"speech finalized since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
+    p.add_argument("--context-ahead-s", type=_seconds, default=defaults.ahead_s,
+                   help=f"a pass may decide the newest final once the next utterance holds this much audio, its first "
+                        f"{defaults.ahead_max_s:g} s in the window as lookahead (default {defaults.ahead_s:g}; 0: wait for the next final)")
     p.add_argument("--context-max-wait-s", type=_seconds, default=CONTEXT_MAX_WAIT_S,
                    help=f"a context pass that has waited this long goes before interims, never before finals (default {CONTEXT_MAX_WAIT_S:g}), "
                         "while passes took less than --context-share of the recent model time of interims and passes")
@@ -412,7 +415,7 @@ def _measure(runner: WhisperRunner, plan: _Plan) -> Measure:
 
 def _context(args: argparse.Namespace) -> ContextOptions:
     return ContextOptions(window_s=min(30.0, args.context_window_s), back_s=args.context_back_s,
-                          min_new_s=args.context_min_new_s, quick_finals=args.quick_finals, busy_finals=args.busy_finals)
+                          min_new_s=args.context_min_new_s, ahead_s=args.context_ahead_s, quick_finals=args.quick_finals, busy_finals=args.busy_finals)
 
 
 def _vad(args: argparse.Namespace) -> VadOptions:

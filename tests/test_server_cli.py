@@ -2,6 +2,7 @@
 
 import pytest
 
+from asr_server.decoding.context import ContextOptions
 from asr_server.audio.vad import VadOptions
 from asr_server.cli import build_parser
 
@@ -33,9 +34,11 @@ def test_the_talker_floor_reaches_the_vad_and_negative_decibels_are_refused(caps
 def test_the_context_pass_settings_reach_the_server_and_negative_seconds_are_refused(capsys):
     from asr_server.cli import _context, _plan
 
-    args = build_parser().parse_args(["--context-window-s", "40", "--context-back-s", "4", "--context-min-new-s", "5", "--context-max-wait-s", "2"])
+    args = build_parser().parse_args(["--context-window-s", "40", "--context-back-s", "4", "--context-min-new-s", "5", "--context-max-wait-s", "2",
+                                      "--context-ahead-s", "0"])
     options = _context(args)
-    assert (options.window_s, options.back_s, options.min_new_s) == (30.0, 4.0, 5.0)  # one Whisper window at most
+    assert (options.window_s, options.back_s, options.min_new_s, options.ahead_s) == (30.0, 4.0, 5.0, 0.0)  # one Whisper window at most
+    assert _context(build_parser().parse_args([])).ahead_s == ContextOptions().ahead_s > 0
     assert _plan(args).batch.context_max_wait_s == 2.0
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["--context-max-wait-s", "-1"])
