@@ -60,12 +60,19 @@ def test_unloadable_model_fails_fast_with_a_clear_message(model, needle):
 
 
 def test_client_cli_prints_finals_and_json(live_server):
+    from ..harness import MANIFEST
+    from ..wer import wer
+
     path = str(FIXTURES / "cards_16k.wav")
     cmd = [sys.executable, "-m", "asr_client", "--url", live_server.url]
     plain = subprocess.run(cmd + ["file", path, "--fast"], capture_output=True, text=True, timeout=120)
     assert plain.returncode == 0, plain.stderr
     lines = plain.stdout.strip().splitlines()
-    assert len(lines) == 5 and "clubs" in lines[0].lower() and "hearts" in lines[-1].lower()
+    # One line per final, as the server heard them. The first pass alone hears the first card as
+    # "10 of close." with AMD's int8 kernels (oneDNN), "clubs" with Intel's: a bound on the
+    # errors, not a word, so the test holds on either CPU (3 errors in 19 words on AMD).
+    reference = " ".join(MANIFEST["cards_16k.wav"]["references"][0])
+    assert len(lines) == 5 and "hearts" in lines[-1].lower() and wer(reference, " ".join(lines)) <= 0.25
     raw = subprocess.run(cmd + ["--json", "file", path, "--fast"], capture_output=True, text=True, timeout=120)
     messages = [json.loads(line) for line in raw.stdout.splitlines()]
     assert messages[0]["type"] == "session" and messages[-1]["type"] == "closed"
