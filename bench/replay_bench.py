@@ -1,6 +1,6 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
-    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--phone] [--context-back-s 24]
+    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--phone] [--context-back-s 24] [--context-ahead-s 3]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--interims]
                                  [--split-after-s 3] [--fast-reader] [--load-streams] [--json out.json]
 

@@ -91,8 +91,8 @@ class ContextOptions:
     # 2 cores: context lag p95 11.7-11.9 -> 9.5-9.8 s, revision delay p95 11.2-11.8 -> 9.5-10.4 s;
     # with 2 s (up to 4 s) the lag fell as far, but a lookahead that short decided "old-sposed"
     # where the whole next sentence had fixed it, and later passes changed it 18 s after its
-    # final (revision delay p95 18.7-19.2 s). WER after revisions the same within a point in the
-    # replays (docs/benchmarks.md, twenty-ninth session).
+    # final (revision delay p95 18.7-19.2 s). WER after revisions in the replays the same on net
+    # (-2.6 to +2.2 points by set and condition; docs/benchmarks.md, twenty-ninth session).
     ahead_s: float = 3.0
     ahead_max_s: float = 8.0
     # First-pass finals are quick (a shorter window) while the pass is on.

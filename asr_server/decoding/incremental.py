@@ -744,7 +744,7 @@ class ChannelDecoder:
     def _context_window(self) -> DecodeJob:
         options = replace(self.context, back_s=0.0) if self.lean_context else self.context
         ahead = self._lookahead()
-        records = plan_window(self._done if ahead is None else [*self._done, ahead], options, self._unrevised + (ahead is not None))
+        records = plan_window(self._done if ahead is None else [*self._done, ahead], options, self._unrevised + int(ahead is not None))
         if ahead is not None and len(records) < 2:  # the newest final fills the window alone
             ahead, records = None, plan_window(self._done, options, self._unrevised)
         elif ahead is not None:
