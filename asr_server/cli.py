@@ -143,7 +143,7 @@ def _context_options(p: argparse.ArgumentParser) -> None:
                    help=f"of it, audio of utterances a pass already decided, as context before the new ones (default {defaults.back_s:g}; "
                         "0 while the server is loaded, load level 1 and up)")
     p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,
-                   help=f"speech finalized since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
+                   help=f"new speech (finalized, or in the utterance under way) since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
     p.add_argument("--context-ahead-s", type=_seconds, default=defaults.ahead_s,
                    help=f"a pass may decide the newest final once the next utterance holds this much audio, its first "
                         f"{defaults.ahead_max_s:g} s in the window as lookahead (default {defaults.ahead_s:g}; 0: wait for the next final)")

@@ -78,7 +78,8 @@ class ContextOptions:
     # it is at hand: then they are joined as they were spoken, room tone and all, as offline
     # transcription hears them (a sentence cut from the next one mid-breath keeps its onset).
     real_gap_s: float = 1.0
-    # A pass runs once this much speech has been finalized since the last one ...
+    # A pass runs once this much speech has been finalized since the last one (the utterance under
+    # way counts too, once it may be the lookahead: ``ahead_s``) ...
     min_new_s: float = 5.0
     # ... or once the channel has been silent this long after its last final (a pause in talk).
     idle_s: float = 2.0
