@@ -831,13 +831,13 @@ class ChannelDecoder:
         return split_words(words, spans, [r.text for r in covered])
 
     def _revise(self, covered: list[Finalized], spans: list[Span], texts: list[tuple[str, tuple[Word, ...]]]) -> list[PipelineEvent]:
-        changed = next((k for k, (r, t) in enumerate(zip(covered, self._placed(covered, texts))) if t != r.text), None)
+        placed, starts = self._placed(covered, texts)
+        changed = next((k for k, (r, t) in enumerate(zip(covered, placed)) if t != r.text), None)
         if changed is None:
             return []
         differ: list[int] = []
-        for record, span, (text, words) in list(zip(covered, spans, texts))[changed:]:
+        for record, span, (text, words), upper in list(zip(covered, spans, texts, starts))[changed:]:
             shift = record.start / MODEL_RATE - span.start
-            upper = self._starts_a_sentence(record)
             held, record.text = record.text, text
             if words:
                 record.words = tuple(Word(w.word, round(w.start + shift, 3), round(w.end + shift, 3), w.probability) for w in words)
@@ -859,16 +859,18 @@ class ChannelDecoder:
         out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, tuple(differ))]
         return out + self._moved_interim()
 
-    def _placed(self, covered: list[Finalized], texts: list[tuple[str, tuple[Word, ...]]]) -> list[str]:
-        """Each of ``texts`` as :meth:`_revise` would place it: with a capital where a sentence starts.
-        A pass that heard a sentence's first word in lower case ("unless to be" after "young man,"
-        in its window) changes nothing the client holds: no revision for it (one went out, the
-        same text again, counted as a change of the utterance)."""
-        out: list[str] = []
+    def _placed(self, covered: list[Finalized], texts: list[tuple[str, tuple[Word, ...]]]) -> tuple[list[str], list[bool]]:
+        """Each of ``texts`` as :meth:`_revise` places it, and whether it starts a sentence (then with a
+        capital: :meth:`_starts_a_sentence` for the first, the placed text before it for the rest). So
+        a pass that heard a sentence's first word in lower case ("unless to be" after "young man," in
+        its window) changes nothing the client holds and sends no revision (one went out, the same
+        text again, counted as a change of the utterance)."""
+        placed: list[str] = []
+        starts: list[bool] = []
         for record, (text, _) in zip(covered, texts):
-            upper = ends_sentence(_last_word(out[-1])) if out else self._starts_a_sentence(record)
-            out.append(_capitalized(text, ())[0] if upper else text)
-        return out
+            starts.append(ends_sentence(_last_word(placed[-1])) if placed else self._starts_a_sentence(record))
+            placed.append(_capitalized(text, ())[0] if starts[-1] else text)
+        return placed, starts
 
     def _starts_a_sentence(self, record: Finalized) -> bool:
         """Whether ``record`` starts a sentence: the record before it ends one, or it starts the
