@@ -40,9 +40,10 @@ def test_the_context_pass_settings_reach_the_server_and_negative_seconds_are_ref
     assert (options.window_s, options.back_s, options.min_new_s, options.ahead_s) == (30.0, 4.0, 5.0, 0.0)  # one Whisper window at most
     assert _context(build_parser().parse_args([])).ahead_s == ContextOptions().ahead_s > 0
     assert _plan(args).batch.context_max_wait_s == 2.0
-    with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args(["--context-max-wait-s", "-1"])
-    assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err
+    for flag in ("--context-max-wait-s", "--context-ahead-s"):
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args([flag, "-1"])
+        assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err
 
 
 def test_a_public_address_without_keys_is_refused_unless_the_operator_says_so(capsys):
