@@ -54,6 +54,16 @@ FINAL_BEAM_SIZE = 5
 TEXT_CONTEXT = 448
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
+# A context pass whose decode ends on a pair of timestamps (a segment closed, the next one begun,
+# then end of text) at least this long before its audio does stopped early, with speech left
+# unheard: the rest is decoded again from that timestamp, with the text so far as its prompt, as
+# offline transcription seeks to the last timestamp and decodes on. Seen on a fast recipe
+# reading under noise: the pass over its last five sentences ended "...mix it with the sauce,
+# serve it with fresh<14.44><14.44>" in a 16.8 s window, the last sentence's words were too few
+# to trust, and it kept its first pass's "it with fresh metal and plenty upgraded cheese" for good.
+CONTINUE_REST_S = 1.0
+# ... at most this many times per pass (each takes a lean window: the rest plus its pad).
+CONTINUE_TIMES = 2
 
 
 @dataclass
@@ -327,8 +337,9 @@ class WhisperRunner(Runner):
                 for i, h in zip(call, self._decode_group(tokenizer, [requests[i] for i in call], key.frames, key.kind), strict=True):
                     out[i] = h
 
-    def _decode_group(self, tokenizer: Any, requests: list[DecodeRequest], frames: int, kind: DecodeKind) -> list[Hypothesis]:
-        """One encoder and one generate call for requests of one window and prompt length."""
+    def _decode_group(self, tokenizer: Any, requests: list[DecodeRequest], frames: int, kind: DecodeKind, follow: bool = True) -> list[Hypothesis]:
+        """One encoder and one generate call for requests of one window and prompt length (and for a
+        context pass that stopped early, ``follow``: a decode of the rest, :meth:`_continued`)."""
         items = [self._item(tokenizer, r, frames) for r in requests]
         features = np.stack([it.features for it in items])
         encoded = self.model.model.encode(_storage(features))
@@ -345,7 +356,32 @@ class WhisperRunner(Runner):
             out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio,
                                   sampled=attempt.temperature > 0 or (quick and needs_fallback(attempt)), cut_back=it.request.cut_back))
             log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", kind.value, it.request.duration, it.request.prompt, it.request.prefix, text)
+        if kind is DecodeKind.CONTEXT and follow:
+            out = [self._continued(tokenizer, it.request, a.tokens, h) for it, a, h in zip(items, results, out, strict=True)]
         return out
+
+    def _continued(self, tokenizer: Any, request: DecodeRequest, tokens: list[int], hyp: Hypothesis) -> Hypothesis:
+        """``hyp`` with the rest of the audio decoded after it where its decode stopped early
+        (:data:`CONTINUE_REST_S`), each rest on a lean window with the text so far as its prompt."""
+        shift = 0.0
+        for _ in range(CONTINUE_TIMES):
+            at = early_stop(tokenizer, tokens, request.duration)
+            if at is None:
+                break
+            shift += at
+            request = replace(request, audio=request.audio[int(at * SAMPLE_RATE) :], prompt=f"{request.prompt} {hyp.text}".strip(), short_window=True)
+            item = self._item(tokenizer, request, self.window_frames(request))
+            encoded = self.model.model.encode(_storage(item.features[None]))
+            [attempt] = self._generate(tokenizer, [item], item.features[None], encoded, temperatures=FINAL_TEMPERATURES, beam_size=FINAL_BEAM_SIZE)
+            tokens = attempt.tokens
+            text = text_tokens(tokenizer, tokens)
+            if not text:
+                break
+            [words] = self._words(tokenizer, [item], [text], item.features[None], encoded)
+            more = tuple(replace(w, start=round(w.start + shift, 3), end=round(w.end + shift, 3)) for w in words)
+            said = " ".join(tokenizer.decode(text).split())
+            hyp = replace(hyp, text=f"{hyp.text} {said}".strip(), words=hyp.words + more, sampled=hyp.sampled or attempt.temperature > 0)
+        return hyp
 
     def _beam(self, kind: DecodeKind, request: DecodeRequest) -> int:
         if kind is DecodeKind.FINAL:
@@ -542,6 +578,17 @@ def generate_length(tokens: int, start: int) -> int:
     a 21 s context pass of a fast reader (180 words a minute) stopped at 96 tokens, mid-word,
     with the last sentence unheard. Capped where prompt and output fill the text context."""
     return 2 * max(1, min(tokens, TEXT_CONTEXT - start))
+
+
+def early_stop(tokenizer: Any, tokens: list[int], duration: float) -> float | None:
+    """Where a decode of ``duration`` seconds stopped early (:data:`CONTINUE_REST_S`): its tokens
+    (end of text cut off) end on two timestamps, the last this long before the audio's end or
+    more; None where it did not. Whisper's own rule: a decode that ends on one timestamp closed
+    its last segment at the end of what it heard; one that ends on two had begun another."""
+    if len(tokens) < 3 or not all(t >= tokenizer.timestamp_begin for t in tokens[-2:]):
+        return None
+    at = (tokens[-1] - tokenizer.timestamp_begin) * 0.02
+    return at if 0.0 < at <= duration - CONTINUE_REST_S else None
 
 
 def _finished(tokenizer: Any, a: Attempt) -> Attempt:

@@ -72,6 +72,65 @@ def test_the_runaway_guard_lets_a_decode_give_as_many_tokens_as_it_says(whisper_
         assert cut.text.lower().split()[:2] == full.text.lower().split()[:2], (full.text, cut.text)  # its start
 
 
+def test_a_context_pass_that_stops_early_decodes_the_rest_of_its_audio(whisper_runner, monkeypatch):
+    """Whisper can end a window's decode on a pair of timestamps (a segment closed, the next begun)
+    long before the audio ends, the last sentence unheard: offline transcription seeks there and
+    decodes on. A context pass made to stop so after the first of two sentences still hears the
+    second, with its words after the first's and within the audio; stopped in the last half
+    second, it decodes nothing more."""
+    from ..harness import MANIFEST, load_mono
+    from ..wer import wer
+
+    spans = MANIFEST["librivox_16k.wav"]["spans"][0]
+    references = MANIFEST["librivox_16k.wav"]["references"][0]
+    begin = spans[1][0] - 0.3
+    audio = load_mono("librivox_16k.wav")[int(begin * 16000) : int((spans[2][1] + 0.2) * 16000)]
+    tokenizer = whisper_runner._tokenizer("en")
+    attempt, calls = whisper_runner._attempt, []
+
+    def stops_at(seconds: float):
+        def early(tok, items, source, temperature, beam_size):
+            calls.append(items[0].request.duration)
+            out = attempt(tok, items, source, temperature, beam_size)
+            if len(calls) > 1:
+                return out
+            stamp = tok.timestamp_begin + round(seconds / 0.02)
+            said = tok.encode(" He was not an ill-disposed young man.")
+            return [a._replace(tokens=[tok.timestamp_begin, *said, stamp, stamp]) for a in out]
+        return early
+
+    monkeypatch.setattr(whisper_runner, "_attempt", stops_at(spans[1][1] - begin + 0.3))
+    hyp = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True))
+    assert len(calls) == 2 and calls[1] < len(audio) / 16000 - 3  # the rest, decoded once more
+    assert wer(" ".join(references[1:3]), hyp.text) <= 0.2, hyp.text
+    starts = [w.start for w in hyp.words]
+    assert starts == sorted(starts) and hyp.words[-1].end <= len(audio) / 16000 + 0.01
+    k = next(k for k, w in enumerate(hyp.words) if w.word.strip() == "man.")
+    assert hyp.words[k + 1].start >= spans[1][1] - begin  # "Unless", after the first sentence
+    calls.clear()
+    monkeypatch.setattr(whisper_runner, "_attempt", stops_at(len(audio) / 16000 - 0.5))
+    hyp = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True))
+    assert len(calls) == 1 and hyp.text == "He was not an ill-disposed young man."
+
+
+def test_early_stop_is_a_decode_ending_on_two_timestamps_with_audio_left():
+    """Whisper's own rule: a decode that ends on one timestamp closed its segment at the end of what
+    it heard; one that ends on two began another and stopped."""
+    from asr_server.inference.whisper import CONTINUE_REST_S, early_stop
+
+    class Tok:
+        timestamp_begin = 1000
+
+    def at(seconds: float) -> int:
+        return Tok.timestamp_begin + round(seconds / 0.02)
+
+    assert early_stop(Tok, [at(0.0), 5, 6, at(4.0), at(4.0)], 10.0) == pytest.approx(4.0)
+    assert early_stop(Tok, [at(0.0), 5, 6, at(4.0)], 10.0) is None  # one timestamp: done
+    assert early_stop(Tok, [at(0.0), 5, 6, at(9.5), at(9.5)], 10.0) is None  # too little left
+    assert early_stop(Tok, [at(0.0), 5, 6, at(4.0), at(4.0)], 4.0 + CONTINUE_REST_S) == pytest.approx(4.0)
+    assert early_stop(Tok, [at(0.0), 5, 6], 10.0) is None and early_stop(Tok, [], 10.0) is None
+
+
 def test_model_resolution(tmp_path):
     assert resolve_model("tiny.en").endswith("model")
     with pytest.raises(ModelNotFound, match="model.bin"):
