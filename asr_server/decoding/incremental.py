@@ -758,6 +758,8 @@ class ChannelDecoder:
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
         settled = self._settled() or ahead is not None
         self._context_decide_to = records[-1].index if settled or len(records) < 2 else records[-2].index
+        if ahead is not None:  # its words are dropped: a decode that stops in it need not go on (the runner's rule)
+            request = replace(request, needed_s=spans[-1].start)
         last = records[-1]
         return DecodeJob(self.channel, last.index, request, False, last.start + len(last.audio))
 

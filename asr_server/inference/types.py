@@ -54,6 +54,10 @@ class DecodeRequest:
     # A final decoded again because its cut-back decode heard no words in speech the VAD heard:
     # never cut back (the decoder asks for no busy final, the scheduler makes it no burst final).
     careful: bool = False
+    # A context pass: the seconds of its audio whose words it needs (None: all; a pass with a
+    # lookahead: up to where that starts). A decode that stops early before their end decodes the
+    # rest; one that stops in the lookahead, whose words are dropped, does not.
+    needed_s: float | None = None
 
     @property
     def duration(self) -> float:

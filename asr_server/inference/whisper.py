@@ -365,7 +365,7 @@ class WhisperRunner(Runner):
         (:data:`CONTINUE_REST_S`), each rest on a lean window with the text so far as its prompt."""
         shift = 0.0
         for _ in range(CONTINUE_TIMES):
-            at = early_stop(tokenizer, tokens, request.duration)
+            at = early_stop(tokenizer, tokens, request.duration if request.needed_s is None else request.needed_s - shift)
             if at is None:
                 break
             shift += at
@@ -581,9 +581,9 @@ def generate_length(tokens: int, start: int) -> int:
 
 
 def early_stop(tokenizer: Any, tokens: list[int], duration: float) -> float | None:
-    """Where a decode of ``duration`` seconds stopped early (:data:`CONTINUE_REST_S`): its tokens
-    (end of text cut off) end on two timestamps, the last this long before the audio's end or
-    more; None where it did not. Whisper's own rule: a decode that ends on one timestamp closed
+    """Where a decode stopped early (:data:`CONTINUE_REST_S`), ``duration``: the seconds of audio whose
+    words it needs: its tokens (end of text cut off) end on two timestamps, the last this long
+    before that or more; None where it did not. Whisper's own rule: a decode that ends on one timestamp closed
     its last segment at the end of what it heard; one that ends on two had begun another."""
     if len(tokens) < 3 or not all(t >= tokenizer.timestamp_begin for t in tokens[-2:]):
         return None

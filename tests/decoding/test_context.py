@@ -33,6 +33,7 @@ class TwoPassModel:
         self.context_requests = 0
         self.windows: list[list[int]] = []  # per context request, the sentences it holds
         self.short_windows: list[bool] = []  # per context request, whether it asked for the lean window
+        self.needed: list[tuple[float | None, list[tuple[int, int]]]] = []  # per context request, its needed_s and spans
 
     def final(self, request) -> Hypothesis:
         n = self.lengths.setdefault(len(request.audio), len(self.lengths))
@@ -43,6 +44,7 @@ class TwoPassModel:
         words: list[Word] = []
         self.windows.append([self.lengths.get(end - start, AHEAD) for start, end in _spans(request.audio)])
         self.short_windows.append(request.short_window)
+        self.needed.append((request.needed_s, _spans(request.audio)))
         for start, end in _spans(request.audio):
             n = self.lengths.get(end - start, AHEAD)
             words += _hyp(self.together[n] if n != AHEAD else AHEAD_WORDS, start / 16000, end / 16000).words
@@ -1029,11 +1031,15 @@ def test_the_newest_final_is_decided_once_the_next_sentence_is_under_way_and_the
                 revised_before_next_final = True
                 assert model.windows == [[0, AHEAD]] and d.decided == [0]
                 assert d.client.final_text() == together[0]
+                # Whisper stopping early in the lookahead is not worth a decode of the rest (the runner's rule).
+                needed, spans = model.needed[-1]
+                assert spans[0][1] / 16000 <= needed == pytest.approx(spans[1][0] / 16000, abs=0.01)
         check_rules(d)
     d.apply(d.session.end_of_stream())
     d.run_context()
     check_rules(d)
     assert revised_before_next_final == (ahead_s > 0)
+    assert model.needed[-1][0] is None  # the close's pass: no lookahead, every word needed
     assert AHEAD_WORDS.split()[0] not in d.client.text()
     assert d.client.final_text() == " ".join(together) == server_transcript(d)
 

@@ -77,7 +77,7 @@ def test_a_context_pass_that_stops_early_decodes_the_rest_of_its_audio(whisper_r
     long before the audio ends, the last sentence unheard: offline transcription seeks there and
     decodes on. A context pass made to stop so after the first of two sentences still hears the
     second, with its words after the first's and within the audio; stopped in the last half
-    second, it decodes nothing more."""
+    second, or after the audio whose words it needs, it decodes nothing more."""
     from ..harness import MANIFEST, load_mono
     from ..wer import wer
 
@@ -110,6 +110,12 @@ def test_a_context_pass_that_stops_early_decodes_the_rest_of_its_audio(whisper_r
     calls.clear()
     monkeypatch.setattr(whisper_runner, "_attempt", stops_at(len(audio) / 16000 - 0.5))
     hyp = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True))
+    assert len(calls) == 1 and hyp.text == "He was not an ill-disposed young man."
+    # Stopped after the audio whose words the pass needs (the rest: a lookahead it drops): no more.
+    calls.clear()
+    first_end = spans[1][1] - begin
+    monkeypatch.setattr(whisper_runner, "_attempt", stops_at(first_end + 0.3))
+    hyp = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True, needed_s=first_end + 0.5))
     assert len(calls) == 1 and hyp.text == "He was not an ill-disposed young man."
 
 
