@@ -89,7 +89,11 @@ class Hypothesis:
     packed: bool = False  # decoded in a window shared with other finals (see plan_packs)
     # Kept from a sampled attempt (temperature above 0): the greedy or beam decode failed
     # Whisper's checks (too unlikely or too repetitive), and sampling can hallucinate. Also set
-    # on a quick final that failed them: it keeps its beam attempt (no fallback), as doubtful.
+    # on a quick final that failed them: it keeps its beam attempt (no fallback), as doubtful;
+    # and on a decode that ran to its token budget (``max_new_tokens``, far above any speaking
+    # rate): a loop the checks let through, as a fast recipe's quick final under noise ended
+    # "cookie tony, the tony, tony, tony, tony, ..." up to the budget (the words before it kept
+    # the compression ratio under 2.4), and the merge kept "tony, tony, tony, t" against a pass.
     sampled: bool = False
     # Decoded on the finals' own copy of the weights (CPU; see WhisperRunner._load_copies): in a
     # burst that call ends sooner than the others beside it, so its time says little of how fast

@@ -353,8 +353,8 @@ class WhisperRunner(Runner):
         out = []
         for it, attempt, tokens, w in zip(items, results, texts, words, strict=True):
             text = " ".join(tokenizer.decode(tokens).split())
-            out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio,
-                                  sampled=attempt.temperature > 0 or (quick and needs_fallback(attempt)), cut_back=it.request.cut_back))
+            doubtful = attempt.temperature > 0 or (quick and needs_fallback(attempt)) or len(attempt.tokens) >= it.prefix_len + it.max_new
+            out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio, sampled=doubtful, cut_back=it.request.cut_back))
             log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", kind.value, it.request.duration, it.request.prompt, it.request.prefix, text)
         if kind is DecodeKind.CONTEXT and follow:
             out = [self._continued(tokenizer, it.request, a.tokens, h) for it, a, h in zip(items, results, out, strict=True)]

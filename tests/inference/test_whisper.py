@@ -137,6 +137,24 @@ def test_early_stop_is_a_decode_ending_on_two_timestamps_with_audio_left():
     assert early_stop(Tok, [at(0.0), 5, 6], 10.0) is None and early_stop(Tok, [], 10.0) is None
 
 
+def test_a_decode_that_runs_to_its_token_budget_is_doubtful(whisper_runner, monkeypatch):
+    """A decode that gives as many tokens as its runaway guard allows is a loop Whisper's checks let
+    through (a fast recipe under noise: "cookie tony, the tony, tony, tony, ..." to the budget), so
+    its hypothesis is marked doubtful (``sampled``: no prompt, and the context pass's words win);
+    the same final with room to end is not."""
+    from asr_server.inference import whisper as module
+
+    from ..harness import MANIFEST, load_mono
+
+    start, end = MANIFEST["espeak_16k.wav"]["spans"][0][1]
+    audio = load_mono("espeak_16k.wav")[int((start - 0.3) * 16000) : int((end + 0.2) * 16000)]
+    final = DecodeRequest(audio, DecodeKind.FINAL, word_timestamps=True, short_window=True)
+    assert not whisper_runner.transcribe(final).sampled
+    monkeypatch.setattr(module, "max_new_tokens", lambda duration: 6)
+    cut = whisper_runner.transcribe(final)
+    assert cut.sampled and cut.text  # kept (the guards and the pass decide), but doubtful
+
+
 def test_model_resolution(tmp_path):
     assert resolve_model("tiny.en").endswith("model")
     with pytest.raises(ModelNotFound, match="model.bin"):
