@@ -77,6 +77,10 @@ class ContextOptions:
     # ... unless the pause between them was at most this long and the stream's own audio of
     # it is at hand: then they are joined as they were spoken, room tone and all, as offline
     # transcription hears them (a sentence cut from the next one mid-breath keeps its onset).
+    # At hand is mostly 0.11 s of it (the final comes at the pause decode, before the endpoint),
+    # so a longer pause gets the silence. The real audio of every pause up to 1 s, read from the
+    # replayed recordings, made the replays worse clean (fixtures 0.046 -> 0.064, held-out set 2
+    # 0.197 -> 0.254; docs/benchmarks.md, thirtieth session), so the silence stays.
     real_gap_s: float = 1.0
     # A pass runs once this much speech has been finalized since the last one (the utterance under
     # way counts too, once it may be the lookahead: ``ahead_s``) ...
