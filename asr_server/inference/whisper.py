@@ -337,9 +337,9 @@ class WhisperRunner(Runner):
                 for i, h in zip(call, self._decode_group(tokenizer, [requests[i] for i in call], key.frames, key.kind), strict=True):
                     out[i] = h
 
-    def _decode_group(self, tokenizer: Any, requests: list[DecodeRequest], frames: int, kind: DecodeKind, follow: bool = True) -> list[Hypothesis]:
+    def _decode_group(self, tokenizer: Any, requests: list[DecodeRequest], frames: int, kind: DecodeKind) -> list[Hypothesis]:
         """One encoder and one generate call for requests of one window and prompt length (and for a
-        context pass that stopped early, ``follow``: a decode of the rest, :meth:`_continued`)."""
+        context pass that stopped early, a decode of the rest: :meth:`_continued`)."""
         items = [self._item(tokenizer, r, frames) for r in requests]
         features = np.stack([it.features for it in items])
         encoded = self.model.model.encode(_storage(features))
@@ -353,23 +353,23 @@ class WhisperRunner(Runner):
         out = []
         for it, attempt, tokens, w in zip(items, results, texts, words, strict=True):
             text = " ".join(tokenizer.decode(tokens).split())
-            doubtful = attempt.temperature > 0 or (quick and needs_fallback(attempt)) or len(attempt.tokens) >= it.prefix_len + it.max_new
+            doubtful = (quick and needs_fallback(attempt)) or _doubtful(attempt, it)
             out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio, sampled=doubtful, cut_back=it.request.cut_back))
             log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", kind.value, it.request.duration, it.request.prompt, it.request.prefix, text)
-        if kind is DecodeKind.CONTEXT and follow:
+        if kind is DecodeKind.CONTEXT:
             out = [self._continued(tokenizer, it.request, a.tokens, h) for it, a, h in zip(items, results, out, strict=True)]
         return out
 
     def _continued(self, tokenizer: Any, request: DecodeRequest, tokens: list[int], hyp: Hypothesis) -> Hypothesis:
         """``hyp`` with the rest of the audio decoded after it where its decode stopped early
         (:data:`CONTINUE_REST_S`), each rest on a lean window with the text so far as its prompt."""
-        shift = 0.0
+        shift, prompt = 0.0, request.prompt
         for _ in range(CONTINUE_TIMES):
             at = early_stop(tokenizer, tokens, request.duration if request.needed_s is None else request.needed_s - shift)
             if at is None:
                 break
             shift += at
-            request = replace(request, audio=request.audio[int(at * SAMPLE_RATE) :], prompt=f"{request.prompt} {hyp.text}".strip(), short_window=True)
+            request = replace(request, audio=request.audio[int(at * SAMPLE_RATE) :], prompt=f"{prompt} {hyp.text}".strip(), short_window=True)
             item = self._item(tokenizer, request, self.window_frames(request))
             encoded = self.model.model.encode(_storage(item.features[None]))
             [attempt] = self._generate(tokenizer, [item], item.features[None], encoded, temperatures=FINAL_TEMPERATURES, beam_size=FINAL_BEAM_SIZE)
@@ -380,7 +380,7 @@ class WhisperRunner(Runner):
             [words] = self._words(tokenizer, [item], [text], item.features[None], encoded)
             more = tuple(replace(w, start=round(w.start + shift, 3), end=round(w.end + shift, 3)) for w in words)
             said = " ".join(tokenizer.decode(text).split())
-            hyp = replace(hyp, text=f"{hyp.text} {said}".strip(), words=hyp.words + more, sampled=hyp.sampled or attempt.temperature > 0)
+            hyp = replace(hyp, text=f"{hyp.text} {said}".strip(), words=hyp.words + more, sampled=hyp.sampled or _doubtful(attempt, item))
         return hyp
 
     def _beam(self, kind: DecodeKind, request: DecodeRequest) -> int:
@@ -581,14 +581,20 @@ def generate_length(tokens: int, start: int) -> int:
 
 
 def early_stop(tokenizer: Any, tokens: list[int], duration: float) -> float | None:
-    """Where a decode stopped early (:data:`CONTINUE_REST_S`), ``duration``: the seconds of audio whose
-    words it needs: its tokens (end of text cut off) end on two timestamps, the last this long
-    before that or more; None where it did not. Whisper's own rule: a decode that ends on one timestamp closed
-    its last segment at the end of what it heard; one that ends on two had begun another."""
+    """Where a decode stopped early, or None: its tokens (end of text cut off) end on two timestamps,
+    the last at least :data:`CONTINUE_REST_S` before ``duration`` (the seconds of audio whose words
+    it needs). Whisper's own rule: a decode that ends on one timestamp closed its last segment at
+    the end of what it heard; one that ends on two had begun another."""
     if len(tokens) < 3 or not all(t >= tokenizer.timestamp_begin for t in tokens[-2:]):
         return None
     at = (tokens[-1] - tokenizer.timestamp_begin) * 0.02
     return at if 0.0 < at <= duration - CONTINUE_REST_S else None
+
+
+def _doubtful(a: Attempt, item: _Item) -> bool:
+    """Whether a kept attempt's text is doubtful (:attr:`Hypothesis.sampled`): sampled, or run to its
+    token budget (a loop Whisper's checks let through)."""
+    return a.temperature > 0 or len(a.tokens) >= item.prefix_len + item.max_new
 
 
 def _finished(tokenizer: Any, a: Attempt) -> Attempt:
