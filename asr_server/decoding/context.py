@@ -263,14 +263,14 @@ def split_words(words: Sequence[Word], spans: Sequence[Span], texts: Sequence[st
     """
     by_time = [min(range(len(spans)), key=lambda j: _distance((w.start + w.end) / 2, spans[j])) for w in words]
     if texts is not None and words:  # no words (the guards dropped a loop): nothing to match
-        starts = [k for k, w in enumerate(words) if k == 0 or w.word[:1].isspace()]  # each whole word's first piece
+        starts = [k for k in range(len(words)) if _opens_word(words, k)]  # each whole word's first piece
         wholes = ["".join(w.word for w in words[a:b]) for a, b in zip(starts, [*starts[1:], len(words)], strict=True)]
         for n, j in _matched_spans([normalize_word(w) for w in wholes], texts).items():
             k = starts[n]
             if _distance((words[k].start + words[k].end) / 2, spans[j]) <= SEAM_S:
                 by_time[k] = j
     for k in range(1, len(words)):
-        if not words[k].word[:1].isspace():  # the rest of the word before (",800" after " 3")
+        if not _opens_word(words, k):  # the rest of the word before (",800" after " 3")
             by_time[k] = by_time[k - 1]
     out: list[list[Word]] = [[] for _ in spans]
     for w, j in zip(words, by_time, strict=True):
@@ -287,11 +287,17 @@ def before_ahead(words: Sequence[Word], start: float) -> tuple[Word, ...]:
     out: list[Word] = []
     keep = True
     for k, w in enumerate(words):
-        if k == 0 or w.word[:1].isspace():
+        if _opens_word(words, k):
             keep = (w.start + w.end) / 2 < start
         if keep:
             out.append(w)
     return tuple(out)
+
+
+def _opens_word(words: Sequence[Word], k: int) -> bool:
+    """Whether ``words[k]`` begins a whole word: the model writes one in pieces (" 3", ",800"), and
+    each piece after the first has no space before it."""
+    return k == 0 or words[k].word[:1].isspace()
 
 
 def _matched_spans(heard: list[str], texts: Sequence[str]) -> dict[int, int]:

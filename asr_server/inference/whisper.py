@@ -337,9 +337,9 @@ class WhisperRunner(Runner):
                 for i, h in zip(call, self._decode_group(tokenizer, [requests[i] for i in call], key.frames, key.kind), strict=True):
                     out[i] = h
 
-    def _decode_group(self, tokenizer: Any, requests: list[DecodeRequest], frames: int, kind: DecodeKind) -> list[Hypothesis]:
+    def _decode_group(self, tokenizer: Any, requests: list[DecodeRequest], frames: int, kind: DecodeKind, follow: int = CONTINUE_TIMES) -> list[Hypothesis]:
         """One encoder and one generate call for requests of one window and prompt length (and for a
-        context pass that stopped early, a decode of the rest: :meth:`_continued`)."""
+        context pass that stopped early, up to ``follow`` decodes of the rest: :meth:`_continued`)."""
         items = [self._item(tokenizer, r, frames) for r in requests]
         features = np.stack([it.features for it in items])
         encoded = self.model.model.encode(_storage(features))
@@ -356,32 +356,24 @@ class WhisperRunner(Runner):
             doubtful = (quick and needs_fallback(attempt)) or _doubtful(attempt, it)
             out.append(Hypothesis(text, w, attempt.avg_logprob, attempt.no_speech_prob, attempt.compression_ratio, sampled=doubtful, cut_back=it.request.cut_back))
             log.debug("decode kind=%s audio_s=%.2f prompt=%r prefix=%r -> %r", kind.value, it.request.duration, it.request.prompt, it.request.prefix, text)
-        if kind is DecodeKind.CONTEXT:
-            out = [self._continued(tokenizer, it.request, a.tokens, h) for it, a, h in zip(items, results, out, strict=True)]
+        if kind is DecodeKind.CONTEXT and follow:
+            out = [self._continued(tokenizer, it.request, a.tokens, h, follow) for it, a, h in zip(items, results, out, strict=True)]
         return out
 
-    def _continued(self, tokenizer: Any, request: DecodeRequest, tokens: list[int], hyp: Hypothesis) -> Hypothesis:
+    def _continued(self, tokenizer: Any, request: DecodeRequest, tokens: list[int], hyp: Hypothesis, follow: int) -> Hypothesis:
         """``hyp`` with the rest of the audio decoded after it where its decode stopped early
-        (:data:`CONTINUE_REST_S`), each rest on a lean window with the text so far as its prompt."""
-        shift, prompt = 0.0, request.prompt
-        for _ in range(CONTINUE_TIMES):
-            at = early_stop(tokenizer, tokens, request.duration if request.needed_s is None else request.needed_s - shift)
-            if at is None:
-                break
-            shift += at
-            request = replace(request, audio=request.audio[int(at * SAMPLE_RATE) :], prompt=f"{prompt} {hyp.text}".strip(), short_window=True)
-            item = self._item(tokenizer, request, self.window_frames(request))
-            encoded = self.model.model.encode(_storage(item.features[None]))
-            [attempt] = self._generate(tokenizer, [item], item.features[None], encoded, temperatures=FINAL_TEMPERATURES, beam_size=FINAL_BEAM_SIZE)
-            tokens = attempt.tokens
-            text = text_tokens(tokenizer, tokens)
-            if not text:
-                break
-            [words] = self._words(tokenizer, [item], [text], item.features[None], encoded)
-            more = tuple(replace(w, start=round(w.start + shift, 3), end=round(w.end + shift, 3)) for w in words)
-            said = " ".join(tokenizer.decode(text).split())
-            hyp = replace(hyp, text=f"{hyp.text} {said}".strip(), words=hyp.words + more, sampled=hyp.sampled or _doubtful(attempt, item))
-        return hyp
+        (:func:`early_stop`): the rest on a lean window, the text so far added to its prompt, and
+        itself followed so up to ``follow`` times in all."""
+        at = early_stop(tokenizer, tokens, request.duration if request.needed_s is None else request.needed_s)
+        if at is None:
+            return hyp
+        rest = replace(request, audio=request.audio[int(at * SAMPLE_RATE) :], prompt=f"{request.prompt} {hyp.text}".strip(), short_window=True,
+                       needed_s=None if request.needed_s is None else request.needed_s - at)
+        [more] = self._decode_group(tokenizer, [rest], self.window_frames(rest), DecodeKind.CONTEXT, follow - 1)
+        if not more.text:
+            return hyp
+        words = tuple(replace(w, start=round(w.start + at, 3), end=round(w.end + at, 3)) for w in more.words)
+        return replace(hyp, text=f"{hyp.text} {more.text}".strip(), words=hyp.words + words, sampled=hyp.sampled or more.sampled)
 
     def _beam(self, kind: DecodeKind, request: DecodeRequest) -> int:
         if kind is DecodeKind.FINAL:
