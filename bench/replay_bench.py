@@ -2,7 +2,7 @@
 
     python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--phone] [--context-back-s 24] [--context-ahead-s 3]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--interims]
-                                 [--split-after-s 3] [--fast-reader] [--load-streams] [--json out.json]
+                                 [--split-after-s 3] [--fast-reader] [--load-streams] [--speed 1.1] [--json out.json]
 
 Feeds each fixture channel, 100 ms at a time, into a :class:`~asr_server.session.Session`
 (the server's own VAD, chunker and decoder) and runs every decode it asks for at once on
@@ -25,6 +25,12 @@ longer than the fixtures alone, so that the prompt and the decided audio before 
 matter; ``--lean`` then decodes them as passes run under load (only the utterances they
 decide, on the audio plus ``--lean-context-encoder-pad-s``; ``--context-back-s 0`` leaves
 the decided ones out too, but keeps the full window).
+
+``--speed F`` plays every recording F times as fast (0.9: slower), pitch and all, as ASR
+training's speed perturbation does: the recordings of real people among the fixtures
+(LibriVox, LJSpeech, the card names) become other recordings the rules were never measured
+on, and a change to a rule can be judged on more than one take of each (a single word that a
+rule flips on one take by chance need not flip on the next).
 
 It also prints how many context passes ran and their model time per audio second (the
 runner's own decode times). Nothing waits, and Whisper's fallback samples with a fixed
@@ -122,10 +128,20 @@ class Replayer:
                     self._apply(self.session.job_done(out.job, self.runner.transcribe(out.job.request)))
 
 
-def audio_latencies(replayer: Replayer, name: str, ch: int) -> list[float]:
+def audio_latencies(replayer: Replayer, name: str, ch: int, speed: float = 1.0) -> list[float]:
     """Per sentence of a fixture channel: audio fed past the end of its speech when the first final
-    covering that end came."""
-    return covering_latencies(replayer.final_at, speech_ends(load_channels(name)[ch], MANIFEST[name]["spans"][ch]))
+    covering that end came (``speed``: the recording as :func:`faster` played it)."""
+    spans = [[start / speed, end / speed] for start, end in MANIFEST[name]["spans"][ch]]
+    return covering_latencies(replayer.final_at, speech_ends(faster(load_channels(name)[ch], speed), spans))
+
+
+def faster(audio: np.ndarray, speed: float) -> np.ndarray:
+    """``audio`` (16 kHz) played ``speed`` times as fast, pitch and all: resampled by linear
+    interpolation (speech has little above the 7 kHz that 1.1 folds back)."""
+    if speed == 1.0:
+        return audio
+    at = np.arange(0.0, len(audio) - 1, speed)
+    return np.interp(at, np.arange(len(audio)), audio).astype(np.float32)
 
 
 def streams(args: argparse.Namespace):
@@ -133,13 +149,14 @@ def streams(args: argparse.Namespace):
     sample rate on the wire) per stream to replay."""
     if not args.load_streams:
         for name in fixture_names(args.fixtures):
-            yield name, noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db)[1], MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db)
+            channels = [faster(a, args.speed) for a in noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db)[1]]
+            yield name, channels, MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db)
         return
     rounds = 2
     for name in LOAD_FIXTURES:
-        channels = noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db)[1]
+        channels = [faster(a, args.speed) for a in noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db)[1]]
         for turn in (0, 1):  # as load_bench.py deals the first two copies of a recording
-            cuts = [int(rotation_cut(MANIFEST[name], t) * 16000) for t in round_turns(turn, rounds)]
+            cuts = [int(rotation_cut(MANIFEST[name], t) / args.speed * 16000) for t in round_turns(turn, rounds)]
             audio = [np.concatenate([np.concatenate([a[at:], a[:at]]) for at in cuts]) for a in channels]
             yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db)
 
@@ -163,6 +180,7 @@ def main() -> None:
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--fast-reader", action="store_true", help="every pause in the (one-channel) recordings cut to 0.12 s, as a fast reader leaves")
     ap.add_argument("--load-streams", action="store_true", help="replay load_bench.py's rotated two-round streams instead of the fixtures")
+    ap.add_argument("--speed", type=float, default=1.0, help="play every recording this many times as fast, pitch and all (0.9: slower)")
     ap.add_argument("--offline", action="store_true", help="also transcribe each channel offline (faster-whisper, beam 5, VAD filter) for a third column")
     ap.add_argument("--json", help="write the texts here")
     args = ap.parse_args()
@@ -206,7 +224,7 @@ def main() -> None:
             if offline_said is not None:
                 texts[f"{name} ch{ch}"]["offline"] = offline_said
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(replayer.reasons.items()))
-            late = audio_latencies(replayer, name, ch) if not args.load_streams else []
+            late = audio_latencies(replayer, name, ch, args.speed) if not args.load_streams else []
             latencies += late
             print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} |{offline} {reasons} | {pct(late, 0.5):.2f} / {max(late, default=float('nan')):.2f} |", flush=True)
     pooled_offline = f" **{offline_errors / words:.3f}** |" if args.offline else ""
