@@ -186,6 +186,8 @@ def main() -> None:
     args = ap.parse_args()
     if (args.fast_reader or args.fixture_dir) and args.load_streams:
         ap.error("--fast-reader and --fixture-dir replay recordings, not --load-streams")
+    if not 0.5 <= args.speed <= 2.0:
+        ap.error("--speed is a factor from 0.5 to 2 (1: as recorded)")
     use_fixture_dir(args.fixture_dir)
     if args.fast_reader:
         for name in fixture_names(args.fixtures):
