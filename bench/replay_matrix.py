@@ -1,0 +1,167 @@
+"""The deterministic replay over many takes at once, pooled: is a decoding rule better, or lucky?
+
+    python bench/replay_matrix.py [--sets fixtures,heldout1,heldout2] [--conditions clean,noise,room]
+                                  [--speeds 0.9,1.0,1.1] [--jobs 2] [--out DIR] [-- replay_bench.py options]
+
+One run of ``replay_bench.py --offline`` per set of recordings, listening condition and
+speed (27 by default), ``--jobs`` at a time, then one table: per run, per condition, per
+set and over all of them, the word error rate of the first-pass finals, of the transcript
+after revisions and of offline transcription of the same audio (faster-whisper, same model,
+beam 5, VAD filter), and the gap after revisions minus offline in points. The pooled figures
+count every word of every run, not a mean of rates.
+
+Why: one replay holds three to five recordings, and a change to a rule of the two passes
+moves single words in them by chance (one word is 1-3 points of a recording). Judged on one
+replay per condition, nine changes in a row looked better on some and worse on others
+(docs/benchmarks.md, thirty-first session). The three held-out sets are different voices,
+texts and pauses; ``--speed`` (0.9, 1.1) makes other takes of the same people (see
+``replay_bench.py``), so a rule is judged on 27 replays of some 100 channels.
+
+``fixtures`` are ``replay_bench.py``'s default recordings; ``heldout1`` and ``heldout2`` are
+the recordings ``bench/heldout.py`` writes (espeak-ng; into a temporary folder unless
+``--heldout-dir`` names a folder holding ``set1`` and ``set2`` from an earlier run). Options
+after ``--`` go to every replay (``-- --context-ahead-s 2``: a rule's option). The replays
+are deterministic: the same code gives the same table on every machine of a kind. With two
+jobs on two cores it takes about 25 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.wer import edit_distance, normalize  # noqa: E402
+
+SETS = ("fixtures", "heldout1", "heldout2")
+CONDITIONS = {"clean": [], "noise": ["--noise-db", "20"], "room": ["--room"]}
+COLUMNS = ("first", "revised", "offline")
+
+
+@dataclass(frozen=True)
+class Cell:
+    recordings: str  # one of SETS
+    condition: str  # a key of CONDITIONS
+    speed: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.recordings}_{self.condition}_{self.speed:.2g}"
+
+
+@dataclass
+class Tally:
+    """Word errors per column and reference words, summed over channels."""
+
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COLUMNS, 0))
+    words: int = 0
+
+    def add(self, other: Tally) -> None:
+        for k in COLUMNS:
+            self.errors[k] += other.errors[k]
+        self.words += other.words
+
+    def rate(self, column: str) -> float:
+        return self.errors[column] / max(1, self.words)
+
+
+def tally(texts: dict[str, dict[str, str]]) -> Tally:
+    """The errors of one replay's ``--json`` texts (every channel it replayed)."""
+    out = Tally()
+    for said in texts.values():
+        reference = normalize(said["reference"])
+        for column in COLUMNS:
+            out.errors[column] += edit_distance(reference, normalize(said.get(column, "")))
+        out.words += len(reference)
+    return out
+
+
+def replay_command(cell: Cell, heldout: Path, json_out: Path, extra: list[str]) -> list[str]:
+    recordings = {
+        "fixtures": [],
+        "heldout1": ["--fixture-dir", str(heldout / "set1"), "--fixtures", "all"],
+        "heldout2": ["--fixture-dir", str(heldout / "set2"), "--fixtures", "all"],
+    }[cell.recordings]
+    return [sys.executable, str(ROOT / "bench" / "replay_bench.py"), "--offline", "--speed", str(cell.speed),
+            *recordings, *CONDITIONS[cell.condition], "--json", str(json_out), *extra]
+
+
+def run_cell(cell: Cell, heldout: Path, out: Path, extra: list[str]) -> Tally:
+    json_out = out / f"{cell.name}.json"
+    with open(out / f"{cell.name}.txt", "w") as log:
+        done = subprocess.run(replay_command(cell, heldout, json_out, extra), stdout=log, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"replay_matrix.py: the replay {cell.name} failed (exit {done.returncode}); its output is in {out / (cell.name + '.txt')}")
+    result = tally(json.loads(json_out.read_text()))
+    print(f"  {cell.name}: after revisions {result.rate('revised'):.3f}, offline {result.rate('offline'):.3f}", file=sys.stderr, flush=True)
+    return result
+
+
+def write_heldout(folder: Path) -> None:
+    """Both held-out sets into ``folder``/set1 and set2, unless they are there."""
+    for n in (1, 2):
+        target = folder / f"set{n}"
+        if not (target / "manifest.json").exists():
+            subprocess.run([sys.executable, str(ROOT / "bench" / "heldout.py"), "--set", str(n), str(target)], check=True, stdout=subprocess.DEVNULL)
+
+
+def row(label: str, t: Tally) -> str:
+    gap = (t.rate("revised") - t.rate("offline")) * 100
+    return f"| {label} | {t.words} | {t.rate('first'):.3f} | {t.rate('revised'):.3f} | {t.rate('offline'):.3f} | {gap:+.1f} |"
+
+
+def report(results: dict[Cell, Tally]) -> str:
+    lines = ["| replay | words | WER first-pass finals | WER after revisions | WER offline | after revisions - offline (points) |",
+             "|---|---|---|---|---|---|"]
+    lines += [row(cell.name, t) for cell, t in results.items()]
+    for label in (lambda c: c.condition, lambda c: c.recordings, lambda c: f"speed {c.speed:.2g}", lambda c: "all"):
+        groups: dict[str, Tally] = {}
+        for cell, t in results.items():
+            groups.setdefault(f"**{label(cell)}**", Tally()).add(t)
+        lines += [row(key, t) for key, t in groups.items()]
+    within = sum(1 for t in results.values() if t.rate("revised") - t.rate("offline") <= 0.005)
+    lines.append(f"\nreplays within 0.5 points of offline (or better): {within} of {len(results)}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
+    ap.add_argument("--conditions", default=",".join(CONDITIONS), help=f"comma-separated, of {', '.join(CONDITIONS)}")
+    ap.add_argument("--speeds", default="0.9,1.0,1.1", help="comma-separated factors from 0.5 to 2")
+    ap.add_argument("--jobs", type=int, default=2, help="replays at once (each uses about a core)")
+    ap.add_argument("--heldout-dir", type=Path, default=None, help="where set1 and set2 of bench/heldout.py are (written there if missing)")
+    ap.add_argument("--out", type=Path, default=None, help="keep each replay's table and texts here")
+    ap.add_argument("replay_args", nargs="*", help="after --: options for every replay_bench.py run")
+    args = ap.parse_args()
+    sets, conditions = args.sets.split(","), args.conditions.split(",")
+    if bad := [s for s in sets if s not in SETS] + [c for c in conditions if c not in CONDITIONS]:
+        ap.error(f"unknown set or condition: {', '.join(bad)}")
+    try:
+        speeds = [float(s) for s in args.speeds.split(",")]
+    except ValueError:
+        ap.error("--speeds is a comma-separated list of numbers")
+    if not all(0.5 <= s <= 2.0 for s in speeds) or args.jobs < 1:
+        ap.error("--speeds are factors from 0.5 to 2, --jobs at least 1")
+    cells = [Cell(s, c, v) for s in sets for c in conditions for v in speeds]
+    with tempfile.TemporaryDirectory(prefix="replay-matrix-") as scratch:
+        heldout = args.heldout_dir or Path(scratch)
+        if any(s != "fixtures" for s in sets):
+            write_heldout(heldout)
+        out = args.out or Path(scratch)
+        out.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            tallies = list(pool.map(lambda c: run_cell(c, heldout, out, args.replay_args), cells))
+    print(report(dict(zip(cells, tallies, strict=True))))
+
+
+if __name__ == "__main__":
+    main()
