@@ -24,17 +24,9 @@ import numpy as np
 
 from ..audio.decode import MODEL_RATE
 from ..inference.types import DecodeKind, DecodeRequest, Word
-from .text import ends_sentence, normalize_word
+from .text import normalize_word
 
-# Where the context decode and the first pass disagree on some words, the pass's words are
-# taken only if it heard them at least as confidently (mean word probability) as the first
-# pass heard its own. Measured with quick finals: a margin of 0.05 let the pass make the
-# call's two channels worse under noise (0.132 -> 0.158, 0.111 -> 0.185); with 0 they stay.
-# Judged per utterance at first, the rule still let confident-sounding mistakes of the pass in
-# with the words it fixed ("that is great news" -> "I've been great in you" under noise);
-# judged per stretch of differing words, each fix stands or falls on its own.
-CONFIDENCE_MARGIN = 0.0
-# ... and only if its words reach within this much of where the first pass's began and ended.
+# A pass's words are taken only if they reach within this much of where the first pass's began and ended.
 COVER_MARGIN_S = 0.6
 # A hearing this many words shorter than the first pass always counts as one (a short first pass
 # can split one word into several: "Babylon," as "Add it on."); see :func:`_fewest_words`.
@@ -50,14 +42,11 @@ MOST_WORDS_PER_S = 4.5
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
 SEAM_S = 1.0
-# A match this short between two passes' words (aligned) is no match where they put it this far apart.
-ANCHOR_WORDS = 2
-ANCHOR_DRIFT_S = 1.0
 # What is left of a word to tell a respacing of the same letters from another wording (:func:`respaced`).
 _HYPHENATED = re.compile(r"[^\w'-]+")
 
 __all__ = [
-    "CONFIDENCE_MARGIN", "ContextOptions", "before_ahead", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words", "merge_words",
+    "ContextOptions", "before_ahead", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words",
     "revised_texts", "window_words", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "respaced",
 ]
 
@@ -152,7 +141,8 @@ class Finalized:
     @property
     def doubtful(self) -> bool:
         """Whether its first pass is no yardstick for a context decode's words: :attr:`garbled`, or
-        it :attr:`stopped_short`. A pass that decides it takes its own words, with no merge."""
+        it :attr:`stopped_short`. A pass that decides it takes its own words as it heard them (not
+        respaced as the first pass spaced them)."""
         return self.garbled or self.stopped_short
 
     @property
@@ -333,11 +323,16 @@ def revised_texts(
     their letters are spaced into words count as one (:func:`respaced`), and
     keep the spacing the record has.
 
-    A record being decided takes the decode's words where another decode heard
-    the same or its first pass was sampled (:attr:`Finalized.sampled`: a text
-    that failed Whisper's checks at beam search, as likely a loop as a
-    hearing), else :func:`merge_words` of the first pass's and the pass's. A
-    record decided before changes only to a wording at least two decodes heard
+    A record being decided takes the decode's words, spaced as it holds them where
+    they spell the same letters (:func:`respaced`; not where its first pass was
+    sampled, :attr:`Finalized.sampled`: a text that failed Whisper's checks at
+    beam search, as likely a loop as a hearing). They used to be merged with the
+    first pass's, each differing stretch going to the pass that heard it more
+    confidently; taken whole, the replays over 27 takes (``bench/replay_matrix.py``,
+    three sets, three conditions, three speeds) had 31 fewer errors in 8226 words,
+    fewer in 16 replays and more in 6: a first pass is heard without context, and
+    Whisper's word probabilities do not tell its mistakes from the pass's fixes
+    (docs/benchmarks.md, thirty-second session). A record decided before changes only to a wording at least two decodes heard
     and more decodes than its present one (one unlucky window can decide a
     record wrong: the next ones, which hear it in the middle of their window,
     outvote it), or as many where its present one is the first pass's, whose
@@ -355,10 +350,8 @@ def revised_texts(
         elif record.index < fresh_from and record.heard:
             outvoted = _outvotes(record, word_key(heard))
             out.append(_spelled(respaced(window_words(record, span), group)) if outvoted else (record.text, ()))
-        elif record.votes.get(_hearing(record, word_key(heard)), 0) >= 2 or not record.words or record.doubtful:
-            out.append(_spelled(respaced(() if record.doubtful else window_words(record, span), group)))
         else:
-            out.append(_spelled(merge_words(window_words(record, span), group)))
+            out.append(_spelled(respaced(() if record.doubtful else window_words(record, span), group)))
     return out
 
 
@@ -429,7 +422,7 @@ def mark_heard(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], s
     is obscure." stopped after "or more" (Whisper ends a window early at times), so it kept the
     first pass's "It's" unheard; the next window heard "Its" whole, but as one vote against the
     first pass's one it could not outvote it (a decided record needs two). Now that window
-    decides it by the merge (which there keeps the first pass's more confident "It's")."""
+    decides it as it decides a fresh one."""
     for record, group, span, around in zip(records, groups, spans, _neighbours(groups), strict=True):
         if record.index <= decide_to and heard_in(record, group, span, around) is not None:
             record.heard = True
@@ -537,84 +530,6 @@ def _letters(words: Sequence[Word]) -> str:
     return "".join(_HYPHENATED.sub("", w.word.lower()) for w in words)
 
 
-def merge_words(first: Sequence[Word], second: Sequence[Word]) -> tuple[Word, ...]:
-    """The second pass's words, except where they differ from the first pass's and were heard
-    less confidently: each stretch of differing words goes to the pass that heard it better
-    (one that only spaces the same letters apart differently stays as the first pass had it:
-    :func:`respaced`).
-
-    An insertion is judged against the first pass's mean confidence over the
-    utterance, a deletion against the second pass's. Words both heard take the
-    second pass's casing and punctuation, heard in context, except next to a
-    stretch kept from the first pass: there they are spelled as the first pass
-    spelled them, whose punctuation fits its own words (the call's "great news.
-    Thank you", where the pass heard "great news and thank you" and its "and"
-    was not taken: the merge read "great news thank you"), and so is the word beside
-    such a word where the first pass ended a sentence between them
-    (:func:`_spelled_as_first`).
-    """
-    mean_first, mean_second = _confidence(first), _confidence(second)
-    pieces: list[tuple[list[Word], Sequence[Word]]] = []  # words taken, and for words both heard the first pass's
-    kept: list[bool] = []  # per piece: a differing stretch kept from the first pass
-    for op, i1, i2, j1, j2 in aligned(first, second):
-        old, new = first[i1:i2], second[j1:j2]
-        if op == "equal":
-            pieces.append((list(new), old))
-            kept.append(False)
-            continue
-        theirs = _confidence(old) if old else mean_first
-        ours = _confidence(new) if new else mean_second
-        take = ours >= theirs - CONFIDENCE_MARGIN - 1e-9 and not _respelling(op, old, new)  # (equal means, summed in another order)
-        pieces.append((list(new if take else old), ()))
-        kept.append(not take)
-    out: list[Word] = []
-    for n, (words, same) in enumerate(pieces):
-        if same and n > 0 and kept[n - 1]:
-            _spelled_as_first(words, same, 0)
-        if same and n + 1 < len(pieces) and kept[n + 1]:
-            _spelled_as_first(words, same, -1)
-        out += words
-    return tuple(out)
-
-
-def aligned(first: Sequence[Word], second: Sequence[Word]) -> list[tuple[str, int, int, int, int]]:
-    """The two passes' words matched up (:class:`difflib.SequenceMatcher` opcodes on normalized
-    words), where a match of at most ``ANCHOR_WORDS`` words that the two passes put more than
-    ``ANCHOR_DRIFT_S`` apart in time is no match: it is joined with the differing stretches
-    around it into one. Such a match pairs a common word ("the", "at") heard in different places
-    and splits one differing stretch into an insertion before it and a deletion after it, each
-    judged alone: a long-form narration under noise, first pass "The ship's net first at night
-    comes a beam...", pass "Shipped that fast at height of the beam...", matched the two "the"s,
-    kept the first pass against the insertion and took the pass's deletion, and the merge read
-    "The beam from 20 miles away.", seven words lost."""
-    a, b = [normalize_word(w.word) for w in first], [normalize_word(w.word) for w in second]
-    out: list[tuple[str, int, int, int, int]] = []
-    for op, i1, i2, j1, j2 in SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        if op == "equal" and i2 - i1 <= ANCHOR_WORDS and abs(_middle(first[i1]) - _middle(second[j1])) > ANCHOR_DRIFT_S:
-            op = "replace"
-        if op != "equal" and out and out[-1][0] != "equal":
-            _, i1, _, j1, _ = out.pop()
-            op = "replace"
-        out.append((op, i1, i2, j1, j2))
-    return out
-
-
-def _middle(word: Word) -> float:
-    return (word.start + word.end) / 2
-
-
-def _spelled_as_first(words: list[Word], first: Sequence[Word], at: int) -> None:
-    """Spell ``words[at]`` (0 or -1: the word next to a stretch kept from the first pass) as the
-    first pass did (``first``: its words there), and the word beside it too where the first pass
-    ended a sentence between the two: its capital or its full stop alone would read "help You" or
-    "one. thank" (the call's agent under noise: the first pass "How can I help? You can make",
-    the pass "How can I help you to make?", its "to" not taken, read "How can I help You can make")."""
-    words[at] = replace(words[at], word=first[at].word)
-    inner, earlier = (1, 0) if at == 0 else (-2, -2)  # the word beside it, and the earlier of the two
-    if len(words) > 1 and ends_sentence(first[earlier].word):
-        words[inner] = replace(words[inner], word=first[inner].word)
-
-
 def _covers(heard: Sequence[Word], span: Span, record: Finalized) -> bool:
     """Whether the decode's words reach as far into the utterance's audio as the first pass's did
     (Whisper can stop early at the end of a window and drop the last words)."""
@@ -623,11 +538,6 @@ def _covers(heard: Sequence[Word], span: Span, record: Finalized) -> bool:
     base = record.start / MODEL_RATE
     return max(w.end for w in heard) - span.start >= record.words[-1].end - base - COVER_MARGIN_S and \
         min(w.start for w in heard) - span.start <= record.words[0].start - base + COVER_MARGIN_S
-
-
-def _confidence(words: Sequence[Word]) -> float:
-    """Mean word probability (1 when there are no words to judge by)."""
-    return sum(w.probability for w in words) / len(words) if words else 1.0
 
 
 def _words(text: str) -> list[str]:

@@ -385,26 +385,6 @@ def _words_of(text: str, probabilities: list[float]) -> tuple[Word, ...]:
     return tuple(Word(" " + w, float(i), i + 0.5, p) for i, (w, p) in enumerate(zip(text.split(), probabilities, strict=True)))
 
 
-def test_each_stretch_of_differing_words_goes_to_the_pass_that_heard_it_better():
-    from asr_server.decoding.context import merge_words
-
-    first = _words_of("your journey is at night before you is babylon", [0.9, 0.9, 0.9, 0.8, 0.3, 0.9, 0.9, 0.9, 0.9])
-    second = _words_of("Your journey is at an end. Before you is battle on", [0.9, 0.9, 0.9, 0.8, 0.7, 0.8, 0.9, 0.9, 0.9, 0.4, 0.3])
-    merged = merge_words(first, second)
-    # "night" -> "an end." was heard better in context; "babylon" -> "battle on" was not.
-    assert "".join(w.word for w in merged) == " Your journey is at an end. Before you is babylon"
-
-
-def test_an_insertion_or_deletion_is_judged_against_the_other_pass_as_a_whole():
-    from asr_server.decoding.context import merge_words
-
-    first = _words_of("the end of it", [0.8, 0.8, 0.8, 0.8])
-    assert "".join(w.word for w in merge_words(first, _words_of("the end of it too", [0.8, 0.8, 0.8, 0.8, 0.9]))).endswith("too")
-    assert "".join(w.word for w in merge_words(first, _words_of("the end of it uh", [0.8, 0.8, 0.8, 0.8, 0.2]))).endswith("it")
-    doubtful = _words_of("the end um of it", [0.8, 0.8, 0.1, 0.8, 0.8])
-    assert "".join(w.word for w in merge_words(doubtful, _words_of("the end of it", [0.8] * 4))) == " the end of it"
-
-
 def _at(index: int, start_s: float, seconds: float, trail_s: float, text: str = ""):
     from asr_server.decoding.context import Finalized
 
@@ -506,7 +486,8 @@ def test_a_wording_heard_only_at_the_windows_edge_gets_no_vote():
 
     # The espeak voice: the first pass heard "The weather today" confidently; a window where the
     # sentence was the lookahead (last, nothing after it) heard "The winner today", and the next
-    # window, deciding it, heard the same. Counted twice, "winner" would have been taken outright.
+    # window, deciding it, heard the same. Counted twice, "winner" would have held two votes, as
+    # many as two later windows that hear "weather" bring: they could not have outvoted it.
     def record(index: int, start_s: float, text: str, probability: float) -> Finalized:
         words = tuple(Word(" " + w, start_s + 0.4 * k, start_s + 0.4 * (k + 1), probability) for k, w in enumerate(text.split()))
         return Finalized(index, int(start_s * 16000), np.zeros(int(1.6 * 16000), np.float32), 0, text, words)
@@ -523,9 +504,9 @@ def test_a_wording_heard_only_at_the_windows_edge_gets_no_vote():
     groups = heard(middle, ["The winner today", "Thank you all"], 0.6)
     count_votes([sentence, after], groups, middle, decide_to=1)
     assert sentence.votes == {("the", "weather", "today"): 1, ("the", "winner", "today"): 1}
-    # One hearing against one: the words go by confidence, and the first pass's were surer.
+    # The deciding window's words are taken, with one vote: two later hearings of "weather" outvote them.
     (text, _), _ = revised_texts([sentence, after], groups, middle, fresh_from=1, decide_to=1)
-    assert text == "The weather today"
+    assert text == "The winner today"
 
 
 class VaryingModel(TwoPassModel):
@@ -908,51 +889,35 @@ def test_a_first_pass_final_after_a_sentence_end_starts_with_a_capital(before, a
     check_rules(d)
 
 
-def _timed(text: str, probability: float, start: float, per_word: float = 0.3) -> tuple[Word, ...]:
-    return tuple(Word(" " + w, start + i * per_word, start + (i + 1) * per_word, probability) for i, w in enumerate(text.split()))
+def test_a_pass_decides_a_sentence_with_its_own_words_however_confidently_the_first_pass_heard_it():
+    """The first pass hears a sentence alone, the pass in context, and their word probabilities
+    do not tell one's mistakes from the other's fixes: with each differing stretch merged to the
+    more confident, the replays over 27 takes had 31 more errors in 8226 words than with the
+    pass's words taken whole (docs/benchmarks.md, thirty-second session). A sentence the pass
+    decides reads as the pass heard it, however sure the first pass was of its own words."""
 
+    class SureFirstPass(TwoPassModel):
+        def final(self, request) -> Hypothesis:
+            hyp = super().final(request)
+            return replace(hyp, words=tuple(replace(w, probability=0.99) for w in hyp.words))
 
-def test_a_common_word_heard_in_another_place_does_not_split_a_differing_stretch():
-    """The narration under noise: the pass heard the sentence's first words differently and the
-    matcher paired the first pass's opening "The" with the pass's "the" six words later. The
-    insertion before that match and the deletion after it were judged apart, the first pass kept
-    against one and the pass taken for the other, and seven words were lost. Matched by time,
-    that is one differing stretch: it goes whole to one pass or the other."""
-    from asr_server.decoding.context import merge_words
+        def context(self, request) -> Hypothesis:
+            hyp = super().context(request)
+            return replace(hyp, words=tuple(replace(w, probability=0.3) for w in hyp.words))
 
-    first = _timed("The ship's net first at night comes a", 0.5, 0.0) + _timed("beam from 20 miles away.", 0.9, 2.4)
-    heard = _timed("Shipped that fast at height of the", 0.45, 0.0, 0.34) + _timed("beam from 20 miles away.", 0.9, 2.4)
-    merged = "".join(w.word for w in merge_words(first, heard))
-    assert merged == " The ship's net first at night comes a beam from 20 miles away."
-    better = _timed("Ships that passed at night could see the", 0.8, 0.0, 0.34) + _timed("beam from 20 miles away.", 0.9, 2.4)
-    assert "".join(w.word for w in merge_words(first, better)) == " Ships that passed at night could see the beam from 20 miles away."
-    # A match in the same place still anchors: only the stretches around it change.
-    same = _timed("The ships net first at night came a", 0.8, 0.0) + _timed("beam from 20 miles away.", 0.9, 2.4)
-    assert "".join(w.word for w in merge_words(first, same)) == " The ships net first at night came a beam from 20 miles away."
-
-
-def test_words_next_to_a_stretch_kept_from_the_first_pass_keep_its_punctuation():
-    """The call's customer: the pass heard "great news and thank you" where the first pass had
-    "great news. Thank you"; its "and" was not taken, and the merge read "great news thank you".
-    Next to a kept stretch the words both heard are spelled as the first pass spelled them;
-    elsewhere as the pass, which heard them in context."""
-    from asr_server.decoding.context import merge_words
-
-    first = _words_of("that is great news. Thank you very much.", [0.9] * 8)
-    second = _words_of("That is great news and thank you very much.", [0.95, 0.95, 0.95, 0.95, 0.3, 0.95, 0.95, 0.95, 0.95])
-    assert "".join(w.word for w in merge_words(first, second)) == " That is great news. Thank you very much."
-    taken = _words_of("That is great news and thank you very much.", [0.95] * 9)  # the "and" taken: the pass's spelling throughout
-    assert "".join(w.word for w in merge_words(first, taken)) == " That is great news and thank you very much."
+    together = [*ALONE[:4], "the end of this"]  # the last sentence: first heard by the window deciding it
+    d = _pass_after_every_final(SureFirstPass(ALONE, together))
+    assert d.of_type("revision")
+    assert d.client.final_text() == " ".join(together) == server_transcript(d)
 
 
 def test_a_stretch_the_pass_only_spaced_apart_differently_keeps_the_first_pass_spacing():
-    """"mud huts" heard as "mudhuts" is the same hearing: even heard more confidently, it is no
-    reason to change what the client holds, while a real change beside it goes in."""
-    from asr_server.decoding.context import merge_words, respaced
+    """"mud huts" heard as "mudhuts" is the same hearing: it is no reason to change what the
+    client holds, while a real change beside it goes in."""
+    from asr_server.decoding.context import respaced
 
     first = _words_of("surrounded with mud huts and date palms", [0.9, 0.9, 0.4, 0.5, 0.9, 0.3, 0.9])
     second = _words_of("surrounded with mudhuts and date psalms", [0.9, 0.9, 0.8, 0.9, 0.9, 0.9])
-    assert "".join(w.word for w in merge_words(first, second)) == " surrounded with mud huts and date psalms"
     assert "".join(w.word for w in respaced(first, second)) == " surrounded with mud huts and date psalms"
     # Other letters are another hearing, and a hyphen is punctuation the pass may mend: both go to the pass.
     assert "".join(w.word for w in respaced(first, _words_of("surrounded with mud hats", [0.9] * 4))) == " surrounded with mud hats"
@@ -988,26 +953,6 @@ def test_a_sentence_its_deciding_window_gave_no_words_is_decided_by_the_next_win
     d = _pass_after_every_final(model)
     assert model.windows[2:] == [[0, 1, 2, 3], [0, 1, 2, 3, 4]]  # the one window after the one that decided it
     assert d.client.final_text() == " ".join([*alone[:2], right, *alone[3:]]) == server_transcript(d)
-
-
-@pytest.mark.parametrize("first, second, unsure, merged", [
-    # The call's agent under noise: the pass's "to" was not taken, and "You" kept the first pass's capital.
-    ("How can I help? You can make...", "How can I help you to make?", "to", " How can I help? You can make..."),
-    # After a kept stretch: the first pass's full stop, and its capital after it.
-    ("I want the red one. Thank you", "I want the bread one thank you", "bread", " I want the red one. Thank you"),
-    # No sentence end between them: only the word next to the kept stretch is the first pass's.
-    ("how can I help you can make", "How can I help you to make?", "to", " How can I help you can make"),
-])
-def test_a_sentence_end_the_first_pass_put_beside_a_kept_stretch_stays_whole(first, second, unsure, merged):
-    """A word next to a stretch kept from the first pass is spelled as the first pass spelled it;
-    where the first pass ended a sentence between that word and the next, that one too, or the
-    transcript reads "help You can make" (a capital without its question mark)."""
-    from asr_server.decoding.context import merge_words
-
-    def words(text: str, unsure: str) -> tuple[Word, ...]:
-        return _words_of(text, [0.3 if w == unsure else 0.9 for w in text.split()])
-
-    assert "".join(w.word for w in merge_words(words(first, ""), words(second, unsure))) == merged
 
 
 @pytest.mark.parametrize("ahead_s", [1.5, 0.0])
