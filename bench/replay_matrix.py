@@ -142,8 +142,9 @@ def report(results: dict[Cell, Tally], against: dict[Cell, Tally] | None = None)
     lines.append(f"\nreplays within 0.5 points of offline (or better): {within} of {len(results)}")
     if against:
         changes = [t.errors["revised"] - against[cell].errors["revised"] for cell, t in results.items()]
+        words = sum(t.words for t in results.values())
         lines.append(f"against --against: fewer errors after revisions in {sum(c < 0 for c in changes)}, more in "
-                     f"{sum(c > 0 for c in changes)}, as many in {sum(c == 0 for c in changes)} (errors {sum(changes):+d} of {sum(t.words for t in results.values())} words)")
+                     f"{sum(c > 0 for c in changes)}, as many in {sum(c == 0 for c in changes)} (errors {sum(changes):+d} of {words} words)")
     return "\n".join(lines)
 
 

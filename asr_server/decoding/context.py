@@ -324,15 +324,16 @@ def revised_texts(
     keep the spacing the record has.
 
     A record being decided takes the decode's words, spaced as it holds them where
-    they spell the same letters (:func:`respaced`; not where its first pass was
-    sampled, :attr:`Finalized.sampled`: a text that failed Whisper's checks at
-    beam search, as likely a loop as a hearing). They used to be merged with the
-    first pass's, each differing stretch going to the pass that heard it more
-    confidently; taken whole, the replays over 27 takes (``bench/replay_matrix.py``,
-    three sets, three conditions, three speeds) had 31 fewer errors in 8226 words,
-    fewer in 16 replays and more in 6: a first pass is heard without context, and
-    Whisper's word probabilities do not tell its mistakes from the pass's fixes
-    (docs/benchmarks.md, thirty-second session). A record decided before changes only to a wording at least two decodes heard
+    they spell the same letters (:func:`respaced`; not where it is
+    :attr:`Finalized.doubtful`, as a sampled first pass is: a text that failed
+    Whisper's checks at beam search, as likely a loop as a hearing). They used to
+    be merged with the first pass's, each differing stretch going to the pass that
+    heard it more confidently; taken whole, the replays over 27 takes
+    (``bench/replay_matrix.py``: three sets, three conditions, three speeds) had 31
+    fewer errors in 8226 words, fewer in 16 replays and more in 6: a first pass is
+    heard without context, and Whisper's word probabilities do not tell its mistakes
+    from the pass's fixes (docs/benchmarks.md, thirty-second session). A record
+    decided before changes only to a wording at least two decodes heard
     and more decodes than its present one (one unlucky window can decide a
     record wrong: the next ones, which hear it in the middle of their window,
     outvote it), or as many where its present one is the first pass's, whose
