@@ -93,7 +93,8 @@ class Hypothesis:
     # and on a decode that ran to its token budget (``max_new_tokens``, far above any speaking
     # rate): a loop the checks let through, as a fast recipe's quick final under noise ended
     # "cookie tony, the tony, tony, tony, tony, ..." up to the budget (the words before it kept
-    # the compression ratio under 2.4); its words are no yardstick for a pass's (the merge of that time kept "tony, tony, tony, t").
+    # the compression ratio under 2.4); its words are no yardstick for a pass's (the merge of
+    # that time kept "tony, tony, tony, t" against one).
     sampled: bool = False
     # Decoded on the finals' own copy of the weights (CPU; see WhisperRunner._load_copies): in a
     # burst that call ends sooner than the others beside it, so its time says little of how fast
