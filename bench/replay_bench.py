@@ -2,7 +2,8 @@
 
     python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--phone] [--context-back-s 24] [--context-ahead-s 3]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--interims]
-                                 [--split-after-s 3] [--fast-reader] [--load-streams] [--speed 1.1] [--json out.json]
+                                 [--split-after-s 3] [--fast-reader] [--load-streams] [--speed 1.1]
+                                 [--offline] [--chunked-offline] [--json out.json]
 
 Feeds each fixture channel, 100 ms at a time, into a :class:`~asr_server.session.Session`
 (the server's own VAD, chunker and decoder) and runs every decode it asks for at once on
@@ -31,6 +32,15 @@ training's speed perturbation does: the recordings of real people among the fixt
 (LibriVox, LJSpeech, the card names) become other recordings the rules were never measured
 on, and a change to a rule can be judged on more than one take of each (a single word that a
 rule flips on one take by chance need not flip on the next).
+
+``--offline`` adds a column: faster-whisper's own transcription of each channel (beam 5, its
+VAD filter). ``--chunked-offline`` adds another: the same transcription, without the VAD filter,
+of the audio the server's VAD and chunker kept for the finals, each utterance joined to the next
+as a context pass joins them (``window_request``), decoded in one go as offline decodes a
+recording (30 s windows in turn, each prompted with the text before). It splits the gap after
+revisions minus offline in two: offline minus this column is what the VAD and chunker cost
+(speech they cut, pauses they shorten), and after revisions minus this column is what the
+two passes' windows and votes cost against one sequential decode of the same audio.
 
 It also prints how many context passes ran and their model time per audio second (the
 runner's own decode times). Nothing waits, and Whisper's fallback samples with a fixed
@@ -61,7 +71,7 @@ from load_bench import FIXTURES as LOAD_FIXTURES, replayed, rotation_cut, round_
 from stream_bench import DEFAULT_FIXTURES, covering_latencies, fixture_names, load_channels, noisy_pcm, offline_text, pct, speech_ends, use_fast_reader, use_fixture_dir, wire_rate  # noqa: E402
 
 from asr_server.audio.vad import VadOptions  # noqa: E402
-from asr_server.decoding.context import ContextOptions  # noqa: E402
+from asr_server.decoding.context import ContextOptions, Finalized, window_request  # noqa: E402
 from asr_server.events import SubmitJob  # noqa: E402
 from asr_server.inference.types import DecodeKind  # noqa: E402
 from asr_server.inference.whisper import DEFAULT_MODEL, WhisperRunner, resolve_model  # noqa: E402
@@ -90,6 +100,7 @@ class Replayer:
         self._passes: list = []
         self.pass_count = 0
         self.pass_model_s = 0.0  # model time of the context passes (the runner's decode_s)
+        self.kept: list[Finalized] = []  # each non-empty final's utterance as the decoder keeps it for the passes
         self._apply(self.session.start())
         if lean:  # as the governor sets it under load (level 1 and up)
             self._apply(self.session.set_load(LoadSettings(level=1, lean_context=True)))
@@ -118,6 +129,7 @@ class Replayer:
             if isinstance(out, Send):
                 self.transcript.apply(out.message)
                 if out.message["type"] == "final" and out.message["text"]:
+                    self._keep(out.message["utterance"])
                     self.finals.append(out.message["text"])
                     self.final_at.append((self._fed / 16000, out.message["start"], out.message["end"]))
                     self.reasons[out.message["reason"]] = self.reasons.get(out.message["reason"], 0) + 1
@@ -126,6 +138,17 @@ class Replayer:
                     self._passes.append(out.job)
                 else:
                     self._apply(self.session.job_done(out.job, self.runner.transcribe(out.job.request)))
+
+
+    def _keep(self, utterance: int) -> None:
+        # The decoder's own record (a bench may look inside): its audio is what the chunker kept.
+        self.kept += [r for r in self.session._decoders[0]._done if r.index == utterance]
+
+    def kept_audio(self, context: ContextOptions) -> np.ndarray:
+        """The audio of every final, joined as a context pass joins utterances (:func:`window_request`)."""
+        if not self.kept:
+            return np.zeros(0, np.float32)
+        return window_request(self.kept, context, "en", "")[0].audio
 
 
 def audio_latencies(replayer: Replayer, name: str, ch: int, speed: float = 1.0) -> list[float]:
@@ -182,6 +205,8 @@ def main() -> None:
     ap.add_argument("--load-streams", action="store_true", help="replay load_bench.py's rotated two-round streams instead of the fixtures")
     ap.add_argument("--speed", type=float, default=1.0, help="play every recording this many times as fast, pitch and all (0.9: slower)")
     ap.add_argument("--offline", action="store_true", help="also transcribe each channel offline (faster-whisper, beam 5, VAD filter) for a third column")
+    ap.add_argument("--chunked-offline", action="store_true", help="and offline-style (beam 5, no VAD filter) on the audio the chunker kept for the finals, "
+                    "joined as a pass joins it, for a fourth column: what the VAD and chunker cost (against offline) and what the windowed passes cost (after revisions against it)")
     ap.add_argument("--json", help="write the texts here")
     args = ap.parse_args()
     if (args.fast_reader or args.fixture_dir) and args.load_streams:
@@ -198,13 +223,13 @@ def main() -> None:
     runner.warm_up()
     context = ContextOptions(back_s=args.context_back_s, ahead_s=args.context_ahead_s)
     errors = [0, 0]
-    offline_errors = 0
+    offline_errors = chunked_errors = 0
     words = 0
     passes = [0, 0.0, 0.0]  # context passes, their model seconds, audio seconds replayed
     texts = {}
     latencies: list[float] = []
-    offline_col = " WER offline |" if args.offline else ""
-    print(f"| fixture | WER first-pass finals | WER after revisions |{offline_col} finals by reason | final latency in audio time p50 / max (s) |\n|---|---|---|{'---|' if args.offline else ''}---|---|")
+    extra_cols = (" WER offline |" if args.offline else "") + (" WER offline, the chunker's audio |" if args.chunked_offline else "")
+    print(f"| fixture | WER first-pass finals | WER after revisions |{extra_cols} finals by reason | final latency in audio time p50 / max (s) |\n|---|---|---|{'---|' * extra_cols.count('|')}---|---|")
     for name, channels, references, rate in streams(args):
         # Fed decoded 16 kHz audio either way; the stream's rate decides its VAD thresholds.
         options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s)
@@ -221,15 +246,22 @@ def main() -> None:
                 off = edit_distance(reference, normalize(offline_said))
                 offline_errors += off
                 offline = f" {off / len(reference):.3f} |"
+            if args.chunked_offline:
+                chunked_said = offline_text(replayer.kept_audio(context), args.compute_type, vad_filter=False)
+                off = edit_distance(reference, normalize(chunked_said))
+                chunked_errors += off
+                offline += f" {off / len(reference):.3f} |"
             words += len(reference)
             texts[f"{name} ch{ch}"] = {"reference": " ".join(references[ch]), "first": first, "revised": revised}
             if offline_said is not None:
                 texts[f"{name} ch{ch}"]["offline"] = offline_said
+            if args.chunked_offline:
+                texts[f"{name} ch{ch}"]["chunked"] = chunked_said
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(replayer.reasons.items()))
             late = audio_latencies(replayer, name, ch, args.speed) if not args.load_streams else []
             latencies += late
             print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} |{offline} {reasons} | {pct(late, 0.5):.2f} / {max(late, default=float('nan')):.2f} |", flush=True)
-    pooled_offline = f" **{offline_errors / words:.3f}** |" if args.offline else ""
+    pooled_offline = (f" **{offline_errors / words:.3f}** |" if args.offline else "") + (f" **{chunked_errors / words:.3f}** |" if args.chunked_offline else "")
     print(f"| **pooled** | **{errors[0] / words:.3f}** | **{errors[1] / words:.3f}** |{pooled_offline}")
     if latencies:
         print(f"\nfinal latency in audio time (decodes instant): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} s (n={len(latencies)})")

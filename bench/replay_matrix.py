@@ -1,7 +1,7 @@
 """The deterministic replay over many takes at once, pooled: is a decoding rule better, or lucky?
 
     python bench/replay_matrix.py [--sets fixtures,heldout1,heldout2] [--conditions clean,noise,room]
-                                  [--speeds 0.9,1.0,1.1] [--jobs 2] [--out DIR] [--against DIR]
+                                  [--speeds 0.9,1.0,1.1] [--jobs 2] [--out DIR] [--against DIR] [--chunked-offline]
                                   [-- replay_bench.py options]
 
 One run of ``replay_bench.py --offline`` per set of recordings, listening condition and
@@ -9,7 +9,11 @@ speed (27 by default), ``--jobs`` at a time, then one table: per run, per condit
 set and over all of them, the word error rate of the first-pass finals, of the transcript
 after revisions and of offline transcription of the same audio (faster-whisper, same model,
 beam 5, VAD filter), and the gap after revisions minus offline in points. The pooled figures
-count every word of every run, not a mean of rates.
+count every word of every run, not a mean of rates. ``--chunked-offline`` adds two columns:
+offline transcription of the audio the server's chunker kept, joined as a pass joins it
+(``replay_bench.py --chunked-offline``), and after revisions minus that: what the passes'
+windows and votes cost against one sequential decode of the same audio. It adds about a
+fifth to the run's time.
 
 Why: one replay holds three to five recordings, and a change to a rule of the two passes
 moves single words in them by chance (one word is 1-3 points of a recording). Judged on one
@@ -46,7 +50,7 @@ from tests.wer import edit_distance, normalize  # noqa: E402
 
 SETS = ("fixtures", "heldout1", "heldout2")
 CONDITIONS = {"clean": [], "noise": ["--noise-db", "20"], "room": ["--room"]}
-COLUMNS = ("first", "revised", "offline")
+COLUMNS = ("first", "revised", "offline", "chunked")  # chunked: with --chunked-offline only
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,8 @@ def tally(texts: dict[str, dict[str, str]]) -> Tally:
     for said in texts.values():
         reference = normalize(said["reference"])
         for column in COLUMNS:
-            out.errors[column] += edit_distance(reference, normalize(said.get(column, "")))
+            if column in said:
+                out.errors[column] += edit_distance(reference, normalize(said[column]))
         out.words += len(reference)
     return out
 
@@ -116,20 +121,24 @@ def write_heldout(folder: Path) -> None:
             subprocess.run([sys.executable, str(ROOT / "bench" / "heldout.py"), "--set", str(n), str(target)], check=True, stdout=subprocess.DEVNULL)
 
 
-def row(label: str, t: Tally, before: Tally | None = None) -> str:
+def row(label: str, t: Tally, before: Tally | None = None, chunked: bool = False) -> str:
     gap = (t.rate("revised") - t.rate("offline")) * 100
     line = f"| {label} | {t.words} | {t.rate('first'):.3f} | {t.rate('revised'):.3f} | {t.rate('offline'):.3f} | {gap:+.1f} |"
+    if chunked:
+        line += f" {t.rate('chunked'):.3f} | {(t.rate('revised') - t.rate('chunked')) * 100:+.1f} |"
     if before is not None:
         line += f" {before.rate('revised'):.3f} | {(t.rate('revised') - before.rate('revised')) * 100:+.1f} |"
     return line
 
 
-def report(results: dict[Cell, Tally], against: dict[Cell, Tally] | None = None) -> str:
-    """The table; with ``against`` (the same replays of other code) two more columns, and a count of
-    the replays each way."""
+def report(results: dict[Cell, Tally], against: dict[Cell, Tally] | None = None, chunked: bool = False) -> str:
+    """The table; with ``chunked`` two more columns (offline on the chunker's audio, and after revisions
+    against it); with ``against`` (the same replays of other code) two more, and a count of the
+    replays each way."""
     head = "| replay | words | WER first-pass finals | WER after revisions | WER offline | after revisions - offline (points) |"
-    lines = [head + (" after revisions, --against | change (points) |" if against else ""), "|---" * (6 + 2 * bool(against)) + "|"]
-    lines += [row(cell.name, t, against and against[cell]) for cell, t in results.items()]
+    head += " WER offline, the chunker's audio | after revisions - that (points) |" if chunked else ""
+    lines = [head + (" after revisions, --against | change (points) |" if against else ""), "|---" * (6 + 2 * chunked + 2 * bool(against)) + "|"]
+    lines += [row(cell.name, t, against and against[cell], chunked) for cell, t in results.items()]
     for label in (lambda c: c.condition, lambda c: c.recordings, lambda c: f"speed {c.speed:.2g}", lambda c: "all"):
         groups: dict[str, tuple[Tally, Tally]] = {}
         for cell, t in results.items():
@@ -137,7 +146,7 @@ def report(results: dict[Cell, Tally], against: dict[Cell, Tally] | None = None)
             now.add(t)
             if against:
                 before.add(against[cell])
-        lines += [row(key, now, before if against else None) for key, (now, before) in groups.items()]
+        lines += [row(key, now, before if against else None, chunked) for key, (now, before) in groups.items()]
     within = sum(1 for t in results.values() if t.rate("revised") - t.rate("offline") <= 0.005)
     lines.append(f"\nreplays within 0.5 points of offline (or better): {within} of {len(results)}")
     if against:
@@ -165,6 +174,7 @@ def main() -> None:
     ap.add_argument("--heldout-dir", type=Path, default=None, help="where set1 and set2 of bench/heldout.py are (written there if missing)")
     ap.add_argument("--out", type=Path, default=None, help="keep each replay's table and texts here")
     ap.add_argument("--against", type=Path, default=None, help="an earlier run's --out folder: compare after revisions with it, replay by replay")
+    ap.add_argument("--chunked-offline", action="store_true", help="and offline on the chunker's audio (replay_bench.py --chunked-offline): two more columns")
     ap.add_argument("replay_args", nargs="*", help="after --: options for every replay_bench.py run")
     args = ap.parse_args()
     sets, conditions = args.sets.split(","), args.conditions.split(",")
@@ -177,6 +187,7 @@ def main() -> None:
     if not all(0.5 <= s <= 2.0 for s in speeds) or args.jobs < 1:
         ap.error("--speeds are factors from 0.5 to 2, --jobs at least 1")
     cells = [Cell(s, c, v) for s in sets for c in conditions for v in speeds]
+    extra = [*args.replay_args, *(["--chunked-offline"] if args.chunked_offline else [])]
     against = earlier(args.against, cells) if args.against else None
     with tempfile.TemporaryDirectory(prefix="replay-matrix-") as scratch:
         heldout = args.heldout_dir or Path(scratch)
@@ -185,8 +196,8 @@ def main() -> None:
         out = args.out or Path(scratch)
         out.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
-            tallies = list(pool.map(lambda c: run_cell(c, heldout, out, args.replay_args), cells))
-    print(report(dict(zip(cells, tallies, strict=True)), against))
+            tallies = list(pool.map(lambda c: run_cell(c, heldout, out, extra), cells))
+    print(report(dict(zip(cells, tallies, strict=True)), against, args.chunked_offline))
 
 
 if __name__ == "__main__":

@@ -127,8 +127,9 @@ def metric(port: int, name: str) -> float:
     return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + "{") or l.startswith(name + " "))
 
 
-def offline_text(audio: np.ndarray, compute_type: str) -> str:
-    """faster-whisper's own transcription of a whole recording (16 kHz float): beam 5, its VAD filter."""
+def offline_text(audio: np.ndarray, compute_type: str, vad_filter: bool = True) -> str:
+    """faster-whisper's own transcription of a whole recording (16 kHz float): beam 5, its VAD filter
+    (``vad_filter=False``: every sample of ``audio`` is decoded, for audio that is speech already)."""
     from faster_whisper import WhisperModel
 
     from asr_server.inference.whisper import resolve_model
@@ -140,7 +141,7 @@ def offline_text(audio: np.ndarray, compute_type: str) -> str:
         # float16 runs on a GPU only: a bench of a CUDA server computes offline there too
         device = "cpu" if compute_type in {"auto", "default", *ctranslate2.get_supported_compute_types("cpu")} else "cuda"
         _MODEL = WhisperModel(resolve_model("tiny.en"), device=device, compute_type=compute_type, cpu_threads=os.cpu_count() or 1)
-    segments, _ = _MODEL.transcribe(audio, language="en", beam_size=5, vad_filter=True)
+    segments, _ = _MODEL.transcribe(audio, language="en", beam_size=5, vad_filter=vad_filter)
     return " ".join(s.text for s in segments)
 
 
