@@ -139,7 +139,6 @@ class Replayer:
                 else:
                     self._apply(self.session.job_done(out.job, self.runner.transcribe(out.job.request)))
 
-
     def _keep(self, utterance: int) -> None:
         # The decoder's own record (a bench may look inside): its audio is what the chunker kept.
         self.kept += [r for r in self.session._decoders[0]._done if r.index == utterance]
@@ -206,7 +205,7 @@ def main() -> None:
     ap.add_argument("--speed", type=float, default=1.0, help="play every recording this many times as fast, pitch and all (0.9: slower)")
     ap.add_argument("--offline", action="store_true", help="also transcribe each channel offline (faster-whisper, beam 5, VAD filter) for a third column")
     ap.add_argument("--chunked-offline", action="store_true", help="and offline-style (beam 5, no VAD filter) on the audio the chunker kept for the finals, "
-                    "joined as a pass joins it, for a fourth column: what the VAD and chunker cost (against offline) and what the windowed passes cost (after revisions against it)")
+                    "joined as a pass joins it, for another column: what the VAD and chunker cost (against offline) and what the windowed passes cost (after revisions against it)")
     ap.add_argument("--json", help="write the texts here")
     args = ap.parse_args()
     if (args.fast_reader or args.fixture_dir) and args.load_streams:
@@ -240,17 +239,17 @@ def main() -> None:
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]
             errors = [errors[0] + e[0], errors[1] + e[1]]
-            offline, offline_said = "", None
+            columns, offline_said = "", None
             if args.offline:
                 offline_said = offline_text(audio, args.compute_type)
                 off = edit_distance(reference, normalize(offline_said))
                 offline_errors += off
-                offline = f" {off / len(reference):.3f} |"
+                columns = f" {off / len(reference):.3f} |"
             if args.chunked_offline:
                 chunked_said = offline_text(replayer.kept_audio(context), args.compute_type, vad_filter=False)
                 off = edit_distance(reference, normalize(chunked_said))
                 chunked_errors += off
-                offline += f" {off / len(reference):.3f} |"
+                columns += f" {off / len(reference):.3f} |"
             words += len(reference)
             texts[f"{name} ch{ch}"] = {"reference": " ".join(references[ch]), "first": first, "revised": revised}
             if offline_said is not None:
@@ -260,7 +259,7 @@ def main() -> None:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(replayer.reasons.items()))
             late = audio_latencies(replayer, name, ch, args.speed) if not args.load_streams else []
             latencies += late
-            print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} |{offline} {reasons} | {pct(late, 0.5):.2f} / {max(late, default=float('nan')):.2f} |", flush=True)
+            print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} |{columns} {reasons} | {pct(late, 0.5):.2f} / {max(late, default=float('nan')):.2f} |", flush=True)
     pooled_offline = (f" **{offline_errors / words:.3f}** |" if args.offline else "") + (f" **{chunked_errors / words:.3f}** |" if args.chunked_offline else "")
     print(f"| **pooled** | **{errors[0] / words:.3f}** | **{errors[1] / words:.3f}** |{pooled_offline}")
     if latencies:

@@ -12,8 +12,8 @@ beam 5, VAD filter), and the gap after revisions minus offline in points. The po
 count every word of every run, not a mean of rates. ``--chunked-offline`` adds two columns:
 offline transcription of the audio the server's chunker kept, joined as a pass joins it
 (``replay_bench.py --chunked-offline``), and after revisions minus that: what the passes'
-windows and votes cost against one sequential decode of the same audio. It adds about a
-fifth to the run's time.
+windows and votes cost against one sequential decode of the same audio (one more offline
+decode of each channel).
 
 Why: one replay holds three to five recordings, and a change to a rule of the two passes
 moves single words in them by chance (one word is 1-3 points of a recording). Judged on one
