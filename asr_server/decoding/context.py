@@ -54,7 +54,10 @@ __all__ = [
 @dataclass(frozen=True)
 class ContextOptions:
     enabled: bool = True
-    # Audio one context decode covers: utterances plus gaps, within Whisper's 30 s window.
+    # Audio one context decode covers: utterances plus gaps, within Whisper's 30 s window. The
+    # whole 30 s was 0.3 points more accurate over 27 replays (0.176 -> 0.173), but its passes
+    # cost 13-18% more and 8 streams' revision delay p95 rose from 9.3-9.6 s to 10.2-13.7 s,
+    # past the 10 s target (docs/benchmarks.md, thirty-third session).
     window_s: float = 24.0
     # Of it, at most this much audio of utterances a pass already decided (acoustic context
     # before the new ones; the text before the window is its prompt either way). Without it
