@@ -58,6 +58,8 @@ class DecodeRequest:
     # lookahead: up to where that starts). A decode that stops early before their end decodes the
     # rest; one that stops in the lookahead, whose words are dropped, does not.
     needed_s: float | None = None
+    # A settle decode (ContextOptions.settle_window_s): the prompt's last 128 tokens, not 32.
+    long_prompt: bool = False
 
     @property
     def duration(self) -> float:

@@ -36,7 +36,7 @@ from .priority import call_lowered
 from .types import SAMPLE_RATE, BatchKey, DecodeKind, DecodeRequest, Hypothesis, Runner, Word
 from .windows import (
     FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, MAX_INITIAL_TIMESTAMP_INDEX, BURST_FINAL_PAD_S, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S, LEAN_CONTEXT_PAD_S,
-    Pads, max_new_tokens, prompt_bucket, window_frames,
+    LONG_PROMPT_TOKEN_LIMIT, PROMPT_TOKEN_LIMIT, Pads, max_new_tokens, prompt_bucket, window_frames,
 )
 
 __all__ = [
@@ -283,7 +283,7 @@ class WhisperRunner(Runner):
         if self._packs(request):
             # Packs carry no prompt, and the rest are regrouped by prompt length inside the batch.
             return BatchKey(request.kind, request.language, FULL_WINDOW_FRAMES, -1)
-        tokens = self._prompt_tokens(self._tokenizer(request.language), request.prompt)
+        tokens = self._prompt_tokens(self._tokenizer(request.language), request.prompt, request.long_prompt)
         final = request.kind is DecodeKind.FINAL
         return BatchKey(request.kind, request.language, self.window_frames(request), len(tokens), final and request.short_window, final and request.burst,
                         final and request.busy and not request.burst)
@@ -330,7 +330,7 @@ class WhisperRunner(Runner):
         """Decode ``alone`` (indexes) each in its own window, grouped by prompt length, into ``out``."""
         by_prompt: dict[int, list[int]] = {}
         for i in alone:
-            by_prompt.setdefault(len(self._prompt_tokens(tokenizer, requests[i].prompt)), []).append(i)
+            by_prompt.setdefault(len(self._prompt_tokens(tokenizer, requests[i].prompt, requests[i].long_prompt)), []).append(i)
         for group in by_prompt.values():
             # Only full windows are capped per call; shorter ones are bounded by the scheduler's frame budget.
             for call in self._calls(group) if key.frames >= FULL_WINDOW_FRAMES else [group]:
@@ -464,15 +464,16 @@ class WhisperRunner(Runner):
     def _suppress(self, tokenizer: Any) -> list[int]:
         return next(list(t.suppress) for t in self._tokens.values() if t.tokenizer is tokenizer)
 
-    def _prompt_tokens(self, tokenizer: Any, prompt: str) -> list[int]:
-        """The prompt's last power-of-two tokens; cached, since the scheduler asks for each waiting job's key."""
+    def _prompt_tokens(self, tokenizer: Any, prompt: str, long: bool = False) -> list[int]:
+        """The prompt's last power-of-two tokens (up to 32, or 128 where ``long``); cached, since the
+        scheduler asks for each waiting job's key."""
         if not prompt.strip():
             return []
-        key = (id(tokenizer), prompt)
+        key = (id(tokenizer), prompt, long)
         tokens = self._prompt_cache.get(key)
         if tokens is None:
             encoded = tokenizer.encode(" " + prompt.strip())
-            tokens = encoded[len(encoded) - prompt_bucket(len(encoded)) :]
+            tokens = encoded[len(encoded) - prompt_bucket(len(encoded), LONG_PROMPT_TOKEN_LIMIT if long else PROMPT_TOKEN_LIMIT) :]
             if len(self._prompt_cache) >= 4096:
                 self._prompt_cache.clear()
             self._prompt_cache[key] = tokens
@@ -485,7 +486,7 @@ class WhisperRunner(Runner):
         window[:, :content] = feats[:, :content]
         final = request.kind.final_quality
         prompt: list[int] = []
-        previous = self._prompt_tokens(tokenizer, request.prompt)
+        previous = self._prompt_tokens(tokenizer, request.prompt, request.long_prompt)
         if previous:
             prompt = [tokenizer.sot_prev, *previous]
         prompt.extend(tokenizer.sot_sequence)
@@ -568,8 +569,12 @@ def generate_length(tokens: int, start: int) -> int:
     ``max_length`` it is given (OpenAI's ``sample_len``: 448 gives 224), so the count is
     doubled; without that the runaway guard (:func:`max_new_tokens`) was half what it says, and
     a 21 s context pass of a fast reader (180 words a minute) stopped at 96 tokens, mid-word,
-    with the last sentence unheard. Capped where prompt and output fill the text context."""
-    return 2 * max(1, min(tokens, TEXT_CONTEXT - start))
+    with the last sentence unheard. It also decodes at most ``max_length`` less the prompt
+    (measured: a 132-token prompt and 140 gave 9 tokens), and one shorter than the prompt
+    crashed the process (a 130-token settle prompt and 128, on a 5 s continuation). Capped
+    where prompt and output fill the text context."""
+    count = max(1, min(tokens, TEXT_CONTEXT - start))
+    return max(2 * count, start + count)
 
 
 def early_stop(tokenizer: Any, tokens: list[int], duration: float) -> float | None:

@@ -13,7 +13,7 @@ from .types import DecodeKind, DecodeRequest
 __all__ = [
     "INTERIM_ENCODER_PAD_S", "SHORT_INTERIM_PAD_S", "FINAL_ENCODER_PAD_S", "QUICK_FINAL_PAD_S", "BURST_FINAL_PAD_S", "LEAN_CONTEXT_PAD_S",
     "FULL_WINDOW_FRAMES", "WINDOW_STEP_FRAMES",
-    "HOP_SAMPLES", "PROMPT_TOKEN_LIMIT", "MAX_INITIAL_TIMESTAMP_INDEX", "Pads", "window_frames", "max_new_tokens", "prompt_bucket",
+    "HOP_SAMPLES", "PROMPT_TOKEN_LIMIT", "LONG_PROMPT_TOKEN_LIMIT", "MAX_INITIAL_TIMESTAMP_INDEX", "Pads", "window_frames", "max_new_tokens", "prompt_bucket",
 ]
 
 # Whisper was trained on 30 s windows (3000 feature frames, zero-padded). The
@@ -55,6 +55,10 @@ FULL_WINDOW_FRAMES = 3000
 WINDOW_STEP_FRAMES = 500
 HOP_SAMPLES = 160  # one feature frame
 PROMPT_TOKEN_LIMIT = 32
+# A settle decode's prompt (DecodeRequest.long_prompt): offline transcription conditions each
+# window on up to 223 tokens of its text before; 32 lost names the text before had spelled
+# ("before battle on was built" for "Babylon", in the LibriVox-read history under noise).
+LONG_PROMPT_TOKEN_LIMIT = 128
 MAX_INITIAL_TIMESTAMP_INDEX = 50  # 1 s
 
 
@@ -114,6 +118,6 @@ def max_new_tokens(duration: float) -> int:
     return int(min(200, 24 + 8 * duration))
 
 
-def prompt_bucket(n: int) -> int:
-    """The largest power of two <= n (0 stays 0), capped at PROMPT_TOKEN_LIMIT."""
-    return 0 if n <= 0 else min(PROMPT_TOKEN_LIMIT, 1 << (n.bit_length() - 1))
+def prompt_bucket(n: int, limit: int = PROMPT_TOKEN_LIMIT) -> int:
+    """The largest power of two <= n (0 stays 0), capped at ``limit``."""
+    return 0 if n <= 0 else min(limit, 1 << (n.bit_length() - 1))

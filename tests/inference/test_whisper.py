@@ -72,6 +72,25 @@ def test_the_runaway_guard_lets_a_decode_give_as_many_tokens_as_it_says(whisper_
         assert cut.text.lower().split()[:2] == full.text.lower().split()[:2], (full.text, cut.text)  # its start
 
 
+def test_a_settle_decode_keeps_128_tokens_of_its_prompt_and_decodes_as_many_tokens_as_it_says(whisper_runner, monkeypatch):
+    """A settle decode's prompt is the last 128 tokens of the text before it (32 for others). The
+    decoder also stops at ``max_length`` less the prompt: given 24 after a 130-token prompt it
+    crashed the process (a settle decode's continuation on 5 s of audio)."""
+    from asr_server.inference import whisper as module
+
+    from ..harness import MANIFEST, load_mono
+
+    spans = MANIFEST["librivox_16k.wav"]["spans"][0]
+    audio = load_mono("librivox_16k.wav")[int((spans[0][0] - 0.3) * 16000) : int((spans[1][1] + 0.2) * 16000)]
+    tokenizer = whisper_runner._tokenizer("en")
+    prompt = " ".join(MANIFEST["librivox_16k.wav"]["references"][0][1] for _ in range(20))
+    assert len(whisper_runner._prompt_tokens(tokenizer, prompt, long=True)) == 128
+    assert len(whisper_runner._prompt_tokens(tokenizer, prompt)) == 32
+    monkeypatch.setattr(module, "max_new_tokens", lambda duration: 12)
+    cut = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.CONTEXT, prompt=prompt, word_timestamps=True, long_prompt=True))
+    assert 8 <= len(tokenizer.encode(cut.text)) <= 13, cut.text  # as in the test above
+
+
 def test_a_context_pass_that_stops_early_decodes_the_rest_of_its_audio(whisper_runner, monkeypatch):
     """Whisper can end a window's decode on a pair of timestamps (a segment closed, the next begun)
     long before the audio ends, the last sentence unheard: offline transcription seeks there and
