@@ -147,6 +147,10 @@ def _context_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-ahead-s", type=_seconds, default=defaults.ahead_s,
                    help=f"a pass may decide the newest final once the next utterance holds this much audio, its first "
                         f"{defaults.ahead_max_s:g} s in the window as lookahead (default {defaults.ahead_s:g}; 0: wait for the next final)")
+    p.add_argument("--context-settle-window-s", type=_seconds, default=defaults.settle_window_s,
+                   help=f"then each stretch of this much audio is decoded once more, whole, as offline transcription decodes a "
+                        f"recording, once passes decided it and speech went on past it, and its words stay (default "
+                        f"{defaults.settle_window_s:g}; at most 30; 0: off)")
     p.add_argument("--context-max-wait-s", type=_seconds, default=CONTEXT_MAX_WAIT_S,
                    help=f"a context pass that has waited this long goes before interims, never before finals (default {CONTEXT_MAX_WAIT_S:g}), "
                         "while passes took less than --context-share of the recent model time of interims and passes")
@@ -414,7 +418,7 @@ def _measure(runner: WhisperRunner, plan: _Plan) -> Measure:
 
 
 def _context(args: argparse.Namespace) -> ContextOptions:
-    return ContextOptions(window_s=min(30.0, args.context_window_s), back_s=args.context_back_s,
+    return ContextOptions(window_s=min(30.0, args.context_window_s), back_s=args.context_back_s, settle_window_s=min(30.0, args.context_settle_window_s),
                           min_new_s=args.context_min_new_s, ahead_s=args.context_ahead_s, quick_finals=args.quick_finals, busy_finals=args.busy_finals)
 
 

@@ -1,6 +1,6 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
-    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--phone] [--context-back-s 24] [--context-ahead-s 3]
+    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--interims]
                                  [--split-after-s 3] [--fast-reader] [--load-streams] [--speed 1.1]
                                  [--offline] [--chunked-offline] [--json out.json]
@@ -195,6 +195,7 @@ def main() -> None:
     ap.add_argument("--phone", action="store_true", help="as a phone line carries it: 300-3400 Hz, 8 kHz mu-law, decoded as the server does")
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
     ap.add_argument("--context-ahead-s", type=float, default=ContextOptions().ahead_s, help="a pass may decide the newest final once the next utterance holds this much (0: once the next final came)")
+    ap.add_argument("--context-settle-window-s", type=float, default=ContextOptions().settle_window_s, help="the settle decodes' window (0: none)")
     ap.add_argument("--lean", action="store_true", help="passes as under load: only the utterances they decide, on the lean window")
     ap.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S, help="the lean window: the audio plus this (30: the full window)")
     ap.add_argument("--interims", action="store_true", help="decode every interim too (without it, only long utterances are, for sentence splits)")
@@ -220,7 +221,7 @@ def main() -> None:
     ctranslate2.set_random_seed(1)
     runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type, lean_context_pad_s=args.lean_context_encoder_pad_s)
     runner.warm_up()
-    context = ContextOptions(back_s=args.context_back_s, ahead_s=args.context_ahead_s)
+    context = ContextOptions(back_s=args.context_back_s, ahead_s=args.context_ahead_s, settle_window_s=args.context_settle_window_s)
     errors = [0, 0]
     offline_errors = chunked_errors = 0
     words = 0

@@ -35,12 +35,15 @@ def test_the_context_pass_settings_reach_the_server_and_negative_seconds_are_ref
     from asr_server.cli import _context, _plan
 
     args = build_parser().parse_args(["--context-window-s", "40", "--context-back-s", "4", "--context-min-new-s", "5", "--context-max-wait-s", "2",
-                                      "--context-ahead-s", "0"])
+                                      "--context-ahead-s", "0", "--context-settle-window-s", "45"])
     options = _context(args)
     assert (options.window_s, options.back_s, options.min_new_s, options.ahead_s) == (30.0, 4.0, 5.0, 0.0)  # one Whisper window at most
-    assert _context(build_parser().parse_args([])).ahead_s == ContextOptions().ahead_s > 0
+    assert options.settle_window_s == 30.0
+    defaults = _context(build_parser().parse_args([]))
+    assert defaults.ahead_s == ContextOptions().ahead_s > 0 and defaults.settle_window_s == ContextOptions().settle_window_s > 0
+    assert _context(build_parser().parse_args(["--context-settle-window-s", "0"])).settle_window_s == 0.0
     assert _plan(args).batch.context_max_wait_s == 2.0
-    for flag in ("--context-max-wait-s", "--context-ahead-s"):
+    for flag in ("--context-max-wait-s", "--context-ahead-s", "--context-settle-window-s"):
         with pytest.raises(SystemExit) as exit_info:
             build_parser().parse_args([flag, "-1"])
         assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err

@@ -42,12 +42,15 @@ MOST_WORDS_PER_S = 4.5
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
 SEAM_S = 1.0
+# A word timed longer than this, or as starting after the word that follows it, was mistimed: the
+# alignment lost its place (:func:`word_times`).
+MISTIMED_WORD_S = 2.0
 # What is left of a word to tell a respacing of the same letters from another wording (:func:`respaced`).
 _HYPHENATED = re.compile(r"[^\w'-]+")
 
 __all__ = [
-    "ContextOptions", "before_ahead", "Finalized", "Span", "joint", "plan_window", "window_request", "split_words",
-    "revised_texts", "window_words", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "respaced",
+    "ContextOptions", "before_ahead", "Finalized", "Span", "joint", "plan_window", "settle_window", "window_request", "split_words",
+    "revised_texts", "window_words", "word_times", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "respaced",
 ]
 
 
@@ -101,6 +104,11 @@ class ContextOptions:
     # the first pass 1-2 points worse; at 8 streams revisions may come later (docs/benchmarks.md,
     # fourteenth session).
     busy_finals: bool = True
+    # Then each stretch of this much audio is decoded once more, whole, once the passes have
+    # decided it and speech has gone on past it (or the stream ended): as offline transcription
+    # decodes a recording, window after window, with the text before as the prompt. Its words
+    # decide the stretch for good (a pass changes it no more). 0: no such decode.
+    settle_window_s: float = 30.0
 
 
 @dataclass
@@ -130,6 +138,8 @@ class Finalized:
     # stopped before its end (:func:`reached`); such a record is decided unheard, and the first
     # window that hears it later decides it as a fresh one is decided (:func:`revised_texts`).
     heard: bool = False
+    # A settle decode (:attr:`ContextOptions.settle_window_s`) has decided it for good.
+    settled: bool = False
 
     def __post_init__(self) -> None:
         if not self.votes and self.text:
@@ -212,6 +222,27 @@ def plan_window(done: Sequence[Finalized], options: ContextOptions, fresh: int |
     return chosen[::-1]
 
 
+def settle_window(done: Sequence[Finalized], decided_to: int, options: ContextOptions, ending: bool) -> list[Finalized]:
+    """The records the next settle decode covers: from the first one not settled, as many as fit
+    ``settle_window_s`` together; none until they fill it (the record after them would not
+    fit) or the stream is ``ending``, nor while one of them waits for a pass (index past
+    ``decided_to``)."""
+    start = next((k for k, r in enumerate(done) if not r.settled), None)
+    if not options.settle_window_s or start is None:
+        return []
+    chosen = [done[start]]
+    total = chosen[0].seconds
+    for record in done[start + 1 :]:
+        total += len(joint(chosen[-1], record, options)) / MODEL_RATE + record.seconds
+        if total > options.settle_window_s:
+            break
+        chosen.append(record)
+    else:
+        if not ending:
+            return []
+    return chosen if chosen[-1].index <= decided_to else []
+
+
 def window_request(
     records: Sequence[Finalized], options: ContextOptions, language: str, prompt: str, lean: bool = False
 ) -> tuple[DecodeRequest, list[Span]]:
@@ -254,13 +285,14 @@ def split_words(words: Sequence[Word], spans: Sequence[Span], texts: Sequence[st
     time to the next utterance, and the two utterances each held "3,800" in the long-form
     reading's revised transcript).
     """
-    by_time = [min(range(len(spans)), key=lambda j: _distance((w.start + w.end) / 2, spans[j])) for w in words]
+    times = word_times(words)
+    by_time = [min(range(len(spans)), key=lambda j: _distance(t, spans[j])) for t in times]
     if texts is not None and words:  # no words (the guards dropped a loop): nothing to match
         starts = [k for k in range(len(words)) if _opens_word(words, k)]  # each whole word's first piece
         wholes = ["".join(w.word for w in words[a:b]) for a, b in zip(starts, [*starts[1:], len(words)], strict=True)]
         for n, j in _matched_spans([normalize_word(w) for w in wholes], texts).items():
             k = starts[n]
-            if _distance((words[k].start + words[k].end) / 2, spans[j]) <= SEAM_S:
+            if _distance(times[k], spans[j]) <= SEAM_S:
                 by_time[k] = j
     for k in range(1, len(words)):
         if not _opens_word(words, k):  # the rest of the word before (",800" after " 3")
@@ -279,12 +311,32 @@ def before_ahead(words: Sequence[Word], start: float) -> tuple[Word, ...]:
     own words (the next utterance's first word went to the one before so, in a test)."""
     out: list[Word] = []
     keep = True
+    times = word_times(words)
     for k, w in enumerate(words):
         if _opens_word(words, k):
-            keep = (w.start + w.end) / 2 < start
+            keep = times[k] < start
         if keep:
             out.append(w)
     return tuple(out)
+
+
+def word_times(words: Sequence[Word]) -> list[float]:
+    """Where each word lies (window seconds): its middle, or, for a mistimed word (longer than
+    ``MISTIMED_WORD_S``, or starting after the next word starts), the middle of the stretch between
+    the well-timed words around it. Seen in a 26 s decode of the LibriVox reading under noise:
+    "have" timed over 6.5 s and "been" at the window's end, so "been" went to the next sentence
+    ("he might have made still more respectable than he was. Been He might even...")."""
+    bad = [w.end - w.start > MISTIMED_WORD_S or (k + 1 < len(words) and w.start > words[k + 1].start) for k, w in enumerate(words)]
+    out: list[float] = []
+    for k, w in enumerate(words):
+        if not bad[k]:
+            out.append((w.start + w.end) / 2)
+            continue
+        before = next((words[i].end for i in range(k - 1, -1, -1) if not bad[i]), None)
+        after = next((words[i].start for i in range(k + 1, len(words)) if not bad[i]), None)
+        known = [t for t in (before, after) if t is not None]
+        out.append(sum(known) / len(known) if known else (w.start + w.end) / 2)
+    return out
 
 
 def _opens_word(words: Sequence[Word], k: int) -> bool:
@@ -349,7 +401,7 @@ def revised_texts(
     out: list[tuple[str, tuple[Word, ...]]] = []
     for record, group, span, around in zip(records, groups, spans, _neighbours(groups), strict=True):
         heard = heard_in(record, group, span, around)
-        if heard is None or record.index > decide_to:
+        if heard is None or record.index > decide_to or record.settled:
             out.append((record.text, ()))
         elif record.index < fresh_from and record.heard:
             outvoted = _outvotes(record, word_key(heard))

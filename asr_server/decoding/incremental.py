@@ -53,7 +53,7 @@ from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, split_words, trusted, window_request,
+from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, settle_window, split_words, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
 from .text import ends_sentence, guard, normalize_word, normalized_text
@@ -65,6 +65,8 @@ __all__ = ["ChannelDecoder", "PROMPT_CHARS"]
 # longer history lets one misheard word or a hallucinated "Thank you" spread
 # into every later final; the last final alone keeps style and names.
 PROMPT_CHARS = 120
+# A settle decode's prompt: the text before its window, up to this much (see LONG_PROMPT_TOKEN_LIMIT).
+SETTLE_PROMPT_CHARS = 800
 PROMPT_MIN_WORD_PROBABILITY = 0.5
 # A final that repeats this many words or more of the end of its prompt is decoded again without it.
 ECHO_MIN_WORDS = 3
@@ -123,7 +125,7 @@ SENTENCE_RESUME_MS = 300
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
 # Finalized audio a channel keeps for the context pass, at most (for the memory budget).
-CONTEXT_KEPT_S = ContextOptions().window_s + PROMPT_CONTEXT_S + 30.0  # + the newest record, up to one utterance
+CONTEXT_KEPT_S = max(ContextOptions().window_s, ContextOptions().settle_window_s) + PROMPT_CONTEXT_S + 30.0  # + the newest record, up to one utterance
 
 
 @dataclass(eq=False)
@@ -171,6 +173,8 @@ class ChannelDecoder:
         self._context_fresh = 0  # the first utterance the pass in flight may revise (earlier ones: context only)
         self._context_decide_to = 0  # the last one it may revise (later ones: lookahead only)
         self._context_closed = False  # no more context passes (given up at close)
+        self._history = ""  # the text of records trimmed away, its last SETTLE_PROMPT_CHARS (settle prompts)
+        self._settling = False  # the context job in flight is a settle decode (ContextOptions.settle_window_s)
         self._last_pass: tuple[tuple, int, Hypothesis] | None = None  # the latest pass's window (its key), last utterance decided, result
         self._draining = False  # no more audio: one last pass over what is unrevised
         self._position = 0  # stream samples received
@@ -208,7 +212,9 @@ class ChannelDecoder:
 
     @property
     def _context_owed(self) -> bool:
-        return self._draining and self.context.enabled and not self._context_closed and self._unrevised > 0
+        if not self._draining or not self.context.enabled or self._context_closed:
+            return False
+        return self._unrevised > 0 or (self.context.settle_window_s > 0 and any(not r.settled for r in self._done))
 
     @property
     def in_flight(self) -> DecodeJob | None:
@@ -717,13 +723,18 @@ class ChannelDecoder:
         """Keep only the records a window (and its prompt) can use: bounded memory however long
         passes wait (a pass in flight over a dropped record is not applied). The pauses kept
         to join records count too."""
-        keep = (self.context.window_s + PROMPT_CONTEXT_S) * MODEL_RATE
+        keep = (max(self.context.window_s, self.context.settle_window_s) + PROMPT_CONTEXT_S) * MODEL_RATE
         while len(self._done) > 1 and sum(len(r.audio) + len(r.trail) for r in self._done[1:]) >= keep:
-            self._done.pop(0)
+            self._history = _tail_words(f"{self._history} {self._done.pop(0).text}", SETTLE_PROMPT_CHARS)
         self._unrevised = min(self._unrevised, len(self._done))
 
     def _dispatch_context(self) -> list[PipelineEvent]:
-        if not self.context.enabled or self._context_closed or self._context_job is not None or not self._unrevised:
+        if not self.context.enabled or self._context_closed or self._context_job is not None:
+            return []
+        return self._dispatch_pass() or self._dispatch_settle()
+
+    def _dispatch_pass(self) -> list[PipelineEvent]:
+        if not self._unrevised:
             return []
         fresh = self._done[-self._unrevised :]
         ahead = self._ahead()
@@ -740,6 +751,50 @@ class ChannelDecoder:
             # utterance may be decided): the same decode, so its result serves again, at no cost.
             return self._context_ended(job, self._last_pass[2], repeat=True)
         return [SubmitJob(job)]
+
+    def _dispatch_settle(self) -> list[PipelineEvent]:
+        """A settle decode, once a stretch is due (:func:`settle_window`); not while passes are lean
+        (the server is loaded: it waits, and catches up when the load falls, or at the close)."""
+        ending = self._draining and not self._utterances
+        if self.lean_context and not ending:
+            return []
+        decided_to = self._done[-self._unrevised - 1].index if len(self._done) > self._unrevised else -1
+        records = settle_window(self._done, decided_to, self.context, ending)
+        if not records:
+            return []
+        # All the text before, as offline transcription conditions a window on its text before.
+        before = " ".join([self._history, *(r.text for r in self._done[: self._done.index(records[0])])])
+        prompt = _with_vocabulary(self.options.prompt, _tail_words(before, SETTLE_PROMPT_CHARS))
+        request, self._context_spans = window_request(records, self.context, self.options.language, prompt)
+        request = replace(request, long_prompt=True)
+        self._context_ahead, self._settling = None, True
+        last = records[-1]
+        self._context_job = DecodeJob(self.channel, last.index, request, False, last.start + len(last.audio))
+        return [SubmitJob(self._context_job)]
+
+    def _settle_ended(self, job: DecodeJob, hypothesis: Hypothesis | None) -> list[PipelineEvent]:
+        """A settle decode came back: its words decide each record it reached, where :func:`trusted`,
+        and each record it reached is settled for good (the first at least; all of them, keeping
+        their words, where ``hypothesis`` is None: skipped or failed)."""
+        self._context_job, self._settling = None, False
+        spans = self._context_spans
+        covered = [r for r in self._done if spans[0].index <= r.index <= spans[-1].index]
+        out: list[PipelineEvent] = []
+        if [r.index for r in covered] == [s.index for s in spans]:
+            first, decide_to = spans[0].index, spans[-1].index
+            texts = None
+            if hypothesis is not None:
+                hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered))
+                groups = split_words(hyp.words, spans, [r.text for r in covered])
+                decide_to = reached(covered, groups, first, decide_to)
+                if trusted(covered, groups, first, decide_to):
+                    texts = _mended_seams(covered, groups, spans, revised_texts(covered, groups, spans, first, decide_to))
+            if texts is not None:
+                out.extend(self._revise(covered, spans, texts))
+            for record in covered:
+                record.settled = record.settled or record.index <= decide_to
+        self._trim()
+        return out + self._dispatch_context()
 
     def _context_window(self) -> DecodeJob:
         options = replace(self.context, back_s=0.0) if self.lean_context else self.context
@@ -790,6 +845,8 @@ class ChannelDecoder:
         """A waiting pass takes the newest finals when its turn comes (pull model, as interims)."""
         if job is not self._context_job or self._context_closed:
             return None
+        if self._settling:
+            return job
         if job.utterance == self._done[-1].index and self._context_ahead is None and self._ahead() is None:
             return job  # no newer final, and no lookahead to take or to grow
         fresh = self._context_job = self._context_window()
@@ -802,6 +859,8 @@ class ChannelDecoder:
         words are not counted as votes again)."""
         if job is not self._context_job:
             raise ValueError("context result for a job that is not in flight on this channel")
+        if self._settling:
+            return self._settle_ended(job, hypothesis)
         self._context_job = None
         spans = self._context_spans
         covered = [r for r in self._done if spans[0].index <= r.index <= spans[-1].index]

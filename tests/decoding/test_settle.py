@@ -1,0 +1,128 @@
+"""The settle decode: each stretch of a channel's finals decoded once more, whole, once the
+context passes have decided it and speech has gone past it (ContextOptions.settle_window_s),
+through the session core with a fake model (no server)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asr_server.decoding.context import ContextOptions
+from asr_server.scheduler.governor import LoadSettings
+
+from .test_context import ALONE, Driver, VaryingModel, check_rules, server_transcript, speech
+
+RIGHT = "he was not an ill-disposed young man"
+
+
+class SettleModel(VaryingModel):
+    """What a pass hears of sentence n is ``passes(n)``; what a settle decode hears, ``settles(n)``
+    (told apart by the decoder, which knows which kind of decode it is waiting for)."""
+
+    def __init__(self, passes, settles) -> None:
+        super().__init__(ALONE, lambda n, call: (settles if self.settling else passes)(n))
+        self.settling = False
+        self.calls: list[tuple[str, list[int]]] = []  # ("pass" or "settle", the sentences in its window), in order
+
+    def context(self, request):
+        hyp = super().context(request)
+        self.calls.append(("settle" if self.settling else "pass", self.windows[-1]))
+        return hyp
+
+    @property
+    def settle_windows(self) -> list[list[int]]:
+        return [w for kind, w in self.calls if kind == "settle"]
+
+
+def _run(model: SettleModel, options: ContextOptions, load: LoadSettings | None = None) -> Driver:
+    """The fixture fed in pieces, each context job run as soon as it is asked for, then the close."""
+    d = Driver(model, context=options)
+    decoder = d.session._decoders[0]
+    if load is not None:
+        d.apply(d.session.set_load(load))
+
+    def run() -> None:
+        while d.context_jobs:
+            model.settling = decoder._settling
+            job = d.context_jobs.pop(0)
+            d.apply(d.session.job_done(d.session.refresh_job(job) or job, model.context(job.request)))
+            check_rules(d)
+
+    audio = speech()
+    for i in range(0, len(audio), 1600):
+        d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
+        run()
+    d.apply(d.session.end_of_stream())
+    run()
+    assert d.messages[-1]["type"] == "closed"
+    return d
+
+
+PASSES = ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0)
+
+
+def test_the_settle_decode_decides_what_every_pass_heard_wrong_and_closed_waits_for_it():
+    """Every pass heard the first sentence as its first pass did; the stretch decoded once more,
+    whole, from its start (as offline transcription decodes a recording), hears it right. The
+    transcript at ``closed`` is the settled one; without settle decodes it stays wrong."""
+    def model() -> SettleModel:
+        return SettleModel(lambda n: ALONE[n], lambda n: RIGHT if n == 0 else ALONE[n])
+
+    settled = _run(settle := model(), PASSES)
+    assert settle.settle_windows == [[0, 1, 2, 3, 4]]  # 20 s of speech: one window, at the close
+    assert settled.client.final_text() == " ".join([RIGHT, *ALONE[1:]]) == server_transcript(settled)
+    revision = [m for m in settled.messages if m["type"] == "revision"][-1]
+    assert revision["utterances"] == [0, 4] and revision["changed"] == [0] and revision["offset"] == 0
+    unsettled = _run(model(), ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=0.0))
+    assert unsettled.client.final_text() == " ".join(ALONE)
+
+
+def test_settle_windows_follow_one_another_each_once_its_stretch_is_decided_and_speech_went_past_it():
+    """With an 8 s window (sentences of 3.0-3.6 s): the first two sentences are settled once the
+    third exists and the passes decided both, the next two once the fifth exists, the last at
+    the close. Each sentence is in one settle window, in order, and no window outgrows 8 s."""
+    model = SettleModel(lambda n: ALONE[n], lambda n: ALONE[n] + " too")
+    d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
+    assert model.settle_windows == [[0, 1], [2, 3], [4]]
+    assert model.calls.index(("settle", [0, 1])) > model.calls.index(("pass", [0, 1, 2]))  # after the pass that decided 1
+    assert d.client.final_text() == " ".join(t + " too" for t in ALONE) == server_transcript(d)
+
+
+def test_a_settled_sentence_is_not_changed_by_later_passes():
+    """Once settled, a sentence keeps the settle decode's words, however many later passes agree
+    on another wording (they would outvote a pass's decision)."""
+    def passes(n: int) -> str:
+        return RIGHT if n == 0 else ALONE[n]
+
+    model = SettleModel(passes, lambda n: ALONE[n])
+    d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
+    later = [w for kind, w in model.calls[model.calls.index(("settle", [0, 1])) + 1 :] if kind == "pass" and 0 in w]
+    assert len(later) >= 2  # two later passes heard sentence 0 as RIGHT after it was settled
+    assert d.client.final_text() == " ".join(ALONE) == server_transcript(d)
+
+
+def test_under_load_settle_decodes_wait_for_the_close():
+    """While the server is loaded (passes lean), no settle decode runs; at the close the stretch
+    is settled all the same, so the transcript at ``closed`` is the settled one."""
+    model = SettleModel(lambda n: ALONE[n], lambda n: RIGHT if n == 0 else ALONE[n])
+    load = LoadSettings(level=1, scale=2, short_window=True, lean_context=True)
+    d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0), load)
+    assert model.settle_windows == [[0, 1], [2, 3], [4]]
+    kinds = [kind for kind, _ in model.calls]
+    assert kinds == ["pass"] * (len(kinds) - 3) + ["settle"] * 3  # all at the close, after the last pass
+    assert d.client.final_text() == " ".join([RIGHT, *ALONE[1:]]) == server_transcript(d)
+
+
+def test_no_settle_decode_waits_on_a_silent_channel_until_the_close():
+    """A window not yet full waits: after the speaker stops, however long, no settle decode is asked
+    for (a pause is not the end of the stretch); the close asks for it."""
+    model = SettleModel(lambda n: ALONE[n], lambda n: ALONE[n])
+    d = Driver(model, context=PASSES)
+    d.feed(speech())
+    d.feed(np.zeros(10 * 16000, np.float32))
+    d.run_context()
+    assert model.context_requests and not d.session._decoders[0]._settling and not d.context_jobs
+    settles = model.context_requests
+    d.apply(d.session.end_of_stream())
+    assert d.context_jobs and d.session._decoders[0]._settling
+    d.run_context()
+    assert model.context_requests == settles + 1 and d.messages[-1]["type"] == "closed"
