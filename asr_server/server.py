@@ -43,7 +43,7 @@ from .scheduler.budget import MemoryBudget, audio_bytes, process_rss, stream_byt
 from .scheduler.governor import GovernorOptions, LoadSettings, LoadGovernor
 from .scheduler.policy import BatchLimits, Priority
 from .decoding.context import ContextOptions
-from .decoding.incremental import CONTEXT_KEPT_S
+from .decoding.incremental import context_kept_s
 from .resume import ResumeTable, new_token, parse_resume_request
 from .session import Session
 from .tracing import Tracing
@@ -147,7 +147,7 @@ class AsrServer:
         elif options.is_webrtc:
             buffered = audio_bytes(self.limits.max_live_backlog_s, options.channels)
         # The context pass keeps a window of finalized audio (and its prompt's) per channel.
-        context_s = CONTEXT_KEPT_S if options.revisions else 0.0
+        context_s = context_kept_s(self.context) if options.revisions else 0.0
         buffered += self.limits.max_replay_bytes  # messages kept for a resume and for followers
         return stream_bytes(options.channels, options.max_utterance_s, self.limits.max_pending_finals, buffered, context_s)
 

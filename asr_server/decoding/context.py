@@ -104,11 +104,17 @@ class ContextOptions:
     # the first pass 1-2 points worse; at 8 streams revisions may come later (docs/benchmarks.md,
     # fourteenth session).
     busy_finals: bool = True
-    # Then each stretch of this much audio is decoded once more, whole, once the passes have
-    # decided it and speech has gone on past it (or the stream ended): as offline transcription
-    # decodes a recording, window after window, with the text before as the prompt. Its words
-    # decide the stretch for good (a pass changes it no more). 0: no such decode.
-    settle_window_s: float = 30.0
+    # Then each stretch of this much audio may be *settled*: decoded once more, whole, once the
+    # passes have decided it and speech has gone on past it (or the stream ended), as offline
+    # transcription decodes a recording, window after window, with the text before as the
+    # prompt; its words decide the stretch for good (no pass changes it after). 0: never. With
+    # 30, 27 replays went 0.176 -> 0.171 (offline 0.167; a fast recipe's sentences, where the
+    # passes' votes split, gained most), but in real time at 8 streams on 2 cores revisions came
+    # later (p95 10.0-12.2 -> 13.6-21.6 s), passes cost 8-24% more, and the load streams' WER after
+    # revisions rose 0.1-1.2 points (it hears the LibriVox "ill-disposed" as offline does,
+    # "old-sposed", where the votes had it right): an operator's choice, off by default
+    # (docs/benchmarks.md, thirty-fourth session).
+    settle_window_s: float = 0.0
 
 
 @dataclass

@@ -58,7 +58,7 @@ from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahea
 from .stability import LocalAgreement
 from .text import ends_sentence, guard, normalize_word, normalized_text
 
-__all__ = ["ChannelDecoder", "PROMPT_CHARS"]
+__all__ = ["ChannelDecoder", "PROMPT_CHARS", "context_kept_s"]
 
 # Context given to the model: the channel's previous final only, cut to this
 # many characters. Measured on the fixtures (README, "Decoding choices"): a
@@ -124,8 +124,15 @@ SENTENCE_PAUSE_SOONER_S = 1.0
 SENTENCE_RESUME_MS = 300
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
-# Finalized audio a channel keeps for the context pass, at most (for the memory budget).
-CONTEXT_KEPT_S = max(ContextOptions().window_s, ContextOptions().settle_window_s) + PROMPT_CONTEXT_S + 30.0  # + the newest record, up to one utterance
+
+
+def context_kept_s(context: ContextOptions) -> float:
+    """Finalized audio a channel keeps for the context pass and settle decodes, at most (for the
+    memory budget): a window, its prompt's, and the newest record (up to one utterance)."""
+    return max(context.window_s, context.settle_window_s) + PROMPT_CONTEXT_S + 30.0
+
+
+CONTEXT_KEPT_S = context_kept_s(ContextOptions())  # with the default options
 
 
 @dataclass(eq=False)

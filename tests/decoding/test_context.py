@@ -330,7 +330,7 @@ def test_under_load_a_pass_decodes_only_the_utterances_it_decides(loaded):
     from asr_server.scheduler.governor import LoadSettings
 
     model = TwoPassModel(ALONE, [t + " too" for t in ALONE])
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, settle_window_s=0.0))
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
     audio = speech()
     cut = int(12.0 * 16000)  # the third sentence is final, the fourth not started
     d.feed(audio[:cut])
@@ -535,7 +535,7 @@ def _pass_after_every_final(model: TwoPassModel) -> Driver:
     """Every sentence fed, with a context pass run as soon as one is asked for (each final
     starts one: min_new_s 0.1, with the next final as its lookahead: ahead_s 0), then the end
     of the stream and the last pass."""
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=0.0))
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0))
     audio = speech()
     for i in range(0, len(audio), 1600):
         d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
@@ -619,7 +619,7 @@ def test_the_newest_final_is_decided_from_the_last_window_when_the_speaker_stops
     stopped), the same window would be decoded again: its result is used, with no new decode."""
     together = [t + " too" for t in ALONE]
     model = TwoPassModel(ALONE, together)
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=2.0, settle_window_s=0.0))
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=2.0))
     d.feed(speech())
     d.run_context()
     calls = model.context_requests
@@ -643,7 +643,7 @@ def test_a_window_of_one_utterance_alone_is_not_a_second_vote_for_its_first_pass
         return right if n == 0 and call in (1, 2) else ALONE[n]
 
     model = VaryingModel(ALONE, heard)
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=1.0, settle_s=1.0, ahead_s=0.0, settle_window_s=0.0))
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=1.0, settle_s=1.0, ahead_s=0.0))
     audio = speech()
     d.feed(audio[: int(4.5 * 16000)])
     d.feed(np.zeros(2 * 16000, np.float32))  # the speaker stops after the first sentence
@@ -683,7 +683,7 @@ def test_a_pass_prompt_leaves_out_text_heard_doubtfully():
             return super().context(request)
 
     model = DoubtfulModel()
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, settle_window_s=0.0))
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
     audio = speech()
     cut = int(12.0 * 16000)
     d.feed(audio[:cut])

@@ -57,7 +57,7 @@ def _run(model: SettleModel, options: ContextOptions, load: LoadSettings | None 
     return d
 
 
-PASSES = ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0)
+PASSES = ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=30.0)
 
 
 def test_the_settle_decode_decides_what_every_pass_heard_wrong_and_closed_waits_for_it():
@@ -72,7 +72,7 @@ def test_the_settle_decode_decides_what_every_pass_heard_wrong_and_closed_waits_
     assert settled.client.final_text() == " ".join([RIGHT, *ALONE[1:]]) == server_transcript(settled)
     revision = [m for m in settled.messages if m["type"] == "revision"][-1]
     assert revision["utterances"] == [0, 4] and revision["changed"] == [0] and revision["offset"] == 0
-    unsettled = _run(model(), ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=0.0))
+    unsettled = _run(model(), ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0))  # off by default
     assert unsettled.client.final_text() == " ".join(ALONE)
 
 
