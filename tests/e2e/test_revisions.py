@@ -83,3 +83,34 @@ def test_python_and_js_transcripts_agree_after_every_message(live_server, tmp_pa
     done = subprocess.run([node, "--input-type=module", "-e", script], cwd=JS, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == after
+
+
+@pytest.fixture(scope="module")
+def settling_server(whisper_runner):
+    """A real server with settle decodes on (an operator's option), never degrading (settle decodes
+    wait while passes are lean)."""
+    from asr_server.decoding.context import ContextOptions
+    from asr_server.scheduler.governor import GovernorOptions, Level
+
+    from ..harness import ServerThread
+
+    server = ServerThread(whisper_runner, governor=GovernorOptions(max_level=Level.NORMAL), context=ContextOptions(settle_window_s=30.0)).start()
+    yield server
+    server.stop()
+
+
+def test_with_settle_decodes_a_long_reading_is_refined_and_closed_with_the_rule_kept(settling_server):
+    """70 s of reading: settle decodes run while it streams (each 30 s stretch once the passes
+    decided it and the next sentence would not fit) and at the close, on the real model with
+    their 128-token prompts. Revisions keep the rule (the client's transcript, built message by
+    message, is the server's), come before ``closed``, and leave the transcript closer to the
+    reference than the first pass."""
+    name = "ljspeech_babylon_16k.s16le"
+    r = asyncio.run(replay(settling_server.url, name))
+    assert r.messages[-1].message["type"] == "closed"
+    seqs = [m.message["seq"] for m in r.messages]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert r.of_type("revision")
+    reference = " ".join(MANIFEST[name]["references"][0])
+    refined = r.transcript().final_text(0)
+    assert wer(reference, refined) < wer(reference, r.final_text())
