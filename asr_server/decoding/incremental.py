@@ -732,7 +732,9 @@ class ChannelDecoder:
         to join records count too."""
         keep = (max(self.context.window_s, self.context.settle_window_s) + PROMPT_CONTEXT_S) * MODEL_RATE
         while len(self._done) > 1 and sum(len(r.audio) + len(r.trail) for r in self._done[1:]) >= keep:
-            self._history = _tail_words(f"{self._history} {self._done.pop(0).text}", SETTLE_PROMPT_CHARS)
+            dropped = self._done.pop(0)
+            if self.context.settle_window_s:  # kept for settle prompts only
+                self._history = _tail_words(f"{self._history} {dropped.text}", SETTLE_PROMPT_CHARS)
         self._unrevised = min(self._unrevised, len(self._done))
 
     def _dispatch_context(self) -> list[PipelineEvent]:
@@ -785,14 +787,14 @@ class ChannelDecoder:
         their words, where ``hypothesis`` is None: skipped or failed)."""
         self._context_job, self._settling = None, False
         spans = self._context_spans
-        covered = [r for r in self._done if spans[0].index <= r.index <= spans[-1].index]
+        covered = self._covered()
         out: list[PipelineEvent] = []
         if [r.index for r in covered] == [s.index for s in spans]:
             first, decide_to = spans[0].index, spans[-1].index
             texts = None
             if hypothesis is not None:
                 hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered))
-                groups = split_words(hyp.words, spans, [r.text for r in covered])
+                groups = self._pass_groups(hyp.words, spans, covered)
                 decide_to = reached(covered, groups, first, decide_to)
                 if trusted(covered, groups, first, decide_to):
                     texts = _mended_seams(covered, groups, spans, revised_texts(covered, groups, spans, first, decide_to))
@@ -870,7 +872,7 @@ class ChannelDecoder:
             return self._settle_ended(job, hypothesis)
         self._context_job = None
         spans = self._context_spans
-        covered = [r for r in self._done if spans[0].index <= r.index <= spans[-1].index]
+        covered = self._covered()
         groups = None
         if hypothesis is not None and [r.index for r in covered] == [s.index for s in spans]:
             ahead_s = self._context_ahead.end - self._context_ahead.start if self._context_ahead else 0.0
@@ -890,6 +892,11 @@ class ChannelDecoder:
             out.extend(self._revise(covered, spans, _mended_seams(covered, groups, spans, texts)))
         self._trim()
         return out + self._dispatch_context()
+
+    def _covered(self) -> list[Finalized]:
+        """The records still kept from those the context job in flight holds (all of them, unless trimmed)."""
+        spans = self._context_spans
+        return [r for r in self._done if spans[0].index <= r.index <= spans[-1].index]
 
     def _pass_groups(self, words: tuple[Word, ...], spans: list[Span], covered: list[Finalized]) -> list[list[Word]]:
         """:func:`split_words` over the pass's records; the words of its lookahead, if any, are dropped first
