@@ -1,6 +1,6 @@
 """Load benchmark: N concurrent real-time streams against one server.
 
-    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--sync] [--noise-db 20] [--voices-db 20] [--max-channels N] [--server-arg=--max-batch=4]
+    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--sync] [--noise-db 20] [--voices-db 20] [--max-channels N] [--server-arg=--max-batch=4] [--fixture-dir DIR]
 
 For each N, starts N clients at once (start times spread over one second,
 seeded), each replaying a real fixture at real-time pace (fixtures are dealt
@@ -20,6 +20,9 @@ speech (sent as raw 16 kHz), so pauses are not digital silence; with
 ``--voices-db N``, three other people talking N dB below it (``stream_bench.voices``).
 With ``--sync`` every stream starts at the same instant with the same recording
 (LibriVox, not rotated), so their finals come due together: the burst case.
+With ``--fixture-dir DIR`` (repeatable; ``bench/heldout.py`` writes one) the streams replay
+the recordings there instead, dealt round-robin as the fixtures are (``--sync``: the first),
+so the load figures can come from recordings the decoding rules were never tuned on.
 It stops the sweep once p95 final latency exceeds --limit (default 1.5 s) and
 names the largest N that held it. Not a test: it prints a table.
 """
@@ -40,11 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stream_bench import bucket_quantile, cpu_seconds, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, speech_ends, start_server, text_lags  # noqa: E402
+from stream_bench import bucket_quantile, cpu_seconds, fixture_names, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, speech_ends, start_server, text_lags, use_fixture_dir  # noqa: E402
 
 from asr_client import stream_bytes  # noqa: E402
 
-from tests.harness import FIXTURES as FIXTURE_DIR, MANIFEST, Replay, bytes_per_second, load_channels  # noqa: E402
+from tests.harness import MANIFEST, Replay, bytes_per_second, fixture_path, load_channels  # noqa: E402
 from tests.wer import edit_distance, normalize  # noqa: E402
 
 REVISIONS = ["true"]  # the streams' option, set from the command line
@@ -54,6 +57,7 @@ VOICES_DB: list[float | None] = [None]  # other people talking this far below th
 MESSAGES_TO: list[str | None] = [None]  # a file for every stream's messages as received (JSON lines; None: not kept)
 METRICS_TO: list[str | None] = [None]  # a file for the server's metrics after each level (None: not kept)
 FIXTURES = ["librivox_16k.s16le", "espeak_8k.mulaw", "cards_44k.f32le", "call_8k_stereo.s16le"]
+RAW = ("pcm_s16le", "pcm_f32le", "mulaw", "alaw")  # encodings whose bytes can be cut at a pause (no container)
 
 
 def rss_mib(pid: int) -> float:
@@ -66,10 +70,11 @@ def rss_mib(pid: int) -> float:
 @functools.lru_cache(maxsize=None)
 def source(name: str) -> tuple[bytes, dict, float]:
     """What a client streams: the fixture's bytes, the stream options, and bytes per second.
-    With noise or voices, the recording decoded to 16 kHz with them mixed in (raw s16le)."""
+    With noise or voices, the recording decoded to 16 kHz with them mixed in (raw s16le); so is a
+    recording in a container (a held-out WAV), which could not be cut at a pause as it is."""
     entry = MANIFEST[name]
-    if NOISE_DB[0] is None and VOICES_DB[0] is None:
-        return (FIXTURE_DIR / name).read_bytes(), entry, bytes_per_second(name)
+    if NOISE_DB[0] is None and VOICES_DB[0] is None and entry["encoding"] in RAW:
+        return fixture_path(name).read_bytes(), entry, bytes_per_second(name)
     data, _ = noisy_pcm(name, NOISE_DB[0], voices_db=VOICES_DB[0])
     return data, dict(entry, encoding="pcm_s16le", sample_rate=16000), 16000 * 2 * entry["channels"]
 
@@ -303,7 +308,12 @@ def main() -> None:
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
     ap.add_argument("--metrics", default=None, help="append the server's metrics (Prometheus text) after each level to this file")
     ap.add_argument("--messages", default=None, help="append every stream's messages to this file (JSON lines, with the seconds into the stream each came)")
+    ap.add_argument("--fixture-dir", type=Path, action="append", default=[], help="replay the recordings in this folder (its manifest.json; bench/heldout.py writes one) instead of the fixtures; repeatable")
     args = ap.parse_args()
+    for folder in args.fixture_dir:
+        use_fixture_dir(folder)
+    if args.fixture_dir:
+        FIXTURES[:] = fixture_names("all")
     MESSAGES_TO[0] = args.messages
     METRICS_TO[0] = args.metrics
     REVISIONS[0] = args.revisions
