@@ -12,7 +12,8 @@ utterance begun with speech, from where the server heard it begin to its first t
 final; utterances that a sentence split continued are left out, their words were shown already) p50/p95, interims per stream-second, word error rate of
 the finals, server CPU (cores busy), the share of the run the server spent at load
 level 1 or higher (where context passes are lean), peak memory, refused streams and how
-long the slowest refusal took from connecting. Between levels it waits for the
+long the slowest refusal took from connecting; on stderr, by recording and channel, the WER of
+the first pass and after revisions and the final latency p50 / p95 / max. Between levels it waits for the
 server's load level to return to 0. ``--metrics FILE`` keeps the server's
 metrics after each level (where finals waited, how long their calls took).
 With ``--noise-db N`` every stream carries continuous pink noise N dB below its
@@ -234,6 +235,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     refusal_s: list[float] = []
     broken = 0
     per_fixture: dict[str, list[int]] = {}
+    per_fixture_latency: dict[str, list[float]] = {}  # final latencies by recording and channel
     for entry, r, _code, refused_after in results:
         if refused_after is not None:
             refused += 1
@@ -251,10 +253,12 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         lags += text_lags(r)
         for ch in range(entry["channels"]):
             finals = [t for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
+            late = per_fixture_latency.setdefault(f"{r.fixture} ch{ch}", [])
             for end in entry["ends"][ch]:
                 match = next((f for f in finals if f.message["end"] >= end - 0.6 and f.message["start"] <= end), None)
                 if match is not None:
                     latencies.append(match.at - end)
+                    late.append(match.at - end)
             ref = normalize(" ".join(entry["references"][ch]))
             e1, e2 = edit_distance(ref, normalize(r.final_text(ch))), edit_distance(ref, normalize(r.transcript().final_text(ch)))
             errors, refined_errors, words = errors + e1, refined_errors + e2, words + len(ref)
@@ -266,6 +270,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
             redone += again
     print(f"N={n} WER first pass / after revisions by fixture: "
           + ", ".join(f"{k} {a / w:.3f} / {b / w:.3f}" for k, (a, b, w) in sorted(per_fixture.items())), file=sys.stderr, flush=True)
+    print(f"N={n} final latency p50 / p95 / max (s) by fixture: "
+          + ", ".join(f"{k} {pct(v, 0.5):.2f} / {pct(v, 0.95):.2f} / {max(v):.2f} ({len(v)})" for k, v in sorted(per_fixture_latency.items()) if v), file=sys.stderr, flush=True)
     return {
         "refined_wer": refined_errors / words if words else float("nan"),
         "revision_p95": pct(delays, 0.95) if delays else float("nan"), "revisions": len(delays),
