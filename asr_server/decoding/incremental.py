@@ -107,8 +107,14 @@ SPLIT_UNHEARD_S = 0.3
 # A pause decode whose words end a sentence (SPLIT_MIN_S or more into its audio) ends its utterance
 # exactly where its audio ends once the speaker talks on after a pause the VAD heard this long
 # there, and it is the final: a sentence whose speaker leaves 0.2-0.4 s before the next waits
-# for no interim to hear the next one begin (see _sentence_pause).
-SENTENCE_PAUSE_MS = 250
+# for no interim to hear the next one begin (see _sentence_pause). Under pink noise 20 dB down the
+# VAD hears a 0.3 s pause between two sentences as 180-210 ms, and with 250 ms a fast recipe's
+# first sentence waited for the next one (4.4-5.1 s; its interims end it with a comma): with 180
+# the replays' late sentences went 5 -> 3 (27 replays, 0.7 s or less for those two), one stream
+# under noise in real time p95 0.80 -> 0.57 s (max 4.56 -> 0.85 s), for 0.2 points of WER after
+# revisions over the 27 replays (0.176 -> 0.178; 5 better, 10 worse, 12 the same) and 0.4 on the
+# first pass, whose sentences are decoded alone more often (docs/benchmarks.md, 35th session).
+SENTENCE_PAUSE_MS = 180
 # ... in talking that has run this much less than split_after_s (a pause decode that heard the
 # sentence through, and a pause, are more than one interim's word for it). Measured in replays of
 # the held-out recordings (bench/replay_bench.py): 1 s sooner, p95 final latency in audio time

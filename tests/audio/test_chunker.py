@@ -227,6 +227,23 @@ def test_a_split_cuts_where_the_pause_decode_ended_when_the_vad_heard_no_speech_
     assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=120, at=59 * FRAME_SAMPLES) == []
 
 
+def test_the_sentence_pause_cut_is_made_at_the_pause_the_vad_hears_of_a_short_gap_under_noise():
+    """Under pink noise 20 dB down the VAD hears a 0.3 s pause between two sentences as 180-210 ms.
+    The decoder's cut where a pause decode ended a sentence (``SENTENCE_PAUSE_MS``) is made at such
+    a pause (with 250 ms a fast recipe's first sentence waited 4.4-5.1 s for the next one), but not at
+    a 120 ms one, too short for a sentence's end (a comma's, as the espeak voices pause)."""
+    from asr_server.decoding.incremental import SENTENCE_PAUSE_MS
+
+    at = 58 * FRAME_SAMPLES + 1600  # 100 ms into the pause, where the pause decode's audio ends
+    c = Chunker()
+    c.feed(frames("S" * 58 + "." * 6 + "S" * 36, silence=0.01))  # 180 ms heard, 20 dB down
+    ended, started = c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=SENTENCE_PAUSE_MS, at=at)
+    assert ended.end == started.start == at and ended.reason is EndReason.SENTENCE
+    c = Chunker()
+    c.feed(frames("S" * 58 + "." * 4 + "S" * 38, silence=0.01))  # 120 ms
+    assert c.split(0, 55 * FRAME_SAMPLES, 70 * FRAME_SAMPLES, pause_ms=SENTENCE_PAUSE_MS, at=at) == []
+
+
 def test_a_pause_too_short_for_the_vote_is_a_dip_once_speech_resumes():
     """Frames the learned detector did not hear as speech, too few for the vote to end speech:
     once the detector hears speech again they are a dip, at the middle of the quietest of them,
