@@ -111,7 +111,7 @@ SPLIT_UNHEARD_S = 0.3
 # VAD hears a 0.3 s pause between two sentences as 180-210 ms, and with 250 ms a fast recipe's
 # first sentence waited for the next one (4.4-5.1 s; its interims end it with a comma): with 180
 # the replays' late sentences went 5 -> 3 (27 replays, 0.7 s or less for those two), one stream
-# under noise in real time p95 0.80 -> 0.57 s (max 4.56 -> 0.85 s), for 0.2 points of WER after
+# of held-out set 2 under noise in real time p95 0.80 -> 0.57 s (max 4.56 -> 0.85 s), for 0.2 points of WER after
 # revisions over the 27 replays (0.176 -> 0.178; 5 better, 10 worse, 12 the same) and 0.4 on the
 # first pass, whose sentences are decoded alone more often (docs/benchmarks.md, 35th session).
 SENTENCE_PAUSE_MS = 180

@@ -231,7 +231,7 @@ def test_the_sentence_pause_cut_is_made_at_the_pause_the_vad_hears_of_a_short_ga
     """Under pink noise 20 dB down the VAD hears a 0.3 s pause between two sentences as 180-210 ms.
     The decoder's cut where a pause decode ended a sentence (``SENTENCE_PAUSE_MS``) is made at such
     a pause (with 250 ms a fast recipe's first sentence waited 4.4-5.1 s for the next one), but not at
-    a 120 ms one, too short for a sentence's end (a comma's, as the espeak voices pause)."""
+    one of 120 ms."""
     from asr_server.decoding.incremental import SENTENCE_PAUSE_MS
 
     at = 58 * FRAME_SAMPLES + 1600  # 100 ms into the pause, where the pause decode's audio ends
