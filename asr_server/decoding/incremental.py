@@ -132,13 +132,16 @@ SENTENCE_RESUME_MS = 300
 PROMPT_CONTEXT_S = 10.0
 
 
+def _trim_at_s(context: ContextOptions) -> float:
+    """Finalized audio past the newest record that a channel trims down to: a window (the larger of
+    a pass's and a settle decode's) and its prompt's (:meth:`ChannelDecoder._trim`)."""
+    return max(context.window_s, context.settle_window_s) + PROMPT_CONTEXT_S
+
+
 def context_kept_s(context: ContextOptions) -> float:
     """Finalized audio a channel keeps for the context pass and settle decodes, at most (for the
-    memory budget): a window, its prompt's, and the newest record (up to one utterance)."""
-    return max(context.window_s, context.settle_window_s) + PROMPT_CONTEXT_S + 30.0
-
-
-CONTEXT_KEPT_S = context_kept_s(ContextOptions())  # with the default options
+    memory budget): what it trims down to, and the newest record (up to one utterance)."""
+    return _trim_at_s(context) + 30.0
 
 
 @dataclass(eq=False)
@@ -736,7 +739,7 @@ class ChannelDecoder:
         """Keep only the records a window (and its prompt) can use: bounded memory however long
         passes wait (a pass in flight over a dropped record is not applied). The pauses kept
         to join records count too."""
-        keep = (max(self.context.window_s, self.context.settle_window_s) + PROMPT_CONTEXT_S) * MODEL_RATE
+        keep = _trim_at_s(self.context) * MODEL_RATE
         while len(self._done) > 1 and sum(len(r.audio) + len(r.trail) for r in self._done[1:]) >= keep:
             dropped = self._done.pop(0)
             if self.context.settle_window_s:  # kept for settle prompts only

@@ -292,7 +292,7 @@ def test_closed_waits_for_the_last_pass_and_its_time_bound_gives_it_up():
 
 def test_finalized_audio_kept_for_the_pass_stays_bounded_when_passes_never_run():
     """Under sustained load context passes wait; what a channel keeps for them must not grow."""
-    from asr_server.decoding.incremental import CONTEXT_KEPT_S
+    from asr_server.decoding.incremental import context_kept_s
 
     model = TwoPassModel([f"sentence {i}" for i in range(60)], [f"sentence {i}" for i in range(60)])
     d = Driver(model)
@@ -300,7 +300,7 @@ def test_finalized_audio_kept_for_the_pass_stays_bounded_when_passes_never_run()
     for _ in range(8):  # about 2 minutes of speech, the pass never answered
         d.feed(audio)
     kept = sum(len(r.audio) + len(r.trail) for r in d.session._decoders[0]._done) / 16000  # the pauses kept to join them too
-    assert len(d.of_type("final")) == 40 and kept <= CONTEXT_KEPT_S
+    assert len(d.of_type("final")) == 40 and kept <= context_kept_s(ContextOptions())
     assert kept <= max(ContextOptions().window_s, ContextOptions().settle_window_s) + 10.0 + 4.0  # a window, its prompt, one utterance
 
 

@@ -12,7 +12,8 @@ import pytest
 from asr_client import connect, read_pcm
 
 from asr_server.options import Limits, StreamOptions
-from asr_server.decoding.incremental import CONTEXT_KEPT_S
+from asr_server.decoding.incremental import context_kept_s
+from asr_server.decoding.context import ContextOptions
 from asr_server.scheduler.budget import MemoryBudget, stream_bytes
 from asr_server.scheduler.governor import Level
 
@@ -38,7 +39,7 @@ async def refused(url: str, **options) -> tuple[list[dict], int | None]:
 def one_stream_budget(limits: Limits) -> MemoryBudget:
     """A budget with room for exactly one mono PCM stream."""
     replay = limits.max_replay_bytes  # the messages kept for a resume and for followers
-    per = stream_bytes(1, StreamOptions().max_utterance_s, limits.max_pending_finals, replay, CONTEXT_KEPT_S)
+    per = stream_bytes(1, StreamOptions().max_utterance_s, limits.max_pending_finals, replay, context_kept_s(ContextOptions()))
     return MemoryBudget(total=per + 300 * MIB, weights=100 * MIB, baseline=100 * MIB, batch_working=100 * MIB)
 
 
