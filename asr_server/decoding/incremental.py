@@ -191,7 +191,6 @@ class ChannelDecoder:
         self._context_closed = False  # no more context passes (given up at close)
         self._history = ""  # the text of records trimmed away, its last SETTLE_PROMPT_CHARS (settle prompts)
         self._settling = False  # the context job in flight is a settle decode (ContextOptions.settle_window_s)
-        self._yielded: DecodeJob | None = None  # the settle decode in flight, withdrawn for a pass that is due
         self._last_pass: tuple[tuple, int, Hypothesis] | None = None  # the latest pass's window (its key), last utterance decided, result
         self._draining = False  # no more audio: one last pass over what is unrevised
         self._position = 0  # stream samples received
@@ -748,39 +747,20 @@ class ChannelDecoder:
         self._unrevised = min(self._unrevised, len(self._done))
 
     def _dispatch_context(self) -> list[PipelineEvent]:
-        if not self.context.enabled or self._context_closed:
+        if not self.context.enabled or self._context_closed or self._context_job is not None:
             return []
-        if self._context_job is not None:
-            return self._yield_settle()
         return self._dispatch_pass() or self._dispatch_settle()
 
-    def _yield_settle(self) -> list[PipelineEvent]:
-        """A settle decode waiting for spare time gives way to a pass that is due, and to the close
-        (where it is owed, not spare): it is withdrawn and asked for again after the pass, or as
-        owed. One already running finishes first."""
-        job = self._context_job
-        if job is None or not job.request.spare or job is self._yielded:
-            return []
-        if not self._pass_due() and not (self._draining and not self._utterances):
-            return []
-        self._yielded = job
-        return [WithdrawJob(job)]
-
-    def _pass_due(self) -> bool:
-        """Whether a pass may run now: finals wait to be decided, the newest one with context after
-        it (or none to come), and enough speech came since the last pass, or a pause, or the end."""
+    def _dispatch_pass(self) -> list[PipelineEvent]:
         if not self._unrevised:
-            return False
+            return []
         fresh = self._done[-self._unrevised :]
         ahead = self._ahead()
         decidable = fresh if self._settled() or ahead is not None else fresh[:-1]
         quiet = not self._utterances and self._position - self._last_final_end >= self.context.idle_s * MODEL_RATE
         heard = (ahead.end - ahead.speech_at) / MODEL_RATE if ahead is not None else 0.0
         enough = sum(r.seconds for r in fresh) + heard >= self.context.min_new_s
-        return bool(decidable) and (enough or quiet or (self._draining and not self._utterances))
-
-    def _dispatch_pass(self) -> list[PipelineEvent]:
-        if not self._pass_due():
+        if not decidable or not (enough or quiet or (self._draining and not self._utterances)):
             return []
         job = self._context_job = self._context_window()
         key = (_window_key(job.request, self._context_spans), self._context_decide_to)
@@ -804,8 +784,7 @@ class ChannelDecoder:
         before = " ".join([self._history, *(r.text for r in self._done[: self._done.index(records[0])])])
         prompt = _with_vocabulary(self.options.prompt, _tail_words(before, SETTLE_PROMPT_CHARS))
         request, self._context_spans = window_request(records, self.context, self.options.language, prompt)
-        # While the stream goes on it waits for spare time; at the close it is owed (the bound).
-        request = replace(request, long_prompt=True, spare=not ending)
+        request = replace(request, long_prompt=True)
         self._context_ahead, self._settling = None, True
         last = records[-1]
         self._context_job = DecodeJob(self.channel, last.index, request, False, last.start + len(last.audio))
@@ -814,13 +793,8 @@ class ChannelDecoder:
     def _settle_ended(self, job: DecodeJob, hypothesis: Hypothesis | None) -> list[PipelineEvent]:
         """A settle decode came back: its words decide each record it reached, where :func:`trusted`,
         and each record it reached is settled for good (the first at least; all of them, keeping
-        their words, where ``hypothesis`` is None: skipped or failed; but one withdrawn for a pass
-        settles nothing, and is asked for again once the pass is done)."""
+        their words, where ``hypothesis`` is None: skipped or failed)."""
         self._context_job, self._settling = None, False
-        if job is self._yielded:
-            self._yielded = None
-            if hypothesis is None:
-                return self._dispatch_context()
         spans = self._context_spans
         covered = self._covered()
         out: list[PipelineEvent] = []

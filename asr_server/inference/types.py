@@ -60,9 +60,6 @@ class DecodeRequest:
     needed_s: float | None = None
     # A settle decode (ContextOptions.settle_window_s): the prompt's last 128 tokens, not 32.
     long_prompt: bool = False
-    # Work for spare time (a settle decode while the stream goes on): the scheduler runs it only
-    # when no final, interim or context pass waits, and its session may take it back meanwhile.
-    spare: bool = False
 
     @property
     def duration(self) -> float:

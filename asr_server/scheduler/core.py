@@ -20,9 +20,6 @@ Policy (unchanged from the single-file scheduler it replaces):
   audio when they run, so under load they come less often; a pass left
   waiting would only fall further behind. Like interims, passes never take
   the workers kept for finals.
-* Spare work (``DecodeRequest.spare``: a settle decode while its stream goes on) has a
-  fourth queue, served only when nothing else waits: it uses time the server would
-  otherwise leave idle, and under load it waits (its session may withdraw it meanwhile).
 * A waiting job is refreshed when it is picked (an interim takes the newest
   audio of its utterance) or skipped once it has gone stale; a session may
   also withdraw a stale job at once (:meth:`SchedulerCore.withdraw`).
@@ -184,7 +181,6 @@ class SchedulerCore:
         self._finals: FairQueue[Entry] = FairQueue()
         self._interims: FairQueue[Entry] = FairQueue()
         self._contexts: FairQueue[Entry] = FairQueue()
-        self._spares: FairQueue[Entry] = FairQueue()
         self._ids = itertools.count(1)
         self._entries: dict[int, Entry] = {}  # every job not yet answered, waiting or running
         self._running: dict[int, Batch] = {}  # batch id -> batch
@@ -194,11 +190,11 @@ class SchedulerCore:
     @property
     def depth(self) -> int:
         """Jobs waiting (not running)."""
-        return sum(len(queue) for queue in self.queues)
+        return len(self._finals) + len(self._interims) + len(self._contexts)
 
     @property
     def queues(self) -> tuple[FairQueue[Entry], ...]:
-        return (self._finals, self._interims, self._contexts, self._spares)
+        return (self._finals, self._interims, self._contexts)
 
     @property
     def live(self) -> int:
@@ -271,8 +267,6 @@ class SchedulerCore:
             queues.append((self._interims, self.limits))
             if not overdue and not self._finals and not self._interims:
                 queues.append((self._contexts, self._context_limits))
-            if not self._finals and not self._interims and not self._contexts:
-                queues.append((self._spares, self._context_limits))
         while True:
             tickets, dropped = form_batch(queues, inspect)
             for ticket in dropped:
@@ -326,12 +320,8 @@ class SchedulerCore:
     # -- internals -------------------------------------------------------------------
 
     def _queue(self, entry: Entry) -> FairQueue[Entry]:
-        request = entry.job.request
-        if request.kind is DecodeKind.FINAL:
-            return self._finals
-        if request.kind is DecodeKind.CONTEXT:
-            return self._spares if request.spare else self._contexts
-        return self._interims
+        kind = entry.job.request.kind
+        return self._finals if kind is DecodeKind.FINAL else self._contexts if kind is DecodeKind.CONTEXT else self._interims
 
     def _runner_for(self, request: DecodeRequest) -> Runner:
         if request.model == "interim" and self.interim_runner is not None:
@@ -394,9 +384,8 @@ class SchedulerCore:
         return until
 
     def _spent(self, batch: Batch, now: float) -> None:
-        # Spare work used time nothing else wanted: it is no pass's share (see _context_overdue).
         if batch.kind is not DecodeKind.FINAL:
-            self._background.add("spare" if batch.entries[0].request.spare else batch.kind, now - batch.started_at, now)
+            self._background.add(batch.kind, now - batch.started_at, now)
 
     def _start(self, worker: int, entries: list[Entry], now: float) -> Batch:
         for entry in entries:

@@ -269,7 +269,7 @@ class Scheduler:
             asyncio.get_running_loop().call_at(wake_at, self._wakeup.set)
 
     def _observe_batch(self, batch: Batch, outcome: Outcome, model_start: float, model_end: float) -> None:
-        if self.capacity is not None and batch.kind is DecodeKind.CONTEXT and not batch.entries[0].request.spare:
+        if self.capacity is not None and batch.kind is DecodeKind.CONTEXT:
             self.capacity.observe_pass((model_end - model_start) / len(batch.entries))  # each pass's share, as for finals
         if self.capacity is not None and batch.kind is DecodeKind.FINAL:
             for entry, hyp in outcome.done:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 
 from asr_server.decoding.context import ContextOptions
-from asr_server.events import WithdrawJob
 from asr_server.scheduler.governor import LoadSettings
 
 from .test_context import ALONE, Driver, VaryingModel, check_rules, server_transcript, speech
@@ -127,59 +126,3 @@ def test_no_settle_decode_waits_on_a_silent_channel_until_the_close():
     assert d.context_jobs and d.session._decoders[0]._settling
     d.run_context()
     assert model.context_requests == settles + 1 and d.messages[-1]["type"] == "closed"
-
-
-class NoSpareTime(Driver):
-    """A server with no time to spare while the stream goes on: passes run as soon as they are
-    asked for, settle decodes left for spare time (``DecodeRequest.spare``) are held, and a
-    withdrawal of a held one is answered as the scheduler answers it (skipped)."""
-
-    def __init__(self, model: SettleModel, context: ContextOptions) -> None:
-        self.held: list = []
-        self.withdrawn: list = []
-        super().__init__(model, context=context)
-
-    def apply(self, outputs) -> None:
-        for out in outputs:
-            if isinstance(out, WithdrawJob):
-                assert out.job in self.held, "only a held settle decode is withdrawn"
-                self.held.remove(out.job)
-                self.withdrawn.append(out.job)
-                self.apply(self.session.job_skipped(out.job))
-            else:
-                super().apply([out])
-
-    def run(self) -> None:
-        while self.context_jobs:
-            job = self.context_jobs.pop(0)
-            if job.request.spare:
-                self.held.append(job)
-                continue
-            self.model.settling = job.request.long_prompt
-            self.apply(self.session.job_done(self.session.refresh_job(job) or job, self.model.context(job.request)))
-            check_rules(self)
-
-
-def test_a_settle_decode_waiting_for_spare_time_gives_way_to_a_pass_and_is_owed_at_the_close():
-    """While the stream goes on, a settle decode is spare work. On a server with none to spare it
-    waits; each time a pass comes due it is withdrawn (the pass runs, nothing is settled by the
-    withdrawn decode) and asked for again after the pass. At the close it is owed instead (no
-    longer spare), so ``closed`` comes with the settled transcript."""
-    model = SettleModel(lambda n: ALONE[n], lambda n: RIGHT if n == 0 else ALONE[n])
-    d = NoSpareTime(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
-    audio = speech()
-    for i in range(0, len(audio), 1600):
-        d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
-        d.run()
-    decoder = d.session._decoders[0]
-    assert d.withdrawn and all(job.request.spare and job.request.long_prompt for job in d.withdrawn)
-    assert model.settle_windows == [] and not any(r.settled for r in decoder._done)
-    assert [job.request.spare for job in d.held] == [True]  # asked for again after the last pass
-    passes = [w for kind, w in model.calls if kind == "pass"]
-    assert passes[-1][-1] == 4  # the passes kept up: the last one reached the newest sentence
-    d.apply(d.session.end_of_stream())
-    assert d.held == [] and d.withdrawn[-1].request.spare  # the close took it back ...
-    d.run()
-    assert model.settle_windows == [[0, 1], [2, 3], [4]]  # ... and asked for every stretch as owed
-    assert d.messages[-1]["type"] == "closed"
-    assert d.client.final_text() == " ".join([RIGHT, *ALONE[1:]]) == server_transcript(d)

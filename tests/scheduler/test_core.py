@@ -270,32 +270,6 @@ def test_a_context_pass_waits_behind_finals_and_interims_until_it_is_overdue():
     assert ran(core, 5.5) == ["interim 1"]
 
 
-def spare(tag: str) -> DecodeJob:
-    """Spare work: a settle decode while its stream goes on."""
-    job = context(tag)
-    return replace(job, request=replace(job.request, spare=True))
-
-
-def test_spare_work_runs_only_when_nothing_else_waits_and_is_no_passes_share():
-    """A settle decode left for spare time waits behind every final, interim and context pass,
-    however long (an overdue pass goes before interims; spare work never does); the time it
-    takes is spare time, which does not count against the passes' share."""
-    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1, context_max_wait_s=1.0, context_share=0.5))
-    core.add("s", spare("settle"), 0.0)
-    core.add("c", context("pass"), 0.0)
-    core.add("i", interim("interim"), 0.0)
-    core.add("f", final("final"), 0.0)
-    assert [p for t in range(3) for p in ran(core, 100.0 + t)] == ["final", "pass", "interim"]
-    assert core.depth == 1
-    core.add("i", interim("interim 2"), 103.0)
-    assert run_for(core, 103.0, 1.0) == ["interim 2"]
-    assert run_for(core, 104.0, 30.0) == ["settle"]  # nothing else waits: now it runs
-    assert core.depth == 0 and core.live == 0
-    core.add("i", interim("interim 3"), 134.0)
-    core.add("c", context("pass 2"), 134.0)
-    assert ran(core, 135.0) == ["pass 2"]  # overdue, and the settle's 30 s were not the passes'
-
-
 def test_context_passes_share_a_call_only_up_to_their_own_cap_while_interims_take_the_full_batch():
     """Beam search over whole windows costs no less per pass in a larger batch (docs/benchmarks.md, GPU):
     passes waiting together run ``context_batch`` to a call, and the rest take the next call."""
