@@ -149,8 +149,8 @@ def _context_options(p: argparse.ArgumentParser) -> None:
                         f"{defaults.ahead_max_s:g} s in the window as lookahead (default {defaults.ahead_s:g}; 0: wait for the next final)")
     p.add_argument("--context-settle-window-s", type=_seconds, default=defaults.settle_window_s,
                    help=f"then each stretch of this much audio is decoded once more, whole, as offline transcription decodes a "
-                        f"recording, once passes decided it and speech went on past it, and its words stay: better on fast speech, "
-                        f"revisions later (default {defaults.settle_window_s:g}: off; at most 30)")
+                        f"recording, once passes decided it and speech went on past it, and its words stay: closer to offline, "
+                        f"revisions later; only while the server has time to spare (default {defaults.settle_window_s:g}; 0: off; at most 30)")
     p.add_argument("--context-max-wait-s", type=_seconds, default=CONTEXT_MAX_WAIT_S,
                    help=f"a context pass that has waited this long goes before interims, never before finals (default {CONTEXT_MAX_WAIT_S:g}), "
                         "while passes took less than --context-share of the recent model time of interims and passes")

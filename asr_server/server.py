@@ -210,10 +210,11 @@ class AsrServer:
         """Feed the governor; announce a new level; shed a batch stream if memory is critical."""
         assert self.scheduler is not None
         loop = asyncio.get_running_loop()
-        before = self.governor.level
+        before, settings = self.governor.level, self.load_settings()
         state = self.scheduler.state(loop.time())
         used = self.memory_probe() if self.budget is not None else 0
-        level = self.governor.observe(loop.time(), state.oldest_final_wait, used, self.budget.total if self.budget else 0, state.oldest_interim_wait)
+        level = self.governor.observe(loop.time(), state.oldest_final_wait, used, self.budget.total if self.budget else 0, state.oldest_interim_wait,
+                                      state.background_busy)
         self.metrics.memory_used.set(used)
         self.metrics.degradation_level.set(int(level))
         self.metrics.capacity_channels.set(self.max_channels)
@@ -223,6 +224,7 @@ class AsrServer:
         if level != before:
             server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs oldest_interim_wait=%.2fs finals=%d interims=%d",
                             before, level, level.name.lower(), state.oldest_final_wait, state.oldest_interim_wait, state.finals, state.interims)
+        if self.load_settings() != settings:
             await self.announce_level()
         await self._shed_if_memory_critical(used)
 

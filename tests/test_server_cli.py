@@ -40,7 +40,7 @@ def test_the_context_pass_settings_reach_the_server_and_negative_seconds_are_ref
     assert (options.window_s, options.back_s, options.min_new_s, options.ahead_s) == (30.0, 4.0, 5.0, 0.0)  # one Whisper window at most
     assert options.settle_window_s == 30.0
     defaults = _context(build_parser().parse_args([]))
-    assert defaults.ahead_s == ContextOptions().ahead_s > 0 and defaults.settle_window_s == ContextOptions().settle_window_s == 0.0
+    assert defaults.ahead_s == ContextOptions().ahead_s > 0 and defaults.settle_window_s == ContextOptions().settle_window_s == 30.0
     assert _plan(args).batch.context_max_wait_s == 2.0
     for flag in ("--context-max-wait-s", "--context-ahead-s", "--context-settle-window-s"):
         with pytest.raises(SystemExit) as exit_info:

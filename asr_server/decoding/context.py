@@ -107,14 +107,16 @@ class ContextOptions:
     # Then each stretch of this much audio may be *settled*: decoded once more, whole, once the
     # passes have decided it and speech has gone on past it (or the stream ended), as offline
     # transcription decodes a recording, window after window, with the text before as the
-    # prompt; its words decide the stretch for good (no pass changes it after). 0: never. With
-    # 30, 27 replays went 0.176 -> 0.171 (offline 0.167; a fast recipe's sentences, where the
-    # passes' votes split, gained most), but in real time at 8 streams on 2 cores revisions came
-    # later (p95 10.0-12.2 -> 13.6-21.6 s), passes cost 8-24% more, and the load streams' WER after
-    # revisions rose 0.1-1.2 points (it hears the LibriVox "ill-disposed" as offline does,
-    # "old-sposed", where the votes had it right): an operator's choice, off by default
-    # (docs/benchmarks.md, thirty-fourth session).
-    settle_window_s: float = 0.0
+    # prompt; its words decide the stretch for good (no pass changes it after). 0: never. It runs
+    # only while the server has time to spare (LoadSettings.settle; GovernorOptions.spare_busy_low).
+    # With 30, 27 replays went 0.176 -> 0.171 (offline 0.167; a fast recipe's sentences, where the
+    # passes' votes split, gained most; docs/benchmarks.md, thirty-fourth session), and one
+    # real-time stream of the held-out sets under noise 0.194 -> 0.180 and 0.338 -> 0.294 (offline
+    # 0.190, 0.289), its revisions later. At 8 streams on 2 cores, where it ran whenever the
+    # server was not loaded, revisions came later (p95 10.0-12.2 -> 13.6-21.6 s) for no better
+    # transcript (it hears the LibriVox "ill-disposed" as offline does, "old-sposed", where the
+    # votes had it right), so a busy server runs none (docs/benchmarks.md, 36th session).
+    settle_window_s: float = 30.0
 
 
 @dataclass

@@ -215,6 +215,9 @@ class ChannelDecoder:
         # Under load, context passes decode no audio they already decided (cheaper, catch up sooner),
         # and quick finals are busy ones (ContextOptions.busy_finals).
         self.lean_context = False
+        # Settle decodes run only while the server has time to spare (LoadSettings.settle): not under
+        # load, nor at the close then. A decoder no server told otherwise (a replay) has it.
+        self.spare_time = True
 
     # -- state the session looks at -------------------------------------------------
 
@@ -230,7 +233,7 @@ class ChannelDecoder:
     def _context_owed(self) -> bool:
         if not self._draining or not self.context.enabled or self._context_closed:
             return False
-        return self._unrevised > 0 or (self.context.settle_window_s > 0 and any(not r.settled for r in self._done))
+        return self._unrevised > 0 or (self.context.settle_window_s > 0 and self.spare_time and any(not r.settled for r in self._done))
 
     @property
     def in_flight(self) -> DecodeJob | None:
@@ -771,10 +774,10 @@ class ChannelDecoder:
         return [SubmitJob(job)]
 
     def _dispatch_settle(self) -> list[PipelineEvent]:
-        """A settle decode, once a stretch is due (:func:`settle_window`); not while passes are lean
-        (the server is loaded: it waits, and catches up when the load falls, or at the close)."""
+        """A settle decode, once a stretch is due (:func:`settle_window`), while the server has time to
+        spare: under load it waits, and catches up when the load falls (at the close only if it has)."""
         ending = self._draining and not self._utterances
-        if self.lean_context and not ending:
+        if not self.spare_time:
             return []
         decided_to = self._done[-self._unrevised - 1].index if len(self._done) > self._unrevised else -1
         records = settle_window(self._done, decided_to, self.context, ending)

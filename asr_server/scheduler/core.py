@@ -154,6 +154,9 @@ class QueueState:
     oldest_final_wait: float
     # The longest any interim has waited in the queue (captions lag by that much).
     oldest_interim_wait: float = 0.0
+    # The share of the recent time (half-life SHARE_HALF_LIFE_S) the workers that run interims
+    # and context passes spent running them: how much time the server has to spare for them.
+    background_busy: float = 0.0
 
 
 class SchedulerCore:
@@ -204,7 +207,8 @@ class SchedulerCore:
     def state(self, now: float) -> QueueState:
         finals = [e.queued_at for e in self._entries.values() if e.final and e.status <= JobStatus.RUNNING]
         interims = max((now - t.item.queued_at for t in self._interims.waiting()), default=0.0)
-        return QueueState(len(self._finals), len(self._interims), max((now - t for t in finals), default=0.0), interims)
+        busy = self._background.rate(now) / max(1, self.workers - self.limits.final_workers)
+        return QueueState(len(self._finals), len(self._interims), max((now - t for t in finals), default=0.0), interims, busy)
 
     # -- sessions' requests ----------------------------------------------------------
 

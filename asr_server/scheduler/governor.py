@@ -69,6 +69,7 @@ class LoadSettings:
     model: bool = False  # on the smaller --interim-model
     short_window: bool = False  # on the short encoder window
     lean_context: bool = False  # context passes decode only the utterances they decide, quick finals are busy
+    settle: bool = False  # settle decodes may run: the server has time to spare (see GovernorOptions.spare_busy_low)
 
 
 @dataclass(frozen=True)
@@ -85,12 +86,22 @@ class GovernorOptions:
     # deployment that would rather lag than refuse, or a test server on a busy
     # machine, stops at INTERIM_MODEL.
     max_level: Level = Level.REFUSE_ALL
+    # Settle decodes (ContextOptions.settle_window_s) take time the server has to spare: at level
+    # 0, from when the workers that run interims and passes were busy less than spare_busy_low of
+    # the recent time (QueueState.background_busy) until they are busy more than spare_busy_high.
+    # On 2 cores one real-time stream keeps them 40-50% busy, two about 80%, eight all the time:
+    # at 8 streams settle decodes made revisions later (p95 12.0 -> 18.2 s) for no better
+    # transcript, at one stream they brought it to offline's (docs/benchmarks.md, 36th session).
+    spare_busy_low: float = 0.6
+    spare_busy_high: float = 0.75
 
     def __post_init__(self) -> None:
         if not 0 <= self.low_wait_s < self.high_wait_s or not 0 <= self.interim_low_wait_s < self.interim_high_wait_s:
             raise ValueError("need 0 <= low_wait_s < high_wait_s, and the same for interims")
         if self.raise_after_s <= 0 or self.lower_after_s <= 0 or self.interim_factor < 1:
             raise ValueError("governor periods and factor must be positive")
+        if not 0 <= self.spare_busy_low <= self.spare_busy_high:
+            raise ValueError("need 0 <= spare_busy_low <= spare_busy_high")
 
 
 class LoadGovernor:
@@ -102,11 +113,15 @@ class LoadGovernor:
         self._pressured: bool | None = None
         self._changed_at = 0.0
         self._finals_raised = False  # a final was late through a raise period, since the level left NORMAL
+        self._spare = True  # the background workers have time to spare (see GovernorOptions.spare_busy_low)
 
-    def observe(self, now: float, oldest_final_wait: float, memory_used: int = 0, memory_budget: int = 0, oldest_interim_wait: float = 0.0) -> Level:
+    def observe(self, now: float, oldest_final_wait: float, memory_used: int = 0, memory_budget: int = 0, oldest_interim_wait: float = 0.0,
+                background_busy: float = 0.0) -> Level:
         """Update from the queue and memory; returns the (possibly new) level."""
         o = self.options
         self.memory_critical = memory_budget > 0 and memory_used > o.critical_fraction * memory_budget
+        if background_busy > o.spare_busy_high or background_busy < o.spare_busy_low:
+            self._spare = background_busy < o.spare_busy_low
         # Lagging interims raise the level through the interim steps only, and hold it there.
         interims_lag = oldest_interim_wait > o.interim_high_wait_s and self.level < Level.INTERIM_MODEL
         interims_calm = oldest_interim_wait < o.interim_low_wait_s or self.level > Level.INTERIM_MODEL
@@ -138,6 +153,7 @@ class LoadGovernor:
         self._pressured = None
         self._changed_at = 0.0
         self._finals_raised = False
+        self._spare = True
 
     def _step(self, now: float, delta: int) -> None:
         self.level = Level(self.level + delta)
@@ -171,7 +187,11 @@ class LoadGovernor:
         it is there for."""
         return self.level >= Level.FEWER_INTERIMS and self._finals_raised
 
+    def spare_time(self) -> bool:
+        """Whether settle decodes may run: level 0, and the background workers have time to spare."""
+        return self.level is Level.NORMAL and self._spare
+
     def load_settings(self, has_interim_model: bool) -> LoadSettings:
         """The interim and context-pass settings of the current level."""
         return LoadSettings(int(self.level), self.interim_scale(has_interim_model),
-                            self.use_interim_model() and has_interim_model, self.short_interim_window(), self.lean_context())
+                            self.use_interim_model() and has_interim_model, self.short_interim_window(), self.lean_context(), self.spare_time())

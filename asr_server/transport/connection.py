@@ -150,8 +150,9 @@ class Connection:
         log.info("session=%s event=start%s options=%s", self.sid, key, json.dumps(self.options.to_wire(), separators=(",", ":")))
         try:
             await self._apply(self.session.start())
-            if self.server.governor.level:
-                await self.set_load(self.server.load_settings())  # admitted under load: start degraded
+            # Admitted under load: start degraded (the client is told if its interims change); and
+            # settle decodes only if the server has time to spare.
+            await self.set_load(self.server.load_settings())
             if self.options.is_container:
                 self._container = ContainerDecoder(self.options.encoding, self.options.channels, self.limits.max_container_buffer_bytes)
                 self._container_task = self._spawn(self._pump_container())

@@ -75,11 +75,19 @@ def _spans(audio: np.ndarray) -> list[tuple[int, int]]:
     return spans
 
 
+def passes(**options) -> ContextOptions:
+    """Context options with no settle decodes: these tests are of the passes (tests/decoding/test_settle.py
+    has the settle decodes')."""
+    return ContextOptions(**{"settle_window_s": 0.0, **options})
+
+
 class Driver:
-    """Runs first-pass jobs at once; context jobs wait until :meth:`run_context` (so a test picks the moment)."""
+    """Runs first-pass jobs at once; context jobs wait until :meth:`run_context` (so a test picks the moment).
+    By default its passes are the server's without settle decodes (:func:`passes`)."""
 
     def __init__(self, model: TwoPassModel, *, revisions: bool = True, context: ContextOptions | None = None) -> None:
         self.model = model
+        context = passes(enabled=revisions) if context is None else context
         self.session = Session("t", StreamOptions(revisions=revisions), context=context)
         self.messages: list[dict] = []
         self.client = Transcript()
@@ -195,7 +203,7 @@ def test_every_final_is_reported_decided_once_whether_or_not_its_pass_changed_it
     together = list(ALONE)
     together[3] = "is to be ill-disposed"  # the one change
     model = TwoPassModel(ALONE, together)
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
+    d = Driver(model, context=passes(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
     audio = speech()
     d.feed(audio[: int(12.0 * 16000)])  # three finals: the pass decides the first two
     assert not d.decided
@@ -237,7 +245,7 @@ def test_a_revision_before_a_live_interim_moves_the_interim_with_the_transcript(
     together[1] = "unless to be cold" if change == "shorter" else "unless to be rather cold hearted and so on and on"
     model = TwoPassModel(ALONE, together)
     # A pass after every final (min_new_s 0): the first ones run while the next sentence is spoken.
-    d = Driver(model, context=ContextOptions(min_new_s=0.1))
+    d = Driver(model, context=passes(min_new_s=0.1))
     audio = speech()
     moved = False
     for i in range(0, len(audio), 1600):
@@ -295,7 +303,7 @@ def test_finalized_audio_kept_for_the_pass_stays_bounded_when_passes_never_run()
     from asr_server.decoding.incremental import context_kept_s
 
     model = TwoPassModel([f"sentence {i}" for i in range(60)], [f"sentence {i}" for i in range(60)])
-    d = Driver(model)
+    d = Driver(model, context=ContextOptions())  # the server's default, settle decodes and all
     audio = speech()
     for _ in range(8):  # about 2 minutes of speech, the pass never answered
         d.feed(audio)
@@ -308,7 +316,7 @@ def test_the_newest_final_waits_for_a_later_one_or_for_the_speaker_to_stop():
     """Context on both sides: a pass decides an utterance only with another after it in the window,
     unless the channel has been silent for settle_s (or the stream ended)."""
     model = TwoPassModel(ALONE, [t + " too" for t in ALONE])
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=0.1, settle_s=30.0))
+    d = Driver(model, context=passes(min_new_s=0.1, idle_s=0.1, settle_s=30.0))
     audio = speech()
     d.feed(audio[: int(4.5 * 16000)])  # the first sentence is final, the second not yet
     assert len(d.of_type("final")) == 1 and not d.context_jobs  # nothing to decide yet
@@ -330,7 +338,7 @@ def test_under_load_a_pass_decodes_only_the_utterances_it_decides(loaded):
     from asr_server.scheduler.governor import LoadSettings
 
     model = TwoPassModel(ALONE, [t + " too" for t in ALONE])
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
+    d = Driver(model, context=passes(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
     audio = speech()
     cut = int(12.0 * 16000)  # the third sentence is final, the fourth not started
     d.feed(audio[:cut])
@@ -535,7 +543,7 @@ def _pass_after_every_final(model: TwoPassModel) -> Driver:
     """Every sentence fed, with a context pass run as soon as one is asked for (each final
     starts one: min_new_s 0.1, with the next final as its lookahead: ahead_s 0), then the end
     of the stream and the last pass."""
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0))
+    d = Driver(model, context=passes(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0))
     audio = speech()
     for i in range(0, len(audio), 1600):
         d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
@@ -605,7 +613,7 @@ def test_a_decode_that_stops_early_leaves_what_it_never_reached_to_the_next_pass
     reached are not taken as decided (they keep no stale first-pass text for good)."""
     together = [t + " too" for t in ALONE]
     model = VaryingModel(ALONE, lambda n, call: None if call == 0 and n >= 2 else together[n])
-    d = Driver(model, context=ContextOptions(settle_window_s=0.0))
+    d = Driver(model, context=passes())
     d.feed(speech())
     d.apply(d.session.end_of_stream())
     d.run_context()
@@ -619,7 +627,7 @@ def test_the_newest_final_is_decided_from_the_last_window_when_the_speaker_stops
     stopped), the same window would be decoded again: its result is used, with no new decode."""
     together = [t + " too" for t in ALONE]
     model = TwoPassModel(ALONE, together)
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=2.0))
+    d = Driver(model, context=passes(min_new_s=0.1, idle_s=30.0, settle_s=2.0))
     d.feed(speech())
     d.run_context()
     calls = model.context_requests
@@ -643,7 +651,7 @@ def test_a_window_of_one_utterance_alone_is_not_a_second_vote_for_its_first_pass
         return right if n == 0 and call in (1, 2) else ALONE[n]
 
     model = VaryingModel(ALONE, heard)
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=1.0, settle_s=1.0, ahead_s=0.0))
+    d = Driver(model, context=passes(min_new_s=0.1, idle_s=1.0, settle_s=1.0, ahead_s=0.0))
     audio = speech()
     d.feed(audio[: int(4.5 * 16000)])
     d.feed(np.zeros(2 * 16000, np.float32))  # the speaker stops after the first sentence
@@ -683,7 +691,7 @@ def test_a_pass_prompt_leaves_out_text_heard_doubtfully():
             return super().context(request)
 
     model = DoubtfulModel()
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
+    d = Driver(model, context=passes(min_new_s=0.1, idle_s=30.0, settle_s=30.0))
     audio = speech()
     cut = int(12.0 * 16000)
     d.feed(audio[:cut])
@@ -964,7 +972,7 @@ def test_the_newest_final_is_decided_once_the_next_sentence_is_under_way_and_the
     waits for the next final, as before."""
     together = [ALONE[0].replace("old-sposed", "ill-disposed"), *ALONE[1:]]
     model = TwoPassModel(ALONE, together)
-    d = Driver(model, context=ContextOptions(min_new_s=0.1, ahead_s=ahead_s))
+    d = Driver(model, context=passes(min_new_s=0.1, ahead_s=ahead_s))
     audio = speech()
     revised_before_next_final = False
     for i in range(0, len(audio), 1600):

@@ -72,7 +72,8 @@ def test_the_settle_decode_decides_what_every_pass_heard_wrong_and_closed_waits_
     assert settled.client.final_text() == " ".join([RIGHT, *ALONE[1:]]) == server_transcript(settled)
     revision = [m for m in settled.messages if m["type"] == "revision"][-1]
     assert revision["utterances"] == [0, 4] and revision["changed"] == [0] and revision["offset"] == 0
-    unsettled = _run(model(), ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0))  # off by default
+    assert ContextOptions().settle_window_s == 30.0  # on by default (while the server has time to spare)
+    unsettled = _run(model(), ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=0.0))
     assert unsettled.client.final_text() == " ".join(ALONE)
 
 
@@ -100,15 +101,43 @@ def test_a_settled_sentence_is_not_changed_by_later_passes():
     assert d.client.final_text() == " ".join(ALONE) == server_transcript(d)
 
 
-def test_under_load_settle_decodes_wait_for_the_close():
-    """While the server is loaded (passes lean), no settle decode runs; at the close the stretch
-    is settled all the same, so the transcript at ``closed`` is the settled one."""
+def test_a_server_with_no_time_to_spare_runs_no_settle_decode_not_even_at_the_close():
+    """While the server has no time to spare (its background workers busy, or it is loaded), no
+    settle decode runs, and the close waits for none: ``closed`` comes with the passes' transcript."""
+    for load in (LoadSettings(settle=False), LoadSettings(level=1, scale=2, short_window=True, lean_context=True)):
+        model = SettleModel(lambda n: ALONE[n], lambda n: RIGHT if n == 0 else ALONE[n])
+        d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0), load)
+        assert model.settle_windows == [] and model.calls
+        assert d.client.final_text() == " ".join(ALONE) == server_transcript(d)
+
+
+def test_settle_decodes_catch_up_once_the_server_has_time_to_spare_again():
+    """The stretches that became due while the server was busy are settled, in order, once it has
+    time to spare again, before the close; the transcript at ``closed`` is the settled one."""
     model = SettleModel(lambda n: ALONE[n], lambda n: RIGHT if n == 0 else ALONE[n])
-    load = LoadSettings(level=1, scale=2, short_window=True, lean_context=True)
-    d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0), load)
-    assert model.settle_windows == [[0, 1], [2, 3], [4]]
-    kinds = [kind for kind, _ in model.calls]
-    assert kinds == ["pass"] * (len(kinds) - 3) + ["settle"] * 3  # all at the close, after the last pass
+    d = Driver(model, context=ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
+    decoder = d.session._decoders[0]
+    d.apply(d.session.set_load(LoadSettings(settle=False)))
+
+    def run() -> None:
+        while d.context_jobs:
+            model.settling = decoder._settling
+            job = d.context_jobs.pop(0)
+            d.apply(d.session.job_done(d.session.refresh_job(job) or job, model.context(job.request)))
+            check_rules(d)
+
+    audio = speech()
+    cut = len(audio) * 3 // 4
+    for i in range(0, len(audio), 1600):
+        if i >= cut and not decoder.spare_time:
+            assert model.settle_windows == [] and any(r.index >= 2 for r in decoder._done)  # [0, 1] was due
+            d.apply(d.session.set_load(LoadSettings(settle=True)))
+        d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
+        run()
+    assert model.settle_windows[:1] == [[0, 1]]  # caught up before the close
+    d.apply(d.session.end_of_stream())
+    run()
+    assert model.settle_windows == [[0, 1], [2, 3], [4]] and d.messages[-1]["type"] == "closed"
     assert d.client.final_text() == " ".join([RIGHT, *ALONE[1:]]) == server_transcript(d)
 
 

@@ -317,6 +317,22 @@ def test_time_share_decays_with_its_half_life():
     assert share.share("context", 1000.0) == pytest.approx(1.5 / 2.5)  # decay keeps the ratio
 
 
+def test_background_busy_is_the_share_of_recent_time_the_background_workers_spent_decoding():
+    """What the governor's spare time is judged on: interims and passes only (finals have their own
+    worker), per worker that runs them, over the recent time."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=2)  # one worker for interims and passes
+    assert core.state(0.0).background_busy == 0.0
+    t = 0.0
+    for _ in range(200):  # an interim of 0.3 s each second, and a final each second that does not count
+        core.add("a", interim("i"), t)
+        assert run_for(core, t, 0.3) == ["i"]
+        core.add("b", final("f"), t + 0.5)
+        assert run_for(core, t + 0.5, 0.4) == ["f"]
+        t += 1.0
+    assert core.state(t).background_busy == pytest.approx(0.3, abs=0.02)
+    assert core.state(t + 60.0).background_busy < 0.05  # idle since: it decays
+
+
 def test_finals_run_as_burst_finals_only_while_more_wait_than_workers_can_take():
     core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=2)
     assert core.burst_backlog == 3

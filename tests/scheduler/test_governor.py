@@ -55,12 +55,28 @@ def test_interim_rate_and_interim_model_by_level():
 
 def test_interims_take_the_short_window_from_the_first_level():
     gov = LoadGovernor(GovernorOptions(interim_factor=2, high_wait_s=0.8, raise_after_s=1.0))
-    assert gov.load_settings(False) == LoadSettings(0, 1, False, False)
+    assert gov.load_settings(False) == LoadSettings(0, 1, False, False, settle=True)  # time to spare
     assert run(gov, 0.0, 1.0, wait=2.0) == Level.FEWER_INTERIMS  # raised by a late final
     assert gov.load_settings(False) == LoadSettings(1, 2, False, True, True)
     assert run(gov, 1.25, 2.0, wait=2.0) == Level.INTERIM_MODEL
     assert gov.load_settings(False) == LoadSettings(2, 4, False, True, True)
     assert gov.load_settings(True) == LoadSettings(2, 2, True, True, True)
+
+
+def test_settle_decodes_run_at_level_0_while_the_background_workers_have_time_to_spare():
+    """Spare time has a band: lost above spare_busy_high of the time busy, back below spare_busy_low
+    (in between it holds), and never from the first level on."""
+    gov = LoadGovernor(GovernorOptions(spare_busy_low=0.6, spare_busy_high=0.75, high_wait_s=0.8, raise_after_s=1.0, lower_after_s=4.0))
+    assert gov.spare_time()
+    for busy, spare in ((0.7, True), (0.8, False), (0.7, False), (0.59, True), (0.74, True), (1.0, False)):
+        gov.observe(0.0, 0.0, background_busy=busy)
+        assert gov.spare_time() is spare and gov.load_settings(False).settle is spare, busy
+    gov.observe(1.0, 0.0, background_busy=0.1)
+    assert run(gov, 1.0, 2.0, wait=2.0, background_busy=0.1) == Level.FEWER_INTERIMS
+    assert not gov.spare_time() and not gov.load_settings(False).settle  # loaded: none
+    assert run(gov, 2.25, 8.0, wait=0.0, background_busy=0.1) == Level.NORMAL and gov.spare_time()
+    with pytest.raises(ValueError):
+        GovernorOptions(spare_busy_low=0.8, spare_busy_high=0.7)
 
 
 def test_passes_go_lean_only_once_a_final_was_late_not_for_lagging_interims_alone():
