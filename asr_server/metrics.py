@@ -70,6 +70,14 @@ class Metrics:
         self.degradation_level = Gauge(
             "asr_load_level", "Degradation step: 0 normal, 1 fewer interims, 2 interim model, 3-5 refusing batch/standard/all", registry=r
         )
+        self.background_busy = Gauge(
+            "asr_background_busy_ratio",
+            "Share of the recent time (half-life 20 s) the workers that run interims and context passes spent on them",
+            registry=r,
+        )
+        self.spare_time = Gauge(
+            "asr_spare_time", "1 while the server has time to spare for settle decodes (load level 0, background busy under the band)", registry=r
+        )
         self.memory_budget = Gauge("asr_memory_budget_bytes", "Memory the server may use on its device", registry=r)
         self.memory_used = Gauge("asr_memory_used_bytes", "Memory in use (resident set on CPU)", registry=r)
         self.streams_shed = Counter("asr_streams_shed_total", "Batch streams closed because memory was critical", registry=r)

@@ -217,6 +217,8 @@ class AsrServer:
                                       state.background_busy)
         self.metrics.memory_used.set(used)
         self.metrics.degradation_level.set(int(level))
+        self.metrics.background_busy.set(state.background_busy)
+        self.metrics.spare_time.set(int(self.governor.spare_time()))
         self.metrics.capacity_channels.set(self.max_channels)
         if self.capacity is not None:
             self.metrics.burst_final_seconds.set(self.capacity.final_s)
@@ -224,6 +226,8 @@ class AsrServer:
         if level != before:
             server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs oldest_interim_wait=%.2fs finals=%d interims=%d",
                             before, level, level.name.lower(), state.oldest_final_wait, state.oldest_interim_wait, state.finals, state.interims)
+        if self.load_settings().settle != settings.settle:
+            server_log.info("spare time for settle decodes %s (background busy %.2f)", "on" if not settings.settle else "off", state.background_busy)
         if self.load_settings() != settings:
             await self.announce_level()
         await self._shed_if_memory_critical(used)

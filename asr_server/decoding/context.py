@@ -115,7 +115,7 @@ class ContextOptions:
     # 0.190, 0.289), its revisions later. At 8 streams on 2 cores, where it ran whenever the
     # server was not loaded, revisions came later (p95 10.0-12.2 -> 13.6-21.6 s) for no better
     # transcript (it hears the LibriVox "ill-disposed" as offline does, "old-sposed", where the
-    # votes had it right), so a busy server runs none (docs/benchmarks.md, 36th session).
+    # votes had it right), so a busy server runs none (docs/benchmarks.md, thirty-sixth session).
     settle_window_s: float = 30.0
 
 

@@ -91,7 +91,7 @@ class GovernorOptions:
     # the recent time (QueueState.background_busy) until they are busy more than spare_busy_high.
     # On 2 cores one real-time stream keeps them 40-50% busy, two about 80%, eight all the time:
     # at 8 streams settle decodes made revisions later (p95 12.0 -> 18.2 s) for no better
-    # transcript, at one stream they brought it to offline's (docs/benchmarks.md, 36th session).
+    # transcript, at one stream they brought it to offline's (docs/benchmarks.md, thirty-sixth session).
     spare_busy_low: float = 0.6
     spare_busy_high: float = 0.75
 
