@@ -75,11 +75,12 @@ class TimeShare:
         total = sum(self._spent.values())
         return self._spent.get(kind, 0.0) / total if total > 0 else 0.0
 
-    def rate(self, now: float) -> float:
-        """Seconds spent per second of late (all kinds): in a steady state where a fraction ``u`` of
-        the time is spent, the decayed sum is ``u * half_life / ln 2``."""
+    def rate(self, now: float, ongoing: float = 0.0) -> float:
+        """Seconds spent per second of late (all kinds), with ``ongoing`` seconds being spent now and
+        not yet added: in a steady state where a fraction ``u`` of the time is spent, the decayed sum
+        is ``u * half_life / ln 2``."""
         self._decay(now)
-        return sum(self._spent.values()) * math.log(2) / self.half_life_s
+        return (sum(self._spent.values()) + ongoing) * math.log(2) / self.half_life_s
 
     def _decay(self, now: float) -> None:
         if now > self._at:

@@ -317,20 +317,27 @@ def test_time_share_decays_with_its_half_life():
     assert share.share("context", 1000.0) == pytest.approx(1.5 / 2.5)  # decay keeps the ratio
 
 
-def test_background_busy_is_the_share_of_recent_time_the_background_workers_spent_decoding():
+def test_background_busy_is_the_share_of_recent_time_some_worker_ran_interims_or_passes():
     """What the governor's spare time is judged on: interims and passes only (finals have their own
-    worker), per worker that runs them, over the recent time."""
-    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=2)  # one worker for interims and passes
+    workers), counted once however many workers run them at the same time, over the recent time."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=3)  # two workers for interims and passes
     assert core.state(0.0).background_busy == 0.0
     t = 0.0
-    for _ in range(200):  # an interim of 0.3 s each second, and a final each second that does not count
+    for _ in range(200):  # two interims side by side for 0.3 s each second, and a final that does not count
         core.add("a", interim("i"), t)
-        assert run_for(core, t, 0.3) == ["i"]
-        core.add("b", final("f"), t + 0.5)
+        core.add("b", interim("j"), t)
+        first, second = core.schedule(t, 0).batch, core.schedule(t, 1).batch
+        assert first is not None and second is not None
+        core.update_from_output(first.id, [Hypothesis("i")], t + 0.2)
+        core.update_from_output(second.id, [Hypothesis("j")], t + 0.3)
+        core.add("c", final("f"), t + 0.5)
         assert run_for(core, t + 0.5, 0.4) == ["f"]
         t += 1.0
     assert core.state(t).background_busy == pytest.approx(0.3, abs=0.02)
-    assert core.state(t + 60.0).background_busy < 0.05  # idle since: it decays
+    core.add("a", interim("long"), t)
+    assert core.schedule(t, 0).batch is not None
+    assert core.state(t + 30.0).background_busy > 0.9  # running all along, not yet answered
+    assert core.state(t + 30.0).background_busy <= 1.0
 
 
 def test_finals_run_as_burst_finals_only_while_more_wait_than_workers_can_take():
