@@ -72,7 +72,7 @@ class Metrics:
         )
         self.background_busy = Gauge(
             "asr_background_busy_ratio",
-            "Share of the recent time (half-life 20 s) the workers that run interims and context passes spent on them",
+            "Share of the recent time (half-life 20 s) during which some worker ran interims or context passes",
             registry=r,
         )
         self.spare_time = Gauge(

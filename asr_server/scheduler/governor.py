@@ -87,11 +87,11 @@ class GovernorOptions:
     # machine, stops at INTERIM_MODEL.
     max_level: Level = Level.REFUSE_ALL
     # Settle decodes (ContextOptions.settle_window_s) take time the server has to spare: at level
-    # 0, from when the workers that run interims and passes were busy less than spare_busy_low of
-    # the recent time (QueueState.background_busy) until they are busy more than spare_busy_high.
-    # On 2 cores one real-time stream keeps them 40-50% busy, two about 80%, eight all the time:
-    # at 8 streams settle decodes made revisions later (p95 12.0 -> 18.2 s) for no better
-    # transcript, at one stream they brought it to offline's (docs/benchmarks.md, thirty-sixth session).
+    # 0, from when some worker ran interims or passes less than spare_busy_low of the recent time
+    # (QueueState.background_busy) until it is more than spare_busy_high. On 2 cores that left
+    # them on through runs of one and two real-time streams and off at eight, where they had made
+    # revisions later (p95 12.0 -> 18.2 s) for no better transcript; at one stream they brought
+    # it to offline's (docs/benchmarks.md, thirty-sixth session).
     spare_busy_low: float = 0.6
     spare_busy_high: float = 0.75
 
