@@ -33,26 +33,28 @@ class SettleModel(VaryingModel):
         return [w for kind, w in self.calls if kind == "settle"]
 
 
+def _run_context(d: Driver, model: SettleModel) -> None:
+    """Every context job asked for, at once (the model told which kind each is), the rule checked after each."""
+    decoder = d.session._decoders[0]
+    while d.context_jobs:
+        model.settling = decoder._settling
+        job = d.context_jobs.pop(0)
+        d.apply(d.session.job_done(d.session.refresh_job(job) or job, model.context(job.request)))
+        check_rules(d)
+
+
 def _run(model: SettleModel, options: ContextOptions, load: LoadSettings | None = None) -> Driver:
     """The fixture fed in pieces, each context job run as soon as it is asked for, then the close."""
     d = Driver(model, context=options)
-    decoder = d.session._decoders[0]
     if load is not None:
         d.apply(d.session.set_load(load))
-
-    def run() -> None:
-        while d.context_jobs:
-            model.settling = decoder._settling
-            job = d.context_jobs.pop(0)
-            d.apply(d.session.job_done(d.session.refresh_job(job) or job, model.context(job.request)))
-            check_rules(d)
 
     audio = speech()
     for i in range(0, len(audio), 1600):
         d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
-        run()
+        _run_context(d, model)
     d.apply(d.session.end_of_stream())
-    run()
+    _run_context(d, model)
     assert d.messages[-1]["type"] == "closed"
     return d
 
@@ -119,13 +121,6 @@ def test_settle_decodes_catch_up_once_the_server_has_time_to_spare_again():
     decoder = d.session._decoders[0]
     d.apply(d.session.set_load(LoadSettings(settle=False)))
 
-    def run() -> None:
-        while d.context_jobs:
-            model.settling = decoder._settling
-            job = d.context_jobs.pop(0)
-            d.apply(d.session.job_done(d.session.refresh_job(job) or job, model.context(job.request)))
-            check_rules(d)
-
     audio = speech()
     cut = len(audio) * 3 // 4
     for i in range(0, len(audio), 1600):
@@ -133,10 +128,10 @@ def test_settle_decodes_catch_up_once_the_server_has_time_to_spare_again():
             assert model.settle_windows == [] and any(r.index >= 2 for r in decoder._done)  # [0, 1] was due
             d.apply(d.session.set_load(LoadSettings(settle=True)))
         d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
-        run()
+        _run_context(d, model)
     assert model.settle_windows[:1] == [[0, 1]]  # caught up before the close
     d.apply(d.session.end_of_stream())
-    run()
+    _run_context(d, model)
     assert model.settle_windows == [[0, 1], [2, 3], [4]] and d.messages[-1]["type"] == "closed"
     assert d.client.final_text() == " ".join([RIGHT, *ALONE[1:]]) == server_transcript(d)
 

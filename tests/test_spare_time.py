@@ -1,0 +1,59 @@
+"""Spare time for settle decodes reaches the sessions: the server's tick reads how busy the workers
+for interims and passes were, the governor decides, and every session (those streaming and those
+that start later) is told (a fake model, a real server on loopback; the busy share is set by hand)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from websockets.asyncio.client import connect
+
+from asr_server.scheduler.core import QueueState
+from asr_server.server import AsrServer
+
+from .fakes import FakeRunner
+
+URL = "ws://127.0.0.1:{port}/v1/listen?encoding=pcm_s16le&sample_rate=16000"
+
+
+def _spare(conn) -> list[bool]:
+    return [d.spare_time for d in conn.session._decoders]
+
+
+def _gauge(server: AsrServer, name: str) -> float:
+    return server.metrics.registry.get_sample_value(name)
+
+
+def test_a_busy_server_takes_spare_time_from_its_sessions_and_gives_it_back_when_calm():
+    async def main() -> list:
+        server = AsrServer("127.0.0.1", 0, tick_s=0)  # no ticker: this test ticks
+        await server.start()
+        server.set_runner(FakeRunner())
+        busy = [0.9]
+        server.scheduler.state = lambda now: QueueState(0, 0, 0.0, 0.0, busy[0])
+        seen: list = []
+        try:
+            async with connect(URL.format(port=server.port)) as first:
+                assert json.loads(await first.recv())["type"] == "session"
+                [conn] = server._connections
+                await server.tick()  # the workers were busy 90% of the time: no time to spare
+                seen += [_spare(conn), _gauge(server, "asr_spare_time"), _gauge(server, "asr_background_busy_ratio")]
+                async with connect(URL.format(port=server.port)) as second:
+                    assert json.loads(await second.recv())["type"] == "session"
+                    [late] = server._connections - {conn}
+                    await second.send(json.dumps({"type": "close"}))
+                    while json.loads(await second.recv())["type"] != "closed":
+                        pass
+                    seen.append(_spare(late))  # it started without spare time too
+                busy[0] = 0.7  # within the band: it holds
+                await server.tick()
+                seen.append(_spare(conn))
+                busy[0] = 0.1
+                await server.tick()
+                seen += [_spare(conn), _gauge(server, "asr_spare_time")]
+        finally:
+            await server.stop(grace_s=0)
+        return seen
+
+    assert asyncio.run(main()) == [[False], 0.0, 0.9, [False], [False], [True], 1.0]
