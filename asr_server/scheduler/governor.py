@@ -120,8 +120,7 @@ class LoadGovernor:
         """Update from the queue and memory; returns the (possibly new) level."""
         o = self.options
         self.memory_critical = memory_budget > 0 and memory_used > o.critical_fraction * memory_budget
-        if background_busy > o.spare_busy_high or background_busy < o.spare_busy_low:
-            self._spare = background_busy < o.spare_busy_low
+        self._observe_busy(background_busy)
         # Lagging interims raise the level through the interim steps only, and hold it there.
         interims_lag = oldest_interim_wait > o.interim_high_wait_s and self.level < Level.INTERIM_MODEL
         interims_calm = oldest_interim_wait < o.interim_low_wait_s or self.level > Level.INTERIM_MODEL
@@ -144,6 +143,15 @@ class LoadGovernor:
         elif not state and self.level > Level.NORMAL and held >= o.lower_after_s:
             self._step(now, -1)
         return self.level
+
+    def _observe_busy(self, background_busy: float) -> None:
+        """Spare time goes above ``spare_busy_high`` and under load, and comes back below ``spare_busy_low``
+        (a level back at 0 with the workers still busy in between leaves it off)."""
+        o = self.options
+        if background_busy > o.spare_busy_high or self.level is not Level.NORMAL:
+            self._spare = False
+        elif background_busy < o.spare_busy_low:
+            self._spare = True
 
     def reset(self) -> None:
         """Back to level 0 with no pressure or calm on record."""

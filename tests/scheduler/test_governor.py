@@ -65,7 +65,7 @@ def test_interims_take_the_short_window_from_the_first_level():
 
 def test_settle_decodes_run_at_level_0_while_the_background_workers_have_time_to_spare():
     """Spare time has a band: lost above spare_busy_high of the time busy, back below spare_busy_low
-    (in between it holds), and never from the first level on."""
+    (in between it holds); lost from the first level on, and back only below spare_busy_low."""
     gov = LoadGovernor(GovernorOptions(spare_busy_low=0.6, spare_busy_high=0.75, high_wait_s=0.8, raise_after_s=1.0, lower_after_s=4.0))
     assert gov.spare_time()
     for busy, spare in ((0.7, True), (0.8, False), (0.7, False), (0.59, True), (0.74, True), (1.0, False)):
@@ -75,6 +75,11 @@ def test_settle_decodes_run_at_level_0_while_the_background_workers_have_time_to
     assert run(gov, 1.0, 2.0, wait=2.0, background_busy=0.1) == Level.FEWER_INTERIMS
     assert not gov.spare_time() and not gov.load_settings(False).settle  # loaded: none
     assert run(gov, 2.25, 8.0, wait=0.0, background_busy=0.1) == Level.NORMAL and gov.spare_time()
+    assert run(gov, 8.25, 9.25, wait=2.0, background_busy=0.7) == Level.FEWER_INTERIMS
+    assert run(gov, 9.5, 16.0, wait=0.0, background_busy=0.7) == Level.NORMAL
+    assert not gov.spare_time()  # back at 0, the workers still busy within the band: not yet
+    gov.observe(16.25, 0.0, background_busy=0.5)
+    assert gov.spare_time()
     with pytest.raises(ValueError):
         GovernorOptions(spare_busy_low=0.8, spare_busy_high=0.7)
 
