@@ -154,8 +154,8 @@ class QueueState:
     oldest_final_wait: float
     # The longest any interim has waited in the queue (captions lag by that much).
     oldest_interim_wait: float = 0.0
-    # The share of the recent time (half-life SHARE_HALF_LIFE_S) during which some worker ran
-    # interims or context passes: how much time the server has to spare for more of them.
+    # The share of the recent time (half-life SHARE_HALF_LIFE_S, since the first such decode) during
+    # which some worker ran interims or context passes: how much time the server has to spare.
     background_busy: float = 0.0
 
 
@@ -175,8 +175,11 @@ class SchedulerCore:
         self.interim_runner = interim_runner
         self.limits = limits or BatchLimits()
         self._background = TimeShare()  # model time of interims and context passes
-        self._busy = TimeShare()  # time during which some worker ran interims or context passes ...
-        self._busy_since: float | None = None  # ... and since when one has been, without a break
+        # Stretches of time during which some worker ran interims or context passes ("busy") and
+        # none did ("idle"), and since when the present one has lasted (None: nothing ran yet).
+        self._busy = TimeShare()
+        self._busy_since: float | None = None
+        self._idle_since: float | None = None
         self.workers = max(1, workers)
         backlog = self.limits.burst_backlog
         self.burst_backlog = self.workers + 1 if backlog is None else backlog
@@ -209,9 +212,7 @@ class SchedulerCore:
     def state(self, now: float) -> QueueState:
         finals = [e.queued_at for e in self._entries.values() if e.final and e.status <= JobStatus.RUNNING]
         interims = max((now - t.item.queued_at for t in self._interims.waiting()), default=0.0)
-        ongoing = now - self._busy_since if self._busy_since is not None else 0.0
-        busy = min(1.0, self._busy.rate(now, ongoing))
-        return QueueState(len(self._finals), len(self._interims), max((now - t for t in finals), default=0.0), interims, busy)
+        return QueueState(len(self._finals), len(self._interims), max((now - t for t in finals), default=0.0), interims, self._busy_share(now))
 
     # -- sessions' requests ----------------------------------------------------------
 
@@ -390,13 +391,21 @@ class SchedulerCore:
             return None  # schedule() will fail it when it inspects it
         return until
 
+    def _busy_share(self, now: float) -> float:
+        """The share of the recent time during which some worker ran interims or passes."""
+        if self._busy_since is not None:
+            return self._busy.share("busy", now, ("busy", now - self._busy_since))
+        if self._idle_since is not None:
+            return self._busy.share("busy", now, ("idle", now - self._idle_since))
+        return 0.0
+
     def _spent(self, batch: Batch, now: float) -> None:
         """A batch is over (it left ``_running``): its model time, and the end of a busy stretch."""
         if batch.kind is not DecodeKind.FINAL:
             self._background.add(batch.kind, now - batch.started_at, now)
             if self._busy_since is not None and not self._background_workers():
                 self._busy.add("busy", now - self._busy_since, now)
-                self._busy_since = None
+                self._busy_since, self._idle_since = None, now
 
     def _start(self, worker: int, entries: list[Entry], now: float) -> Batch:
         for entry in entries:
@@ -405,7 +414,9 @@ class SchedulerCore:
         first = entries[0].request
         batch = Batch(next(self._ids), worker, first.kind, self._runner_for(first), tuple(entries), now)
         if batch.kind is not DecodeKind.FINAL and self._busy_since is None:
-            self._busy_since = now
+            if self._idle_since is not None:
+                self._busy.add("idle", now - self._idle_since, now)
+            self._busy_since, self._idle_since = now, None
         self._running[batch.id] = batch
         return batch
 

@@ -69,18 +69,15 @@ class TimeShare:
         self._decay(now)
         self._spent[kind] = self._spent.get(kind, 0.0) + max(0.0, seconds)
 
-    def share(self, kind: Hashable, now: float) -> float:
-        """``kind``'s part of the time spent (0 when nothing was)."""
+    def share(self, kind: Hashable, now: float, ongoing: tuple[Hashable, float] | None = None) -> float:
+        """``kind``'s part of the time spent (0 when nothing was), with ``ongoing`` (a kind, and seconds
+        of it being spent now, not yet added) counted too."""
         self._decay(now)
-        total = sum(self._spent.values())
-        return self._spent.get(kind, 0.0) / total if total > 0 else 0.0
-
-    def rate(self, now: float, ongoing: float = 0.0) -> float:
-        """Seconds spent per second of late (all kinds), with ``ongoing`` seconds being spent now and
-        not yet added: in a steady state where a fraction ``u`` of the time is spent, the decayed sum
-        is ``u * half_life / ln 2``."""
-        self._decay(now)
-        return (sum(self._spent.values()) + ongoing) * math.log(2) / self.half_life_s
+        spent = dict(self._spent)
+        if ongoing is not None:
+            spent[ongoing[0]] = spent.get(ongoing[0], 0.0) + max(0.0, ongoing[1])
+        total = sum(spent.values())
+        return spent.get(kind, 0.0) / total if total > 0 else 0.0
 
     def _decay(self, now: float) -> None:
         if now > self._at:
