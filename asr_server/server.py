@@ -226,9 +226,10 @@ class AsrServer:
         if level != before:
             server_log.info("load level %d -> %d (%s) oldest_final_wait=%.2fs oldest_interim_wait=%.2fs finals=%d interims=%d",
                             before, level, level.name.lower(), state.oldest_final_wait, state.oldest_interim_wait, state.finals, state.interims)
-        if self.load_settings().settle != settings.settle:
-            server_log.info("spare time for settle decodes %s (background busy %.2f)", "on" if not settings.settle else "off", state.background_busy)
-        if self.load_settings() != settings:
+        after = self.load_settings()
+        if after.settle != settings.settle:
+            server_log.info("spare time for settle decodes %s (background busy %.2f)", "on" if after.settle else "off", state.background_busy)
+        if after != settings:
             await self.announce_level()
         await self._shed_if_memory_critical(used)
 

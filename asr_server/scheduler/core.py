@@ -393,11 +393,8 @@ class SchedulerCore:
 
     def _busy_share(self, now: float) -> float:
         """The share of the recent time during which some worker ran interims or passes."""
-        if self._busy_since is not None:
-            return self._busy.share("busy", now, ("busy", now - self._busy_since))
-        if self._idle_since is not None:
-            return self._busy.share("busy", now, ("idle", now - self._idle_since))
-        return 0.0
+        since, kind = (self._busy_since, "busy") if self._busy_since is not None else (self._idle_since, "idle")
+        return self._busy.share("busy", now, None if since is None else (kind, now - since))
 
     def _spent(self, batch: Batch, now: float) -> None:
         """A batch is over (it left ``_running``): its model time, and the end of a busy stretch."""
