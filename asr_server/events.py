@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .audio.chunker import EndReason
 from .inference.types import DecodeRequest, Word
 
-__all__ = ["SpeechStart", "Interim", "Final", "Revision", "ContextDecided", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
+__all__ = ["SpeechStart", "Interim", "Final", "Revision", "Settled", "ContextDecided", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,17 @@ class Revision:
     text: str
     words: tuple[Word, ...]
     changed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The channel's transcript up to ``offset`` (the end of utterance ``utterance``'s text) is
+    final for good: no revision changes it again. Sent when that point moves on: a settle decode
+    has decided those utterances, or the channel no longer keeps their audio for any decode."""
+
+    channel: int
+    utterance: int
+    offset: int
 
 
 @dataclass(frozen=True)
@@ -132,4 +143,4 @@ class SplitUtterance:
     dips: bool = False
 
 
-PipelineEvent = SpeechStart | Interim | Final | Revision | ContextDecided | SubmitJob | WithdrawJob | SplitUtterance
+PipelineEvent = SpeechStart | Interim | Final | Revision | Settled | ContextDecided | SubmitJob | WithdrawJob | SplitUtterance

@@ -32,7 +32,7 @@ from .audio.vad import VadGate, VadOptions
 from .decoding.context import ContextOptions
 from .decoding.incremental import ChannelDecoder
 from .errors import AsrError, DecodeFailed, ServerError, wire_info
-from .events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from .events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from .inference.types import DecodeKind, Hypothesis
 from .options import Limits, StreamOptions
 from .protocol.messages import MessageWriter
@@ -53,7 +53,7 @@ class SessionState(enum.IntEnum):
 @dataclass(frozen=True)
 class Send:
     message: dict[str, Any]
-    event: SpeechStart | Interim | Final | Revision | None = None
+    event: SpeechStart | Interim | Final | Revision | Settled | None = None
 
 
 @dataclass(frozen=True)

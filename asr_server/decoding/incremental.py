@@ -50,7 +50,7 @@ import numpy as np
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
-from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
 from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, settle_window, split_words, trusted, window_request,
@@ -190,6 +190,8 @@ class ChannelDecoder:
         self._context_decide_to = 0  # the last one it may revise (later ones: lookahead only)
         self._context_closed = False  # no more context passes (given up at close)
         self._history = ""  # the text of records trimmed away, its last SETTLE_PROMPT_CHARS (settle prompts)
+        self._trimmed: tuple[int, int] | None = None  # the last record trimmed away: its index, where its text ends
+        self._settled_sent = -1  # the last utterance a Settled event has named
         self._settling = False  # the context job in flight is a settle decode (ContextOptions.settle_window_s)
         self._last_pass: tuple[tuple, int, Hypothesis] | None = None  # the latest pass's window (its key), last utterance decided, result
         self._draining = False  # no more audio: one last pass over what is unrevised
@@ -722,7 +724,7 @@ class ChannelDecoder:
                 speech_end=round(max(utt.last_voiced_end, utt.start) / MODEL_RATE, 3),
                 dropped=hyp.dropped,
             )
-        ]
+        ] + self._newly_settled()
 
 
     # -- the context pass -----------------------------------------------------------
@@ -745,6 +747,7 @@ class ChannelDecoder:
         keep = _trim_at_s(self.context) * MODEL_RATE
         while len(self._done) > 1 and sum(len(r.audio) + len(r.trail) for r in self._done[1:]) >= keep:
             dropped = self._done.pop(0)
+            self._trimmed = (dropped.index, dropped.offset + len(dropped.text))
             if self.context.settle_window_s:  # kept for settle prompts only
                 self._history = _tail_words(f"{self._history} {dropped.text}", SETTLE_PROMPT_CHARS)
         self._unrevised = min(self._unrevised, len(self._done))
@@ -815,7 +818,7 @@ class ChannelDecoder:
             for record in covered:
                 record.settled = record.settled or record.index <= decide_to
         self._trim()
-        return out + self._dispatch_context()
+        return out + self._newly_settled() + self._dispatch_context()
 
     def _context_window(self) -> DecodeJob:
         options = replace(self.context, back_s=0.0) if self.lean_context else self.context
@@ -903,7 +906,18 @@ class ChannelDecoder:
             mark_heard(covered, groups, spans, self._context_decide_to)
             out.extend(self._revise(covered, spans, _mended_seams(covered, groups, spans, texts)))
         self._trim()
-        return out + self._dispatch_context()
+        return out + self._newly_settled() + self._dispatch_context()
+
+    def _newly_settled(self) -> list[PipelineEvent]:
+        """A :class:`Settled` event where more of the channel's finals are final for good than the
+        last one said: settled by a settle decode (those are the first records kept, in order), or
+        trimmed away (no decode holds them any more)."""
+        last = next((r for r in reversed(self._done) if r.settled), None)
+        fixed = (last.index, last.offset + len(last.text)) if last is not None else self._trimmed
+        if fixed is None or fixed[0] <= self._settled_sent:
+            return []
+        self._settled_sent = fixed[0]
+        return [Settled(self.channel, *fixed)]
 
     def _covered(self) -> list[Finalized]:
         """The records still kept from those the context job in flight holds (all of them, unless trimmed)."""
@@ -919,7 +933,8 @@ class ChannelDecoder:
 
     def _revise(self, covered: list[Finalized], spans: list[Span], texts: list[tuple[str, tuple[Word, ...]]]) -> list[PipelineEvent]:
         placed, starts = self._placed(covered, texts)
-        changed = next((k for k, (r, t) in enumerate(zip(covered, placed)) if t != r.text), None)
+        # A settled record keeps its text (a seam mend or a capital could touch it): the client was told it is final.
+        changed = next((k for k, (r, t) in enumerate(zip(covered, placed)) if t != r.text and not r.settled), None)
         if changed is None:
             return []
         differ: list[int] = []

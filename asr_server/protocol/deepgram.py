@@ -141,7 +141,7 @@ class DeepgramDialect:
             return [self._error(message)]
         if kind == "closed":
             return [self._metadata(message)]
-        return []  # revision, load, resumed, webrtc_answer: nothing in Deepgram's protocol
+        return []  # revision, settled, load, resumed, webrtc_answer: nothing in Deepgram's protocol
 
     def _results(self, message: dict[str, Any]) -> list[dict[str, Any]]:
         final = message["type"] == "final"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, assert_never
 
 from ..errors import AsrError, InvalidMessage, UnknownMessageType, wire_info
-from ..events import Final, Interim, Revision, SpeechStart
+from ..events import Final, Interim, Revision, Settled, SpeechStart
 from ..inference.types import Word
 from ..options import Limits, StreamOptions
 
@@ -47,7 +47,7 @@ class MessageWriter:
     def webrtc_answer(self, sdp: str) -> dict[str, Any]:
         return self._message("webrtc_answer", {"sdp": sdp})
 
-    def event(self, event: SpeechStart | Interim | Final | Revision) -> dict[str, Any]:
+    def event(self, event: SpeechStart | Interim | Final | Revision | Settled) -> dict[str, Any]:
         match event:
             case SpeechStart():
                 return self._message("speech_start", {"channel": event.channel, "utterance": event.utterance, "at": round(event.at, 3)})
@@ -90,6 +90,8 @@ class MessageWriter:
                         "words": _words(event.words),
                     },
                 )
+            case Settled():
+                return self._message("settled", {"channel": event.channel, "utterance": event.utterance, "offset": event.offset})
             case _:
                 assert_never(event)
 

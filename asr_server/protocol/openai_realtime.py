@@ -168,7 +168,7 @@ class OpenAiDialect:
             return self._final(message)
         if kind == "error":
             return [self._error_event(message)]
-        return []  # revision, load, closed, resumed: not in this protocol
+        return []  # revision, settled, load, closed, resumed: not in this protocol
 
     def _final(self, message: dict[str, Any]) -> list[dict[str, Any]]:
         utterance, text = message["utterance"], message["text"]

@@ -146,7 +146,9 @@ def check_rules(d: Driver) -> None:
     seqs = [m["seq"] for m in d.messages]
     assert seqs == list(range(1, len(seqs) + 1))
     finals = ""  # the transcript of finals, rebuilt by the rule, message by message
+    settled, fixed, named = 0, "", -1  # the last settled message's offset, the text before it, its utterance
     for m in d.messages:
+        assert finals[:settled] == fixed  # what a settled message called final never changes
         if m["type"] in ("interim", "final"):
             assert m["offset"] == (len(finals) + 1 if finals else 0)  # offsets follow the revised transcript
             if m["type"] == "final" and m["text"]:
@@ -155,8 +157,12 @@ def check_rules(d: Driver) -> None:
             first, last = m["utterances"]
             assert first <= last and 0 <= m["offset"] <= len(finals)
             assert m["changed"][0] == first and m["changed"] == sorted(set(m["changed"])) and m["changed"][-1] <= last
+            assert named < 0 or m["offset"] > settled  # a revision starts after the settled text
             finals = (finals[: m["offset"] - 1] + " " + m["text"]) if m["offset"] else m["text"]
-    assert d.client.final_text() == finals
+        elif m["type"] == "settled":
+            assert m["utterance"] > named and settled <= m["offset"] <= len(finals) and finals[m["offset"] : m["offset"] + 1] in ("", " ")
+            settled, fixed, named = m["offset"], finals[: m["offset"]], m["utterance"]
+    assert finals[:settled] == fixed and d.client.final_text() == finals
 
 
 def _streamed_whole(together: list[str]) -> Driver:

@@ -9,7 +9,7 @@ import numpy as np
 from asr_server.decoding.context import ContextOptions
 from asr_server.scheduler.governor import LoadSettings
 
-from .test_context import ALONE, Driver, VaryingModel, check_rules, server_transcript, speech
+from .test_context import ALONE, Driver, TwoPassModel, VaryingModel, check_rules, server_transcript, speech
 
 RIGHT = "he was not an ill-disposed young man"
 
@@ -150,3 +150,56 @@ def test_no_settle_decode_waits_on_a_silent_channel_until_the_close():
     assert d.context_jobs and d.session._decoders[0]._settling
     d.run_context()
     assert model.context_requests == settles + 1 and d.messages[-1]["type"] == "closed"
+
+
+def _settled(d) -> list[tuple[int, int]]:
+    return [(m["utterance"], m["offset"]) for m in d.of_type("settled")]
+
+
+def test_a_settled_message_follows_each_settle_decode_and_names_where_the_final_text_ends():
+    """Each settle decode's stretch is then final for good: a ``settled`` message names its last
+    utterance and where that utterance's text ends in the channel's transcript (the last one
+    before ``closed``), and nothing before that offset changes after it (``check_rules``)."""
+    model = SettleModel(lambda n: ALONE[n], lambda n: ALONE[n] + " too")
+    d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
+    ends = [len(" ".join(t + " too" for t in ALONE[: n + 1])) for n in range(len(ALONE))]
+    assert _settled(d) == [(1, ends[1]), (3, ends[3]), (4, ends[4])]
+    kinds = [m["type"] for m in d.messages]
+    assert kinds[-2:] == ["settled", "closed"] and kinds.index("settled") > kinds.index("revision")
+    assert d.client.settled_text() == d.client.final_text()
+
+
+def test_a_seam_mend_never_changes_a_settled_utterance():
+    """A pass that hears a sentence end at the seam after a settled utterance ("cold hearted." /
+    "And rather selfish") leaves the settled utterance's text as the client was told it stays."""
+    def passes(n: int) -> str:
+        return {1: ALONE[1] + ".", 2: "And rather selfish"}.get(n, ALONE[n])
+
+    model = SettleModel(passes, lambda n: ALONE[n])
+    d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
+    assert _settled(d)[0] == (1, len(" ".join(ALONE[:2])))
+    assert d.client.final_text().startswith(" ".join(ALONE[:2]) + " ")  # as settled, no full stop added
+
+
+def test_with_no_settle_decodes_an_utterance_is_settled_once_the_channel_no_longer_keeps_it():
+    """Without settle decodes (off, or no time to spare) a final may be revised as long as the
+    channel keeps its audio for passes; once trimmed away it is final for good, and a ``settled``
+    message says so. A stream with ``revisions=false`` gets none: its finals never change."""
+    many = [f"sentence {i}" for i in range(60)]
+    d = Driver(TwoPassModel(many, many), context=ContextOptions(settle_window_s=0.0))
+    for _ in range(4):  # about 1 minute of speech: more than the channel keeps
+        d.feed(speech())
+        d.run_context()
+    check_rules(d)
+    settled = _settled(d)
+    kept = d.session._decoders[0]._done
+    assert settled and settled[-1][0] == kept[0].index - 1 and settled[-1][1] == kept[0].offset - 1
+    lagging = Driver(TwoPassModel(many, many), context=ContextOptions(settle_window_s=0.0))
+    for _ in range(4):  # passes that never run: trimmed all the same, and said so as the finals come
+        lagging.feed(speech())
+    check_rules(lagging)
+    assert _settled(lagging)[-1][0] == lagging.session._decoders[0]._done[0].index - 1
+    plain = Driver(TwoPassModel(many, many), revisions=False)
+    for _ in range(4):
+        plain.feed(speech())
+    assert plain.of_type("final") and not plain.of_type("settled")

@@ -69,7 +69,7 @@ def test_python_and_js_transcripts_agree_after_every_message(live_server, tmp_pa
     python, after = Transcript(), []
     for m in messages:
         python.apply(m)
-        after.append([python.text(0), python.final_text(0)])
+        after.append([python.text(0), python.final_text(0), python.settled_text(0)])
     path = tmp_path / "messages.json"
     path.write_text(json.dumps(messages))
     script = (
@@ -77,7 +77,7 @@ def test_python_and_js_transcripts_agree_after_every_message(live_server, tmp_pa
         "import { readFileSync } from 'node:fs';"
         "const t = new Transcript(); const out = [];"
         f"for (const m of JSON.parse(readFileSync({json.dumps(str(path))}, 'utf8'))) {{"
-        "  t.apply(m); out.push([t.text(0), t.finalText(0)]); }"
+        "  t.apply(m); out.push([t.text(0), t.finalText(0), t.settledText(0)]); }"
         "console.log(JSON.stringify(out));"
     )
     done = subprocess.run([node, "--input-type=module", "-e", script], cwd=JS, capture_output=True, text=True, timeout=60)
@@ -115,3 +115,14 @@ def test_with_settle_decodes_a_long_reading_is_refined_and_closed_with_the_rule_
     reference = " ".join(MANIFEST[name]["references"][0])
     refined = r.transcript().final_text(0)
     assert wer(reference, refined) < wer(reference, r.final_text())
+    # Each settled stretch is final for good: its text never changes after its settled message.
+    # (How much is settled by ``closed`` depends on the close's time bound on a busy machine.)
+    from asr_client import Transcript
+
+    client, settled = Transcript(), ""
+    assert r.of_type("settled")
+    for m in r.messages:
+        client.apply(m.message)
+        assert client.final_text(0).startswith(settled)
+        settled = client.settled_text(0)
+    assert settled and refined.startswith(settled)

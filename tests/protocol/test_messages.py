@@ -84,6 +84,15 @@ def test_seq_counts_every_message():
     assert msgs[0]["retryable"] is False and "retry_after" not in msgs[0]
 
 
+def test_a_settled_event_is_the_documented_message():
+    from asr_server.events import Settled
+
+    w = MessageWriter("abc")
+    assert w.event(Settled(channel=1, utterance=6, offset=412)) == {
+        "type": "settled", "session_id": "abc", "seq": 1, "channel": 1, "utterance": 6, "offset": 412,
+    }
+
+
 def test_docs_table_lists_every_code():
     from pathlib import Path
 

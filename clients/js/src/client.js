@@ -67,6 +67,8 @@ const MIC_CONSTRAINTS = { echoCancellation: false, noiseSuppression: false, auto
  * `state` {state}, `message` (each server message), `transcript` {channel},
  * `error` (an AsrError), `load` (the server's load message), `revision` (the
  * server's second pass changed finals; already applied to `transcript`),
+ * `settled` (the finals up to its `offset` will not change again; also in
+ * `transcript.settledText`),
  * `latency` {kind, seconds}: how far behind live an interim or final arrived,
  * `reconnecting` {attempt}: the connection dropped and the client is taking the
  * session up again, `resumed` (the server's resumed message): it did, with
@@ -470,6 +472,10 @@ export class AsrClient extends EventTarget {
       case "revision":
         if (this.transcript.apply(m)) this._emit("transcript", { channel: m.channel ?? 0 });
         this._emit("revision", m);
+        break;
+      case "settled":
+        this.transcript.apply(m);
+        this._emit("settled", m);
         break;
       case "load":
         this._emit("load", m);

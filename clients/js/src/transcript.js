@@ -6,7 +6,8 @@
 // `offset > 0`. Finals are kept; the newest interim of the open utterance is shown
 // after them, split at `stable` into the part that will not change and the part
 // that may still be revised. A `revision` (the server's context pass) replaces the
-// finals from its `offset` to their end; a live interim stays after them.
+// finals from its `offset` to their end; a live interim stays after them. A
+// `settled` message says the finals up to its `offset` will never change again.
 //
 // Plain data in, plain data out: no DOM, no sockets, so it runs under `node --test`.
 
@@ -26,11 +27,17 @@ class ChannelTranscript {
     this.interim = null;
     /** The part of `final` the latest revision replaced: {start, end} character positions, or null. */
     this.revised = null;
+    /** The length of the start of `final` that no revision will change (a `settled` message). */
+    this.settled = 0;
   }
 
   /** @returns {boolean} whether the channel's text changed */
   apply(message) {
     const { utterance, offset, text } = message;
+    if (message.type === "settled") {
+      this.settled = offset;
+      return false;
+    }
     if (message.type === "revision") {
       const before = this.final;
       this.final = offset > 0 ? this.final.slice(0, offset - 1) + " " + text : text;
@@ -88,7 +95,7 @@ export class Transcript extends EventTarget {
   }
 
   apply(message) {
-    if (!message || !(message.type === "interim" || message.type === "final" || message.type === "revision")) return false;
+    if (!message || !["interim", "final", "revision", "settled"].includes(message.type)) return false;
     const channel = message.channel ?? 0;
     let ch = this.channels.get(channel);
     if (!ch) {
@@ -121,6 +128,13 @@ export class Transcript extends EventTarget {
   finalText(channel = 0) {
     const ch = this.channels.get(channel);
     return ch ? ch.final : "";
+  }
+
+  /** The start of a channel's finalized text that the server said no revision will change
+   * (after `closed`, all of it is). */
+  settledText(channel = 0) {
+    const ch = this.channels.get(channel);
+    return ch ? ch.final.slice(0, ch.settled) : "";
   }
 
   clear() {

@@ -144,3 +144,16 @@ test("a revision from offset 0 replaces every final", () => {
   t.apply(revision(0, 1, 0, "10 of clubs 4 queen of clubs"));
   assert.equal(t.text(), "10 of clubs 4 queen of clubs");
 });
+
+test("a settled message marks the start of the finals that no revision will change", () => {
+  const t = new Transcript();
+  t.apply(final(0, 0, "And so it began."));
+  t.apply(final(1, 17, "He was not an old-sposed young man."));
+  assert.equal(t.settledText(), "");
+  assert.equal(t.apply({ type: "settled", channel: 0, utterance: 0, offset: 16 }), false); // the text is as it was
+  assert.equal(t.settledText(), "And so it began.");
+  t.apply(revision(1, 1, 17, "He was not an ill-disposed young man."));
+  t.apply({ type: "settled", channel: 0, utterance: 1, offset: t.finalText().length });
+  assert.equal(t.settledText(), t.finalText());
+  assert.equal(t.settledText(1), ""); // per channel
+});

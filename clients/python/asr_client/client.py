@@ -300,6 +300,7 @@ class connect:
 class _Channel:
     text: str = ""  # finals joined by single spaces, then the live interim
     committed: int = 0  # length of the final-only part
+    settled: int = 0  # length of the part no revision will change (a ``settled`` message)
 
 
 @dataclass
@@ -309,13 +310,18 @@ class Transcript:
     The rule (docs/protocol.md): replace everything from ``offset`` to the end
     with the message's text; a non-zero ``offset`` has a space before it. A
     ``revision`` replaces from ``offset`` to the end of the finals (a live
-    interim stays after them until the next interim).
+    interim stays after them until the next interim). A ``settled`` message
+    marks the transcript up to its ``offset`` as final for good
+    (:meth:`settled_text`).
     """
 
     channels: dict[int, _Channel] = field(default_factory=dict)
 
     def apply(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
+        if kind == "settled":
+            self.channels.setdefault(message["channel"], _Channel()).settled = message["offset"]
+            return
         if kind not in ("interim", "final", "revision"):
             return
         ch = self.channels.setdefault(message["channel"], _Channel())
@@ -341,6 +347,12 @@ class Transcript:
     def final_text(self, channel: int = 0) -> str:
         ch = self.channels.get(channel)
         return ch.text[: ch.committed] if ch else ""
+
+    def settled_text(self, channel: int = 0) -> str:
+        """The start of :meth:`final_text` that the server said no revision will change (after
+        ``closed``, all of it is: use :meth:`final_text` then)."""
+        ch = self.channels.get(channel)
+        return ch.text[: ch.settled] if ch else ""
 
 
 @dataclass(frozen=True)
