@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stream_bench import bucket_quantile, cpu_seconds, fixture_names, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, speech_ends, start_server, text_lags, use_fixture_dir  # noqa: E402
+from stream_bench import bucket_quantile, cpu_seconds, fixture_names, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, settled_delays, speech_ends, start_server, text_lags, use_fixture_dir  # noqa: E402
 
 from asr_client import stream_bytes  # noqa: E402
 
@@ -232,6 +232,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     delays: list[float] = []  # per utterance a revision changed: from its final to the first such revision
     per_revision: list[float] = []  # per revision, from its first utterance's final (the measure before 2026-11-27)
     redone: list[float] = []  # revisions of one a revision had changed (an earlier pass outvoted)
+    settled: list[float] = []  # per final: from it to the settled message that covered it
+    closed_only = 0  # finals no settled message covered before closed
     refusal_s: list[float] = []
     broken = 0
     per_fixture: dict[str, list[int]] = {}
@@ -265,11 +267,15 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
             tally = per_fixture.setdefault(f"{r.fixture} ch{ch}", [0, 0, 0])
             tally[0], tally[1], tally[2] = tally[0] + e1, tally[1] + e2, tally[2] + len(ref)
             first_delays, again, revision_firsts = revision_delays(r, ch)
+            settle_delays, unsettled = settled_delays(r, ch)
+            settled, closed_only = settled + settle_delays, closed_only + unsettled
             delays += first_delays
             per_revision += revision_firsts
             redone += again
     print(f"N={n} WER first pass / after revisions by fixture: "
           + ", ".join(f"{k} {a / w:.3f} / {b / w:.3f}" for k, (a, b, w) in sorted(per_fixture.items())), file=sys.stderr, flush=True)
+    print(f"N={n} settled, from a final to the settled message that covered it (s): p50 {pct(settled, 0.5) if settled else float('nan'):.1f}, "
+          f"p95 {pct(settled, 0.95) if settled else float('nan'):.1f} (n={len(settled)}); made final only by the close: {closed_only}", file=sys.stderr, flush=True)
     print(f"N={n} final latency p50 / p95 / max (s) by fixture: "
           + ", ".join(f"{k} {pct(v, 0.5):.2f} / {pct(v, 0.95):.2f} / {max(v):.2f} ({len(v)})" for k, v in sorted(per_fixture_latency.items()) if v), file=sys.stderr, flush=True)
     return {

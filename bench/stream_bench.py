@@ -374,6 +374,19 @@ def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float], list[
     return first, again, per_revision
 
 
+def settled_delays(r: Replay, ch: int) -> tuple[list[float], int]:
+    """Per non-empty final: seconds from it to the ``settled`` message that covers it (its text
+    final for good); and how many finals no such message covered before ``closed`` (made final
+    by the close)."""
+    pending = [(t.message["utterance"], t.at) for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
+    delays: list[float] = []
+    for t in r.of_type("settled"):
+        if t.message["channel"] == ch:
+            delays += [t.at - at for u, at in pending if u <= t.message["utterance"]]
+            pending = [(u, at) for u, at in pending if u > t.message["utterance"]]
+    return delays, len(pending)
+
+
 def text_lags(r: Replay) -> list[float]:
     """Per utterance that began with speech (a ``speech_start``; not one that a sentence split or a
     length cut continued, whose words were on screen already): seconds from where the server
@@ -453,6 +466,7 @@ def main() -> None:
         raise
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims, delays, again, per_revision = [], [], [], [], [], []
+    settled: tuple[list[float], list[int]] = ([], [])  # delays to each final's settled message; finals only the close made final
     slow: list[tuple[float, str]] = []  # per sentence a final covered: (latency, which)
     text_lag: list[float] = []  # per utterance begun with speech: to its first text (see text_lags)
     by_fixture: dict[str, list[float]] = {}
@@ -483,6 +497,9 @@ def main() -> None:
                     delays.extend(first_delays)
                     again.extend(again_delays)
                     per_revision.extend(revision_firsts)
+                    settle_delays, unsettled = settled_delays(r, ch)
+                    settled[0].extend(settle_delays)
+                    settled[1].append(unsettled)
                     if run:
                         continue
                     ref = normalize(" ".join(entry["references"][ch]))
@@ -506,12 +523,12 @@ def main() -> None:
         proc.wait(10)
     rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
     lag = (bucket_quantile(lag0, lag1, 0.5), bucket_quantile(lag0, lag1, 0.95))
-    report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again, per_revision), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts, slow)
+    report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again, per_revision, settled), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts, slow)
 
 
 def report(args, rows, totals, latencies, interim_figures, revision_delays, context_lag, cpu, audio_s, model, texts, slow) -> None:
     first_interims, text_lag = interim_figures
-    delays, again, per_revision = revision_delays
+    delays, again, per_revision, (settle_delays, unsettled) = revision_delays
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
     noise += f", three voices talking backwards {args.voices_db:g} dB below speech" if args.voices_db is not None else ""
@@ -533,12 +550,15 @@ def report(args, rows, totals, latencies, interim_figures, revision_delays, cont
     print(f"revisions: {totals['revisions']} for {totals['finals']} finals; revision delay, from a final to the first revision that changed it (s): "
           f"p50 {pct(delays, 0.5):.2f}, p95 {pct(delays, 0.95):.2f} (n={len(delays)}); changed again (outvoted): p50 {pct(again, 0.5):.2f} (n={len(again)}); "
           f"per revision from its first utterance's final (the measure before 2026-11-27's changed): p95 {pct(per_revision, 0.95):.2f} (n={len(per_revision)})")
+    if settle_delays or sum(unsettled):
+        print(f"settled, from a final to the settled message that covered it (s): p50 {pct(settle_delays, 0.5) if settle_delays else float('nan'):.1f}, "
+              f"p95 {pct(settle_delays, 0.95) if settle_delays else float('nan'):.1f} (n={len(settle_delays)}); made final only by the close: {sum(unsettled)}")
     print(f"context lag, from a final to the pass that decided it, changed or not (server histogram, s): p50 {context_lag[0]:.1f}, p95 {context_lag[1]:.1f}")
     kinds = ", ".join(f"{k} {v / audio_s:.3f}" for k, v in sorted(model.items()))
     print(f"compute per audio second: server CPU {cpu / audio_s:.3f} s/s; model time by kind: {kinds} ({audio_s:.0f} s of audio)")
     print("slowest sentences (s after the end of their speech): " + "; ".join(f"{lat:.2f} {which}" for lat, which in sorted(slow, reverse=True)[:5]))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "totals": totals, "latencies": latencies, "delays": delays, "again": again, "per_revision": per_revision,
+        Path(args.json).write_text(json.dumps({"rows": rows, "totals": totals, "latencies": latencies, "delays": delays, "again": again, "per_revision": per_revision, "settled": settle_delays, "unsettled": sum(unsettled),
                                                 "first_interims": first_interims, "text_lags": text_lag, "cpu_per_audio_s": cpu / audio_s,
                                                 "model_per_audio_s": {k: v / audio_s for k, v in model.items()}, "texts": texts,
                                                 "sentences": [[which, lat] for lat, which in slow]}, indent=1))
