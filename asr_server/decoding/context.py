@@ -107,8 +107,12 @@ class ContextOptions:
     # Then each stretch of this much audio may be *settled*: decoded once more, whole, once the
     # passes have decided it and speech has gone on past it (or the stream ended), as offline
     # transcription decodes a recording, window after window, with the text before as the
-    # prompt; its words decide the stretch for good (no pass changes it after). 0: never. It runs
-    # only while the server has time to spare (LoadSettings.settle; GovernorOptions.spare_busy_low).
+    # prompt; its words decide the stretch for good (no pass changes it after), all but its last
+    # utterance, which is heard with nothing after it and left to the next window, which starts
+    # with it (as offline transcription goes on from its last whole segment; all of them at the
+    # close): 27 replays 0.173 -> 0.169 (offline 0.167; docs/benchmarks.md, thirty-seventh
+    # session). 0: never. It runs only while the server has time to spare (LoadSettings.settle;
+    # GovernorOptions.spare_busy_low).
     # With 30, 27 replays went 0.176 -> 0.171 (offline 0.167; a fast recipe's sentences, where the
     # passes' votes split, gained most; docs/benchmarks.md, thirty-fourth session), and one
     # real-time stream of the held-out sets under noise 0.194 -> 0.180 and 0.338 -> 0.294 (offline
@@ -234,7 +238,8 @@ def settle_window(done: Sequence[Finalized], decided_to: int, options: ContextOp
     """The records the next settle decode covers: from the first one not settled, as many as fit
     ``settle_window_s`` together; none until they fill it (the record after them would not
     fit) or the stream is ``ending``, nor while one of them waits for a pass (index past
-    ``decided_to``)."""
+    ``decided_to``). It decides all but the last of them, unless ``ending`` or alone
+    (:meth:`ChannelDecoder._dispatch_settle`)."""
     start = next((k for k, r in enumerate(done) if not r.settled), None)
     if not options.settle_window_s or start is None:
         return []

@@ -193,6 +193,7 @@ class ChannelDecoder:
         self._trimmed: tuple[int, int] | None = None  # the last record trimmed away: its index, where its text ends
         self._settled_sent = -1  # the last utterance a Settled event has named
         self._settling = False  # the context job in flight is a settle decode (ContextOptions.settle_window_s)
+        self._settle_to = -1  # the last record the settle decode in flight may decide (the one after it: lookahead)
         self._last_pass: tuple[tuple, int, Hypothesis] | None = None  # the latest pass's window (its key), last utterance decided, result
         self._draining = False  # no more audio: one last pass over what is unrevised
         self._position = 0  # stream samples received
@@ -792,20 +793,24 @@ class ChannelDecoder:
         request, self._context_spans = window_request(records, self.context, self.options.language, prompt)
         request = replace(request, long_prompt=True)
         self._context_ahead, self._settling = None, True
+        # Its last record is heard with nothing after it, so it is left to the next window, which
+        # starts with it (as offline transcription goes on from its last whole segment), unless the
+        # stream ended or the record fills the window alone.
+        self._settle_to = records[-1].index if ending or len(records) < 2 else records[-2].index
         last = records[-1]
         self._context_job = DecodeJob(self.channel, last.index, request, False, last.start + len(last.audio))
         return [SubmitJob(self._context_job)]
 
     def _settle_ended(self, job: DecodeJob, hypothesis: Hypothesis | None) -> list[PipelineEvent]:
         """A settle decode came back: its words decide each record it reached, where :func:`trusted`,
-        and each record it reached is settled for good (the first at least; all of them, keeping
-        their words, where ``hypothesis`` is None: skipped or failed)."""
+        and each record it reached up to the one it may decide is settled for good (the first at least;
+        all of them, keeping their words, where ``hypothesis`` is None: skipped or failed)."""
         self._context_job, self._settling = None, False
         spans = self._context_spans
         covered = self._covered()
         out: list[PipelineEvent] = []
         if [r.index for r in covered] == [s.index for s in spans]:
-            first, decide_to = spans[0].index, spans[-1].index
+            first, decide_to = spans[0].index, self._settle_to
             texts = None
             if hypothesis is not None:
                 hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered))

@@ -80,12 +80,14 @@ def test_the_settle_decode_decides_what_every_pass_heard_wrong_and_closed_waits_
 
 
 def test_settle_windows_follow_one_another_each_once_its_stretch_is_decided_and_speech_went_past_it():
-    """With an 8 s window (sentences of 3.0-3.6 s): the first two sentences are settled once the
-    third exists and the passes decided both, the next two once the fifth exists, the last at
-    the close. Each sentence is in one settle window, in order, and no window outgrows 8 s."""
+    """With an 8 s window (sentences of 3.0-3.6 s, two to a window): a window is decoded once the
+    sentence after it exists and the passes decided both of its own. Its last sentence is heard
+    with nothing after it, so it is left to the next window, which starts with it (as offline
+    transcription goes on from its last whole segment); at the close the last window decides
+    both. Each sentence is decided by one settle window, in order, and no window outgrows 8 s."""
     model = SettleModel(lambda n: ALONE[n], lambda n: ALONE[n] + " too")
     d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
-    assert model.settle_windows == [[0, 1], [2, 3], [4]]
+    assert model.settle_windows == [[0, 1], [1, 2], [2, 3], [3, 4]]
     assert model.calls.index(("settle", [0, 1])) > model.calls.index(("pass", [0, 1, 2]))  # after the pass that decided 1
     assert d.client.final_text() == " ".join(t + " too" for t in ALONE) == server_transcript(d)
 
@@ -132,7 +134,7 @@ def test_settle_decodes_catch_up_once_the_server_has_time_to_spare_again():
     assert model.settle_windows[:1] == [[0, 1]]  # caught up before the close
     d.apply(d.session.end_of_stream())
     _run_context(d, model)
-    assert model.settle_windows == [[0, 1], [2, 3], [4]] and d.messages[-1]["type"] == "closed"
+    assert model.settle_windows == [[0, 1], [1, 2], [2, 3], [3, 4]] and d.messages[-1]["type"] == "closed"
     assert d.client.final_text() == " ".join([RIGHT, *ALONE[1:]]) == server_transcript(d)
 
 
@@ -163,22 +165,24 @@ def test_a_settled_message_follows_each_settle_decode_and_names_where_the_final_
     model = SettleModel(lambda n: ALONE[n], lambda n: ALONE[n] + " too")
     d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
     ends = [len(" ".join(t + " too" for t in ALONE[: n + 1])) for n in range(len(ALONE))]
-    assert _settled(d) == [(1, ends[1]), (3, ends[3]), (4, ends[4])]
+    assert _settled(d) == [(0, ends[0]), (1, ends[1]), (2, ends[2]), (4, ends[4])]
     kinds = [m["type"] for m in d.messages]
     assert kinds[-2:] == ["settled", "closed"] and kinds.index("settled") > kinds.index("revision")
     assert d.client.settled_text() == d.client.final_text()
 
 
 def test_a_seam_mend_never_changes_a_settled_utterance():
-    """A pass that hears a sentence end at the seam after a settled utterance ("cold hearted." /
-    "And rather selfish") leaves the settled utterance's text as the client was told it stays."""
+    """Sentence 1 is settled as "cold hearted" (no full stop) with "And rather selfish too" after
+    it; a later pass hears a sentence end at that seam ("cold hearted." / "And"). It would mend the
+    seam by adding the full stop to sentence 1, but the client was told sentence 1 stays: it does."""
     def passes(n: int) -> str:
-        return {1: ALONE[1] + ".", 2: "And rather selfish"}.get(n, ALONE[n])
+        return {1: ALONE[1] + ".", 2: "And rather selfish too"}.get(n, ALONE[n])
 
-    model = SettleModel(passes, lambda n: ALONE[n])
+    model = SettleModel(passes, lambda n: "And rather selfish" if n == 2 else ALONE[n])
     d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
-    assert _settled(d)[0] == (1, len(" ".join(ALONE[:2])))
-    assert d.client.final_text().startswith(" ".join(ALONE[:2]) + " ")  # as settled, no full stop added
+    assert _settled(d)[:2] == [(0, len(ALONE[0])), (1, len(" ".join(ALONE[:2])))]
+    assert ("pass", [0, 1, 2, 3, 4]) in model.calls[model.calls.index(("settle", [1, 2])) :]  # the pass that heard the full stop
+    assert d.client.final_text().startswith(" ".join(ALONE[:2]) + " And rather selfish ")  # as settled, no full stop added
 
 
 def test_with_no_settle_decodes_an_utterance_is_settled_once_the_channel_no_longer_keeps_it():
