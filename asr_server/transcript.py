@@ -20,6 +20,7 @@ def build_transcript(texts: Iterable[str]) -> dict[str, Any]:
     """The transcript of a session's messages (JSON texts, in seq order)."""
     session_id, names, ended = "", [], False
     segments: dict[int, list[dict[str, Any]]] = {}
+    settled: dict[int, int] = {}  # per channel, the latest settled message's offset
     for text in texts:
         message = json.loads(text)
         kind = message.get("type")
@@ -33,13 +34,16 @@ def build_transcript(texts: Iterable[str]) -> dict[str, Any]:
             })
         elif kind == "revision":
             _revise(segments.setdefault(message["channel"], []), message)
+        elif kind == "settled":
+            settled[message["channel"]] = message["offset"]
         elif kind == "closed":
             ended = True
     channels = []
     for channel in sorted(segments):
         speaker = names[channel] if channel < len(names) else f"channel {channel}"
-        channels.append({"channel": channel, "speaker": speaker, "segments": segments[channel],
-                         "text": " ".join(s["text"] for s in segments[channel])})
+        text = " ".join(s["text"] for s in segments[channel])
+        channels.append({"channel": channel, "speaker": speaker, "segments": segments[channel], "text": text,
+                         "settled": len(text) if ended else settled.get(channel, 0)})
     return {"session_id": session_id, "complete": ended, "channels": channels}
 
 

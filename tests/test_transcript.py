@@ -37,6 +37,20 @@ def test_a_revision_that_cuts_an_earlier_one_keeps_its_part_before():
     assert t["channels"][0]["text"] == "I lost my card yesterday!"  # as a client applying the offsets has it
 
 
+def test_each_channel_says_how_much_of_its_text_is_settled():
+    """Up to the latest settled message's offset while the session runs (0 without one); all of
+    it once the session ended."""
+    running = [m for m in messages() if json.loads(m)["type"] != "closed"] + [
+        json.dumps({"type": "settled", "channel": 0, "utterance": 1, "offset": 25}),
+        json.dumps({"type": "final", "channel": 0, "utterance": 3, "offset": 26, "text": "Call me.", "start": 8.0, "end": 9.0, "words": []}),
+    ]
+    t = build_transcript(running)
+    assert [c["settled"] for c in t["channels"]] == [25, 0] and not t["complete"]
+    assert t["channels"][0]["text"][:25] == "I lost my card yesterday." and t["channels"][0]["text"].endswith(" Call me.")
+    ended = build_transcript(running + [json.dumps({"type": "closed"})])
+    assert [c["settled"] for c in ended["channels"]] == [len("I lost my card yesterday. Call me."), len("Sorry to hear.")]
+
+
 def test_srt_and_vtt_cues_in_time_order_with_speakers():
     t = build_transcript(messages())
     assert to_srt(t) == "1\n00:00:00,600 --> 00:00:04,800\n[caller] I lost my card yesterday.\n\n2\n00:00:02,500 --> 00:00:03,500\n[agent] Sorry to hear.\n"

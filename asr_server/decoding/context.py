@@ -107,12 +107,8 @@ class ContextOptions:
     # Then each stretch of this much audio may be *settled*: decoded once more, whole, once the
     # passes have decided it and speech has gone on past it (or the stream ended), as offline
     # transcription decodes a recording, window after window, with the text before as the
-    # prompt; its words decide the stretch for good (no pass changes it after), all but its last
-    # utterance, which is heard with nothing after it and left to the next window, which starts
-    # with it (as offline transcription goes on from its last whole segment; all of them at the
-    # close): 27 replays 0.173 -> 0.169 (offline 0.167; docs/benchmarks.md, thirty-seventh
-    # session). 0: never. It runs only while the server has time to spare (LoadSettings.settle;
-    # GovernorOptions.spare_busy_low).
+    # prompt; its words decide the stretch for good (no pass changes it after). 0: never. It runs
+    # only while the server has time to spare (LoadSettings.settle; GovernorOptions.spare_busy_low).
     # With 30, 27 replays went 0.176 -> 0.171 (offline 0.167; a fast recipe's sentences, where the
     # passes' votes split, gained most; docs/benchmarks.md, thirty-fourth session), and one
     # real-time stream of the held-out sets under noise 0.194 -> 0.180 and 0.338 -> 0.294 (offline
@@ -120,6 +116,9 @@ class ContextOptions:
     # server was not loaded, revisions came later (p95 10.0-12.2 -> 13.6-21.6 s) for no better
     # transcript (it hears the LibriVox "ill-disposed" as offline does, "old-sposed", where the
     # votes had it right), so a busy server runs none (docs/benchmarks.md, thirty-sixth session).
+    # A window's last utterance, heard with nothing after it, is left to the next window, which
+    # starts with it (as offline transcription goes on from its last whole segment; at the close
+    # the last window decides all): 27 replays 0.173 -> 0.169 (docs/benchmarks.md, thirty-seventh).
     settle_window_s: float = 30.0
 
 
