@@ -13,7 +13,8 @@ final; utterances that a sentence split continued are left out, their words were
 the finals, server CPU (cores busy), the share of the run the server spent at load
 level 1 or higher (where context passes are lean), peak memory, refused streams and how
 long the slowest refusal took from connecting; on stderr, by recording and channel, the WER of
-the first pass and after revisions and the final latency p50 / p95 / max. Between levels it waits for the
+the first pass and after revisions and the final latency p50 / p95 / max, and the settled delay (from each
+final to the ``settled`` message covering it; finals only ``closed`` made final). Between levels it waits for the
 server's load level to return to 0. ``--metrics FILE`` keeps the server's
 metrics after each level (where finals waited, how long their calls took).
 With ``--noise-db N`` every stream carries continuous pink noise N dB below its

@@ -15,6 +15,8 @@ reports per fixture and overall:
   the same model and compute type (beam 5, computed in the same run);
 * revisions per final, and the revision delay: how long the first utterance a revision
   changed had shown its first-pass text;
+* the settled delay: from each final to the ``settled`` message that covered it (its text
+  final for good), and how many finals only ``closed`` made final;
 * time to first interim, from the start of the first sentence, and for every utterance
   begun with speech the time from where the server heard it begin to its first text (an
   interim, or its final if none came before);
