@@ -66,3 +66,37 @@ def test_a_live_line_wider_than_the_terminal_shows_its_end_cut_at_a_word():
     assert len(shown) <= 20 and shown.startswith("…") and line.endswith(shown[1:])
     assert shown[1:].split()[0] in line.split()  # no word cut in half
     assert fit_tail("short", 20) == "short"
+
+
+def test_settled_lines_write_each_settled_stretch_once_and_the_rest_at_the_end():
+    """``--settled``: a line per settled message with the revised text up to its offset, nothing
+    twice, and at the end what was not settled; a channel's lines joined are its transcript."""
+    import io
+
+    from asr_client import Transcript
+    from asr_client.cli import SettledLines
+
+    out, transcript = io.StringIO(), Transcript()
+    lines = SettledLines(out, transcript)
+    messages = [
+        {"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "He was not an old-sposed young man."},
+        {"type": "final", "channel": 0, "utterance": 1, "offset": 36, "text": "Unless to be cold."},
+        {"type": "revision", "channel": 0, "utterances": [0, 1], "offset": 0, "text": "He was not an ill-disposed young man. Unless to be cold."},
+        {"type": "settled", "channel": 0, "utterance": 0, "offset": 37},
+        {"type": "settled", "channel": 0, "utterance": 0, "offset": 37},  # nothing new: no line
+        {"type": "final", "channel": 0, "utterance": 2, "offset": 57, "text": "Had he married."},
+        {"type": "settled", "channel": 0, "utterance": 1, "offset": 56},
+    ]
+    for m in messages:
+        transcript.apply(m)
+        lines.see(m, 1)
+    assert out.getvalue() == "He was not an ill-disposed young man.\nUnless to be cold.\n"
+    lines.rest(1)
+    assert out.getvalue().splitlines() == ["He was not an ill-disposed young man.", "Unless to be cold.", "Had he married."]
+    assert " ".join(out.getvalue().splitlines()) == transcript.final_text(0)
+
+
+def test_only_one_of_json_transcript_and_settled():
+    for pair in (["--json", "--settled"], ["--transcript", "--settled"]):
+        done = _client(*pair, "file", "x.wav")
+        assert done.returncode == 2 and "choose one" in done.stderr

@@ -135,6 +135,21 @@ def test_client_cli_transcript_prints_the_revised_text_when_the_stream_ends(full
     assert wer(reference, text) < wer(reference, " ".join(live))
 
 
+def test_client_cli_settled_prints_the_revised_text_as_it_goes(full_pass_server):
+    """``--settled`` writes the same revised text as ``--transcript``, in lines that never change:
+    joined, they hold the passes' fixes that the live finals (stderr) lack."""
+    from ..harness import MANIFEST
+    from ..wer import wer
+
+    cmd = [sys.executable, "-m", "asr_client", "--url", full_pass_server.url, "file", str(FIXTURES / "librivox_16k.wav"), "--fast", "--settled"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    settled, live = " ".join(done.stdout.splitlines()), done.stderr.strip().splitlines()
+    assert len(live) >= 4 and settled.lower().count("ill-disposed") > " ".join(live).lower().count("ill-disposed")
+    reference = " ".join(MANIFEST["librivox_16k.wav"]["references"][0])
+    assert wer(reference, settled) < wer(reference, " ".join(live))
+
+
 def test_client_cli_transcript_has_a_line_per_channel(live_server, tmp_path):
     import wave
 

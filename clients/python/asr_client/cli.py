@@ -1,13 +1,16 @@
 """``asr-client``: caption a file or the microphone from a terminal.
 
-    asr-client file PATH [--fast] [--json | --transcript]
-    asr-client mic [--device N] [--json | --transcript]
+    asr-client file PATH [--fast] [--json | --transcript | --settled]
+    asr-client mic [--device N] [--json | --transcript | --settled]
 
 Options that apply to both (``--url``, ``--json``, ``--transcript``,
-``--no-interim``, ``--language``, ``--endpoint-ms``) may come before or after
-the command. ``--transcript`` prints the transcript as the stream left it
-(the server's revisions applied) when it ends, and shows the live captions
-on stderr meanwhile: ``asr-client file talk.wav --fast --transcript > talk.txt``.
+``--settled``, ``--no-interim``, ``--language``, ``--endpoint-ms``) may come
+before or after the command. ``--transcript`` prints the transcript as the
+stream left it (the server's revisions applied) when it ends, and shows the
+live captions on stderr meanwhile: ``asr-client file talk.wav --fast
+--transcript > talk.txt``. ``--settled`` prints the same text as it goes: each
+stretch once the server has settled it (it will not change again), the rest
+when the stream ends: ``asr-client mic --settled >> notes.txt``.
 Exit status: 0 when the server finished the transcript (``closed``), 1 when
 it ended the stream early or with an error, 2 when the file or the server
 could not be reached.
@@ -112,6 +115,33 @@ def fit_tail(line: str, width: int) -> str:
     return "…" + tail
 
 
+class SettledLines:
+    """``--settled``: each channel's transcript on ``out`` as the server settles it, one line per
+    ``settled`` message (revisions applied; a line never changes once written), and at the end
+    what was not settled yet, so that a channel's lines joined are its transcript."""
+
+    def __init__(self, out: TextIO, transcript: Transcript) -> None:
+        self.out = out
+        self.transcript = transcript
+        self._written: dict[int, int] = {}  # per channel, how much of its text is out
+
+    def see(self, message: dict[str, Any], channels: int) -> None:
+        """After ``transcript`` has applied ``message``."""
+        if message["type"] == "settled":
+            self._write(message["channel"], self.transcript.settled_text(message["channel"]), channels)
+
+    def rest(self, channels: int) -> None:
+        for ch in range(channels):
+            self._write(ch, self.transcript.final_text(ch), channels)
+
+    def _write(self, channel: int, text: str, channels: int) -> None:
+        new = text[self._written.get(channel, 0) :].strip()
+        self._written[channel] = max(self._written.get(channel, 0), len(text))
+        if new:
+            self.out.write((f"[ch{channel}] " if channels > 1 else "") + new + "\n")
+            self.out.flush()
+
+
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {"language": args.language, "endpoint_ms": args.endpoint_ms}
     if args.api_key:
@@ -127,8 +157,9 @@ async def run_file(args: argparse.Namespace) -> int:
     except AudioFileError as exc:
         print(f"asr-client: {exc}", file=sys.stderr)
         return 2
-    display = Display(sys.stderr if args.transcript else sys.stdout)
+    display = Display(sys.stderr if args.transcript or args.settled else sys.stdout)
     outcome, transcript = Outcome(), Transcript()
+    settled = SettledLines(sys.stdout, transcript) if args.settled else None
     async for item in stream_bytes(args.url, pcm, bytes_per_second=MODEL_RATE * 2 * channels, realtime=not args.fast,
                                    encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=channels, **_options(args)):
         message = item.message
@@ -139,14 +170,19 @@ async def run_file(args: argparse.Namespace) -> int:
         else:
             display.show(message)
         transcript.apply(message)
+        if settled is not None:
+            settled.see(message, display.channels)
         outcome.see(message)
     display.clear()
-    return finish(args, transcript, outcome, display.channels)
+    return finish(args, transcript, outcome, display.channels, settled)
 
 
-def finish(args: argparse.Namespace, transcript: Transcript, outcome: Outcome, channels: int) -> int:
+def finish(args: argparse.Namespace, transcript: Transcript, outcome: Outcome, channels: int, settled: SettledLines | None = None) -> int:
     """With ``--transcript``, print each channel's transcript as the stream left it
-    (revisions applied), one line per channel; then the exit status."""
+    (revisions applied), one line per channel (with ``--settled``, what is not out yet); then
+    the exit status."""
+    if settled is not None:
+        settled.rest(channels)
     if args.transcript:
         for ch in range(channels):
             label = f"[ch{ch}] " if channels > 1 else ""
@@ -194,8 +230,9 @@ async def run_mic(args: argparse.Namespace) -> int:
     def on_audio(indata: Any, frames: int, time_info: Any, status: Any) -> None:  # PortAudio's thread
         loop.call_soon_threadsafe(enqueue, bytes(indata))
 
-    display = Display(sys.stderr if args.transcript else sys.stdout)
+    display = Display(sys.stderr if args.transcript or args.settled else sys.stdout)
     outcome, transcript = Outcome(), Transcript()
+    settled = SettledLines(sys.stdout, transcript) if args.settled else None
     async with connect(args.url, encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=1, **_options(args)) as stream:
 
         async def pump() -> None:
@@ -224,11 +261,13 @@ async def run_mic(args: argparse.Namespace) -> int:
             else:
                 display.show(message)
             transcript.apply(message)
+            if settled is not None:
+                settled.see(message, display.channels)
             outcome.see(message)
         sender.cancel()
         await asyncio.gather(sender, return_exceptions=True)
     display.clear()
-    return finish(args, transcript, outcome, display.channels)
+    return finish(args, transcript, outcome, display.channels, settled)
 
 
 def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -245,6 +284,9 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--transcript", action="store_true", default=d(False),
                    help="when the stream ends, print the transcript with the server's revisions applied, one line per "
                         "channel (the live captions go to stderr meanwhile)")
+    p.add_argument("--settled", action="store_true", default=d(False),
+                   help="print the transcript as the server settles it: each stretch once it will not change again, "
+                        "revisions applied, and the rest when the stream ends (the live captions go to stderr)")
     p.add_argument("--api-key", default=d(os.environ.get("ASR_API_KEY")), help="the server's API key (default: $ASR_API_KEY)")
 
 
@@ -266,8 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.json and args.transcript:
-        parser.error("--json and --transcript both write to stdout: choose one")
+    if sum((args.json, args.transcript, args.settled)) > 1:
+        parser.error("--json, --transcript and --settled all write to stdout: choose one")
     runner = run_file if args.command == "file" else run_mic
     try:
         return asyncio.run(runner(args))
