@@ -30,6 +30,7 @@ from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PA
                                 LEAN_CONTEXT_PAD_S, ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.capacity import CapacityModel
+from .scheduler.governor import GovernorOptions
 from .scheduler.budget import MemoryBudget, available_host_memory, cuda_free_memory, peak_rss, process_rss
 from .scheduler.policy import CONTEXT_MAX_WAIT_S, CONTEXT_SHARE, BatchLimits
 from .access import AccessOptions, ApiKey, is_loopback, parse_keys
@@ -142,6 +143,11 @@ def _context_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-back-s", type=_seconds, default=defaults.back_s,
                    help=f"of it, audio of utterances a pass already decided, as context before the new ones (default {defaults.back_s:g}; "
                         "0 while the server is loaded, load level 1 and up)")
+    p.add_argument("--context-late-s", type=_seconds, default=GovernorOptions.late_context_s,
+                   help=f"while some context pass has waited this long for its turn, passes hold at most --context-late-back-s of "
+                        f"decided audio and catch up: revisions sooner, less accurate (default {GovernorOptions.late_context_s:g}: never)")
+    p.add_argument("--context-late-back-s", type=_seconds, default=defaults.late_back_s,
+                   help=f"see --context-late-s (default {defaults.late_back_s:g})")
     p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,
                    help=f"new speech (finalized, or in the utterance under way) since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
     p.add_argument("--context-ahead-s", type=_seconds, default=defaults.ahead_s,
@@ -418,8 +424,12 @@ def _measure(runner: WhisperRunner, plan: _Plan) -> Measure:
 
 
 def _context(args: argparse.Namespace) -> ContextOptions:
-    return ContextOptions(window_s=min(30.0, args.context_window_s), back_s=args.context_back_s, settle_window_s=min(30.0, args.context_settle_window_s),
+    return ContextOptions(window_s=min(30.0, args.context_window_s), back_s=args.context_back_s, late_back_s=args.context_late_back_s, settle_window_s=min(30.0, args.context_settle_window_s),
                           min_new_s=args.context_min_new_s, ahead_s=args.context_ahead_s, quick_finals=args.quick_finals, busy_finals=args.busy_finals)
+
+
+def _governor(args: argparse.Namespace) -> GovernorOptions:
+    return GovernorOptions(late_context_s=args.context_late_s)
 
 
 def _vad(args: argparse.Namespace) -> VadOptions:
@@ -430,7 +440,7 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     plan = _plan(args, model_path)
     server = AsrServer(args.host, args.port, plan.limits, model_name=_public_model_name(args.model), batch=plan.batch,
                        workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=_vad(args),
-                       context=_context(args), access=access, tracing=tracing_from_environment(args.trace_ratio),
+                       context=_context(args), governor=_governor(args), access=access, tracing=tracing_from_environment(args.trace_ratio),
                        webhooks=WebhookOptions(args.webhook, args.webhook_secret, tuple(args.webhook_allow)))
     if server.tracing.enabled:
         log.info("tracing %g of streams with OpenTelemetry", args.trace_ratio)

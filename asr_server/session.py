@@ -213,6 +213,7 @@ class Session:
         changed = False
         for d in self._decoders:
             d.lean_context = load.lean_context
+            d.late_context = load.late_context
             d.spare_time = load.settle
             changed |= (d.interim_ms, d.interim_model, d.interim_short_window) != settings
             d.interim_ms, d.interim_model, d.interim_short_window = settings

@@ -67,6 +67,12 @@ class ContextOptions:
     # (0) a pass is cheaper and as accurate on clean audio, but worse under noise (pooled WER
     # 0.074 against 0.059 with pink noise 20 dB down; docs/benchmarks.md).
     back_s: float = 24.0
+    # ... but at most this much while passes wait their turn behind others' (LoadSettings.late_context,
+    # off unless GovernorOptions.late_context_s is set), on the lean window (the audio plus a pad):
+    # they cost less and catch up. At 8 held-out streams on 2 cores, revision delay p95 13.0-15.9 ->
+    # 9.8-11.6 s with none, for 2-3 points of WER after revisions there (0.180-0.205 -> 0.216-0.227);
+    # with 8 s, 14.9-15.0 s, inside the spread (docs/benchmarks.md, thirty-eighth session).
+    late_back_s: float = 0.0
     # Silence between joined utterances (the measurement above used 0.5 s) ...
     gap_s: float = 0.5
     # ... unless the pause between them was at most this long and the stream's own audio of

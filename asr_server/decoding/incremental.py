@@ -218,6 +218,9 @@ class ChannelDecoder:
         # Under load, context passes decode no audio they already decided (cheaper, catch up sooner),
         # and quick finals are busy ones (ContextOptions.busy_finals).
         self.lean_context = False
+        # Passes wait their turn behind others' (LoadSettings.late_context): they hold less decided audio.
+        self.late_context = False
+        self._context_shape = (self.context.back_s, False)  # the pass in flight's (:meth:`_pass_shape`)
         # Settle decodes run only while the server has time to spare (LoadSettings.settle): not under
         # load, nor at the close then. A decoder no server told otherwise (a replay) has it.
         self.spare_time = True
@@ -825,8 +828,19 @@ class ChannelDecoder:
         self._trim()
         return out + self._newly_settled() + self._dispatch_context()
 
+    def _pass_shape(self) -> tuple[float, bool]:
+        """The decided audio (s) a pass holds before its new utterances, and whether it is on the
+        runner's lean window: none under load; at most ``late_back_s`` while passes wait their turn
+        behind others' (so that they cost less and catch up); else ``back_s``."""
+        if self.lean_context:
+            return 0.0, True
+        if self.late_context:
+            return min(self.context.back_s, self.context.late_back_s), True
+        return self.context.back_s, False
+
     def _context_window(self) -> DecodeJob:
-        options = replace(self.context, back_s=0.0) if self.lean_context else self.context
+        back_s, lean = self._context_shape = self._pass_shape()
+        options = replace(self.context, back_s=back_s)
         ahead = self._lookahead()
         records = plan_window(self._done if ahead is None else [*self._done, ahead], options, self._unrevised + int(ahead is not None))
         if ahead is not None and len(records) < 2:  # the newest final fills the window alone
@@ -836,7 +850,7 @@ class ChannelDecoder:
         before = _trusted_tail(self._done[: len(self._done) - len(records)])
         prompt = _with_vocabulary(self.options.prompt, _tail_words(" ".join(r.text for r in before), PROMPT_CHARS))
         window = records if ahead is None else [*records, ahead]
-        request, spans = window_request(window, self.context, self.options.language, prompt, self.lean_context)
+        request, spans = window_request(window, self.context, self.options.language, prompt, lean)
         self._context_spans = spans[: len(records)]
         self._context_ahead = None if ahead is None else spans[-1]
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
@@ -876,8 +890,8 @@ class ChannelDecoder:
             return None
         if self._settling:
             return job
-        if job.utterance == self._done[-1].index and self._context_ahead is None and self._ahead() is None:
-            return job  # no newer final, and no lookahead to take or to grow
+        if job.utterance == self._done[-1].index and self._context_ahead is None and self._ahead() is None and self._context_shape == self._pass_shape():
+            return job  # no newer final, no lookahead to take or to grow, and still the same shape
         fresh = self._context_job = self._context_window()
         return fresh
 

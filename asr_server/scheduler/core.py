@@ -157,6 +157,8 @@ class QueueState:
     # The share of the recent time (half-life SHARE_HALF_LIFE_S, since the first such decode) during
     # which some worker ran interims or context passes: how much time the server has to spare.
     background_busy: float = 0.0
+    # The longest any context pass has waited in the queue.
+    oldest_context_wait: float = 0.0
 
 
 class SchedulerCore:
@@ -212,7 +214,8 @@ class SchedulerCore:
     def state(self, now: float) -> QueueState:
         finals = [e.queued_at for e in self._entries.values() if e.final and e.status <= JobStatus.RUNNING]
         interims = max((now - t.item.queued_at for t in self._interims.waiting()), default=0.0)
-        return QueueState(len(self._finals), len(self._interims), max((now - t for t in finals), default=0.0), interims, self._busy_share(now))
+        contexts = max((now - t.item.queued_at for t in self._contexts.waiting()), default=0.0)
+        return QueueState(len(self._finals), len(self._interims), max((now - t for t in finals), default=0.0), interims, self._busy_share(now), contexts)
 
     # -- sessions' requests ----------------------------------------------------------
 

@@ -70,6 +70,7 @@ class LoadSettings:
     short_window: bool = False  # on the short encoder window
     lean_context: bool = False  # context passes decode only the utterances they decide, quick finals are busy
     settle: bool = False  # settle decodes may run: the server has time to spare (see GovernorOptions.spare_busy_low)
+    late_context: bool = False  # context passes wait their turn behind others' (see GovernorOptions.late_context_s)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,10 @@ class GovernorOptions:
     # it to offline's (docs/benchmarks.md, thirty-sixth session).
     spare_busy_low: float = 0.6
     spare_busy_high: float = 0.75
+    # While some context pass has waited this long in the queue (passes queued behind each other),
+    # passes hold less of the decided audio (ContextOptions.late_back_s) and catch up: revisions
+    # sooner at 8 streams on 2 cores, a worse transcript there (see late_back_s). 0 (default): never.
+    late_context_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.low_wait_s < self.high_wait_s or not 0 <= self.interim_low_wait_s < self.interim_high_wait_s:
@@ -103,6 +108,8 @@ class GovernorOptions:
             raise ValueError("governor periods and factor must be positive")
         if not 0 <= self.spare_busy_low <= self.spare_busy_high:
             raise ValueError("need 0 <= spare_busy_low <= spare_busy_high")
+        if self.late_context_s < 0:
+            raise ValueError("late_context_s must be 0 or more")
 
 
 class LoadGovernor:
@@ -115,13 +122,15 @@ class LoadGovernor:
         self._changed_at = 0.0
         self._finals_raised = False  # a final was late through a raise period, since the level left NORMAL
         self._spare = True  # the background workers have time to spare (see GovernorOptions.spare_busy_low)
+        self._late = False  # a context pass has waited late_context_s
 
     def observe(self, now: float, oldest_final_wait: float, memory_used: int = 0, memory_budget: int = 0, oldest_interim_wait: float = 0.0,
-                background_busy: float = 0.0) -> Level:
+                background_busy: float = 0.0, oldest_context_wait: float = 0.0) -> Level:
         """Update from the queue and memory; returns the (possibly new) level."""
         o = self.options
         self.memory_critical = memory_budget > 0 and memory_used > o.critical_fraction * memory_budget
         self._observe_busy(background_busy)
+        self._late = 0 < o.late_context_s <= oldest_context_wait
         # Lagging interims raise the level through the interim steps only, and hold it there.
         interims_lag = oldest_interim_wait > o.interim_high_wait_s and self.level < Level.INTERIM_MODEL
         interims_calm = oldest_interim_wait < o.interim_low_wait_s or self.level > Level.INTERIM_MODEL
@@ -163,6 +172,7 @@ class LoadGovernor:
         self._changed_at = 0.0
         self._finals_raised = False
         self._spare = True
+        self._late = False
 
     def _step(self, now: float, delta: int) -> None:
         self.level = Level(self.level + delta)
@@ -203,4 +213,4 @@ class LoadGovernor:
     def load_settings(self, has_interim_model: bool) -> LoadSettings:
         """The interim and context-pass settings of the current level."""
         return LoadSettings(int(self.level), self.interim_scale(has_interim_model),
-                            self.use_interim_model() and has_interim_model, self.short_interim_window(), self.lean_context(), self.spare_time())
+                            self.use_interim_model() and has_interim_model, self.short_interim_window(), self.lean_context(), self.spare_time(), self._late)

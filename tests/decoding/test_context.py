@@ -360,6 +360,33 @@ def test_under_load_a_pass_decodes_only_the_utterances_it_decides(loaded):
     assert d.client.final_text() == " ".join(t + " too" for t in ALONE) == server_transcript(d)
 
 
+@pytest.mark.parametrize("late", [False, True])
+def test_while_passes_wait_their_turn_a_pass_holds_at_most_late_back_s_of_decided_audio(late):
+    """While passes queue behind each other (LoadSettings.late_context), a pass holds at most
+    ``late_back_s`` of decided audio before its new utterances (here none), on the lean window,
+    so that the backlog catches up; at other times it holds ``back_s`` of it. Its turn picks the
+    shape: a pass queued before the server said so is refreshed to it."""
+    from asr_server.scheduler.governor import LoadSettings
+
+    model = TwoPassModel(ALONE, [t + " too" for t in ALONE])
+    d = Driver(model, context=passes(min_new_s=0.1, idle_s=30.0, settle_s=30.0, late_back_s=0.0))
+    audio = speech()
+    cut = int(12.0 * 16000)
+    d.feed(audio[:cut])
+    d.run_context()  # decides sentences 0 and 1, with 2 as lookahead
+    assert model.windows == [[0, 1, 2]]
+    d.feed(audio[cut:])
+    d.apply(d.session.end_of_stream())
+    [job] = d.context_jobs  # queued before the server said anything ...
+    d.context_jobs = [d.session.refresh_job(job) or job]  # ... and holding every final by now
+    d.apply(d.session.set_load(LoadSettings(late_context=late)))
+    d.run_context()
+    assert model.windows[1] == ([2, 3, 4] if late else [0, 1, 2, 3, 4])
+    assert model.short_windows == [False, late]
+    check_rules(d)
+    assert d.client.final_text() == " ".join(t + " too" for t in ALONE) == server_transcript(d)
+
+
 def test_a_pass_that_cuts_an_utterance_short_leaves_it_as_it_was():
     together = list(ALONE)
     together[1] = "unless"  # the window's decode lost most of it

@@ -343,6 +343,21 @@ def test_background_busy_is_the_share_of_recent_time_some_worker_ran_interims_or
     assert fresh.state(3.0).background_busy == 1.0  # a server that starts busy reads busy at once
 
 
+def test_the_queue_state_tells_how_long_the_oldest_waiting_context_pass_has_waited():
+    """What the governor's late passes are judged on: waiting passes only (one running is no backlog)."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=2)
+    assert core.state(5.0).oldest_context_wait == 0.0
+    core.add("a", context("a"), 1.0)
+    core.add("b", context("b"), 2.0)
+    assert core.state(5.0).oldest_context_wait == pytest.approx(4.0)
+    batch = core.schedule(5.0, 0).batch
+    assert batch is not None and [e.owner for e in batch.entries] == ["a"]
+    assert core.state(6.0).oldest_context_wait == pytest.approx(4.0)  # b's wait; a runs
+    core.update_from_output(batch.id, [Hypothesis("a")], 6.0)
+    assert core.schedule(6.0, 0).batch is not None
+    assert core.state(7.0).oldest_context_wait == 0.0
+
+
 def test_finals_run_as_burst_finals_only_while_more_wait_than_workers_can_take():
     core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=2)
     assert core.burst_backlog == 3

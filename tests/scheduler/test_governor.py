@@ -84,6 +84,24 @@ def test_settle_decodes_run_at_level_0_while_the_background_workers_have_time_to
         GovernorOptions(spare_busy_low=0.8, spare_busy_high=0.7)
 
 
+def test_passes_are_late_while_one_has_waited_late_context_s_at_any_level():
+    """Late passes (LoadSettings.late_context) hold less decided audio to catch up: while some pass
+    has waited late_context_s in the queue, and again not once none has; 0 turns it off."""
+    gov = LoadGovernor(GovernorOptions(late_context_s=3.0))
+    assert not gov.load_settings(False).late_context
+    for wait, late in ((2.9, False), (3.0, True), (8.0, True), (0.5, False)):
+        assert gov.observe(0.0, 0.0, oldest_context_wait=wait) == Level.NORMAL
+        assert gov.load_settings(False).late_context is late, wait
+    gov.observe(0.0, 0.0, oldest_context_wait=5.0)
+    gov.reset()
+    assert not gov.load_settings(False).late_context
+    off = LoadGovernor(GovernorOptions(late_context_s=0.0))
+    off.observe(0.0, 0.0, oldest_context_wait=60.0)
+    assert not off.load_settings(False).late_context
+    with pytest.raises(ValueError):
+        GovernorOptions(late_context_s=-1.0)
+
+
 def test_passes_go_lean_only_once_a_final_was_late_not_for_lagging_interims_alone():
     """One stream on a slow machine: its interims wait behind its own context pass. Leaner
     passes there cost the transcript its context (the long-form reading in the room: WER 0.022
