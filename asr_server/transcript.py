@@ -42,8 +42,9 @@ def build_transcript(texts: Iterable[str]) -> dict[str, Any]:
     for channel in sorted(segments):
         speaker = names[channel] if channel < len(names) else f"channel {channel}"
         text = " ".join(s["text"] for s in segments[channel])
-        channels.append({"channel": channel, "speaker": speaker, "segments": segments[channel], "text": text,
-                         "settled": len(text) if ended else settled.get(channel, 0)})
+        # A log that no longer holds the first messages starts at its first segment's offset.
+        fixed = len(text) if ended else min(len(text), max(0, settled.get(channel, 0) - segments[channel][0]["offset"]))
+        channels.append({"channel": channel, "speaker": speaker, "segments": segments[channel], "text": text, "settled": fixed})
     return {"session_id": session_id, "complete": ended, "channels": channels}
 
 

@@ -51,6 +51,20 @@ def test_each_channel_says_how_much_of_its_text_is_settled():
     assert [c["settled"] for c in ended["channels"]] == [len("I lost my card yesterday. Call me."), len("Sorry to hear.")]
 
 
+def test_settled_counts_in_the_text_given_when_the_log_lost_the_first_messages():
+    """A replay log that no longer holds a session's first messages (``truncated``) gives the text from
+    its first final on; ``settled`` is how much of that text is settled, not an offset into the whole."""
+    tail = [
+        json.dumps({"type": "final", "channel": 0, "utterance": 7, "offset": 120, "text": "Then we flew home.", "start": 50.0, "end": 52.0, "words": []}),
+        json.dumps({"type": "final", "channel": 0, "utterance": 8, "offset": 139, "text": "It rained.", "start": 53.0, "end": 54.0, "words": []}),
+        json.dumps({"type": "settled", "channel": 0, "utterance": 7, "offset": 138}),
+    ]
+    [channel] = build_transcript(tail)["channels"]
+    assert channel["text"] == "Then we flew home. It rained." and channel["settled"] == len("Then we flew home.")
+    [early] = build_transcript(tail[:2] + [json.dumps({"type": "settled", "channel": 0, "utterance": 5, "offset": 90})])["channels"]
+    assert early["settled"] == 0  # settled text that the log no longer holds
+
+
 def test_srt_and_vtt_cues_in_time_order_with_speakers():
     t = build_transcript(messages())
     assert to_srt(t) == "1\n00:00:00,600 --> 00:00:04,800\n[caller] I lost my card yesterday.\n\n2\n00:00:02,500 --> 00:00:03,500\n[agent] Sorry to hear.\n"
