@@ -7,8 +7,6 @@ import pytest
 
 from asr_client.cli import Outcome, build_parser, fit_tail
 
-from ..harness import FIXTURES
-
 
 @pytest.mark.parametrize("argv", [
     ["file", "x.wav", "--fast", "--json", "--url", "ws://h:1", "--no-interim"],  # as both READMEs write it

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -87,8 +86,6 @@ def test_client_cli_reports_an_unreachable_server():
 
 def test_mic_captions_live_and_ctrl_c_keeps_the_last_sentence(live_server, tmp_path):
     from pathlib import Path
-
-    from ..harness import MANIFEST
 
     fake = Path(__file__).resolve().parents[1] / "client" / "fake_sounddevice"
     env = dict(ENV, PYTHONPATH=str(fake), ASR_FAKE_MIC=str(FIXTURES / "librivox_16k.s16le"))

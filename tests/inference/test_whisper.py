@@ -104,7 +104,6 @@ def test_a_context_pass_that_stops_early_decodes_the_rest_of_its_audio(whisper_r
     references = MANIFEST["librivox_16k.wav"]["references"][0]
     begin = spans[1][0] - 0.3
     audio = load_mono("librivox_16k.wav")[int(begin * 16000) : int((spans[2][1] + 0.2) * 16000)]
-    tokenizer = whisper_runner._tokenizer("en")
     attempt, calls = whisper_runner._attempt, []
 
     def stops_at(seconds: float):
