@@ -220,7 +220,7 @@ class ChannelDecoder:
         self.lean_context = False
         # Passes wait their turn behind others' (LoadSettings.late_context): they hold less decided audio.
         self.late_context = False
-        self._context_shape = (self.context.back_s, False)  # the pass in flight's (:meth:`_pass_shape`)
+        self._context_late = False  # the pass in flight was planned while passes were late
         # Settle decodes run only while the server has time to spare (LoadSettings.settle): not under
         # load, nor at the close then. A decoder no server told otherwise (a replay) has it.
         self.spare_time = True
@@ -839,7 +839,8 @@ class ChannelDecoder:
         return self.context.back_s, False
 
     def _context_window(self) -> DecodeJob:
-        back_s, lean = self._context_shape = self._pass_shape()
+        back_s, lean = self._pass_shape()
+        self._context_late = self.late_context
         options = replace(self.context, back_s=back_s)
         ahead = self._lookahead()
         records = plan_window(self._done if ahead is None else [*self._done, ahead], options, self._unrevised + int(ahead is not None))
@@ -890,8 +891,8 @@ class ChannelDecoder:
             return None
         if self._settling:
             return job
-        if job.utterance == self._done[-1].index and self._context_ahead is None and self._ahead() is None and self._context_shape == self._pass_shape():
-            return job  # no newer final, no lookahead to take or to grow, and still the same shape
+        if job.utterance == self._done[-1].index and self._context_ahead is None and self._ahead() is None and self._context_late == self.late_context:
+            return job  # no newer final, no lookahead to take or to grow, and as late as it was
         fresh = self._context_job = self._context_window()
         return fresh
 
