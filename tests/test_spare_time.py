@@ -1,4 +1,4 @@
-"""Spare time for settle decodes reaches the sessions: the server's tick reads how busy the workers
+"""Spare time for settle decodes (and late passes) reaches the sessions: the server's tick reads how busy the workers
 for interims and passes were, the governor decides, and every session (those streaming and those
 that start later) is told (a fake model, a real server on loopback; the busy share is set by hand)."""
 
@@ -57,3 +57,32 @@ def test_a_busy_server_takes_spare_time_from_its_sessions_and_gives_it_back_when
         return seen
 
     assert asyncio.run(main()) == [[False], 0.0, 0.9, [False], [False], [True], 1.0]
+
+
+def test_late_passes_reach_the_sessions_while_a_pass_has_waited_and_only_when_asked_for():
+    """The same path for late passes (GovernorOptions.late_context_s): the tick reads how long the
+    oldest waiting pass has waited, and every session's decoders are told; off by default."""
+    from asr_server.scheduler.governor import GovernorOptions
+
+    async def main(options: GovernorOptions) -> list:
+        server = AsrServer("127.0.0.1", 0, tick_s=0, governor=options)
+        await server.start()
+        server.set_runner(FakeRunner())
+        wait = [5.0]
+        server.scheduler.state = lambda now: QueueState(0, 0, 0.0, 0.0, 0.1, wait[0])
+        seen: list = []
+        try:
+            async with connect(URL.format(port=server.port)) as ws:
+                assert json.loads(await ws.recv())["type"] == "session"
+                [conn] = server._connections
+                await server.tick()  # a pass has waited 5 s
+                seen.append([d.late_context for d in conn.session._decoders])
+                wait[0] = 1.0
+                await server.tick()
+                seen.append([d.late_context for d in conn.session._decoders])
+        finally:
+            await server.stop(grace_s=0)
+        return seen
+
+    assert asyncio.run(main(GovernorOptions(late_context_s=3.0))) == [[True], [False]]
+    assert asyncio.run(main(GovernorOptions())) == [[False], [False]]
