@@ -78,6 +78,9 @@ class Metrics:
         self.spare_time = Gauge(
             "asr_spare_time", "1 while the server has time to spare for settle decodes (load level 0, background busy under the band)", registry=r
         )
+        self.late_passes = Gauge(
+            "asr_late_passes", "1 while context passes hold less decided audio because one has waited --context-late-s (0 when that is off)", registry=r
+        )
         self.memory_budget = Gauge("asr_memory_budget_bytes", "Memory the server may use on its device", registry=r)
         self.memory_used = Gauge("asr_memory_used_bytes", "Memory in use (resident set on CPU)", registry=r)
         self.streams_shed = Counter("asr_streams_shed_total", "Batch streams closed because memory was critical", registry=r)

@@ -76,13 +76,13 @@ def test_late_passes_reach_the_sessions_while_a_pass_has_waited_and_only_when_as
                 assert json.loads(await ws.recv())["type"] == "session"
                 [conn] = server._connections
                 await server.tick()  # a pass has waited 5 s
-                seen.append([d.late_context for d in conn.session._decoders])
+                seen += [[d.late_context for d in conn.session._decoders], _gauge(server, "asr_late_passes")]
                 wait[0] = 1.0
                 await server.tick()
-                seen.append([d.late_context for d in conn.session._decoders])
+                seen += [[d.late_context for d in conn.session._decoders], _gauge(server, "asr_late_passes")]
         finally:
             await server.stop(grace_s=0)
         return seen
 
-    assert asyncio.run(main(GovernorOptions(late_context_s=3.0))) == [[True], [False]]
-    assert asyncio.run(main(GovernorOptions())) == [[False], [False]]
+    assert asyncio.run(main(GovernorOptions(late_context_s=3.0))) == [[True], 1.0, [False], 0.0]
+    assert asyncio.run(main(GovernorOptions())) == [[False], 0.0, [False], 0.0]
