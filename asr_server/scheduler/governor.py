@@ -210,7 +210,11 @@ class LoadGovernor:
         """Whether settle decodes may run: level 0, and the background workers have time to spare."""
         return self.level is Level.NORMAL and self._spare
 
+    def late_context(self) -> bool:
+        """Whether context passes are late: one has waited ``late_context_s`` in the queue (never when that is 0)."""
+        return self._late
+
     def load_settings(self, has_interim_model: bool) -> LoadSettings:
         """The interim and context-pass settings of the current level."""
         return LoadSettings(int(self.level), self.interim_scale(has_interim_model),
-                            self.use_interim_model() and has_interim_model, self.short_interim_window(), self.lean_context(), self.spare_time(), self._late)
+                            self.use_interim_model() and has_interim_model, self.short_interim_window(), self.lean_context(), self.spare_time(), self.late_context())
