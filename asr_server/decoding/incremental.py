@@ -18,7 +18,8 @@ Rules it keeps:
   utterance up to that point starts at once. If the endpoint then comes with
   no new speech, the final audio is identical and that result is the final:
   the endpoint wait and the decode overlap instead of adding up. If speech
-  resumes, the result was just another interim.
+  resumes, the result was just another interim (one still waiting its turn
+  then is skipped, unless its words may end a sentence where it ends: below).
 * Sentences in continuous speech: once an utterance is ``split_after_s``
   long its interims carry word timing, and when one hears a sentence end
   (``.``, ``?``, ``!``) with the next sentence begun after it, the decoder asks for
@@ -277,7 +278,7 @@ class ChannelDecoder:
         """The scheduler is about to run ``job``: the job to run instead, or None to skip it.
 
         Finals run as asked, except a pause decode (speculative) after which
-        speech resumed: it is skipped. A waiting interim takes the newest audio of its
+        speech resumed and that can end no sentence: it is skipped. A waiting interim takes the newest audio of its
         utterance (the stable prefix cannot have moved: it is the only job in
         flight); it is skipped once the utterance has paused or ended, since a
         final-quality decode is owed next. Call :meth:`job_skipped` when the
@@ -303,12 +304,25 @@ class ChannelDecoder:
 
         An interim is stale once its utterance has paused or ended (a
         final-quality decode is owed next); a pause decode once the speaker
-        went on talking (it can no longer become the final).
+        went on talking (it can no longer become the final at the endpoint),
+        unless its words may still end a sentence there (:meth:`_may_end_sentence`).
         """
         utt = self._utterances.get(job.utterance)
         if job.request.kind is DecodeKind.FINAL:
-            return job.speculative and utt is not None and utt.ended is None and utt.paused_at != job.audio_end
+            return job.speculative and utt is not None and utt.ended is None and utt.paused_at != job.audio_end and not self._may_end_sentence(utt, job)
         return utt is None or utt.ended is not None or utt.paused_at is not None
+
+    def _may_end_sentence(self, utt: _Utterance, job: DecodeJob) -> bool:
+        """Whether pause decode ``job``, still waiting its turn, may yet be the final of a sentence
+        ending where its audio ends, the speaker having talked on (:meth:`_sentence_pause` asks for
+        that cut once it answers): the talking is long enough for such a cut, and the utterance has
+        not paused again since (the newer pause decode is owed). Under load a pause decode waits:
+        16 streams in step pause between two sentences together, and those whose pause decode was
+        skipped when their speaker went on got that sentence's final with the next one's, or from
+        a later interim's split, 2-5.6 s after its speech ended (docs/benchmarks.md, 39th session)."""
+        at = job.audio_end
+        return (utt.paused_at is None and not utt.splitting and utt.head is None and utt.pause_cut != at
+                and at - utt.start >= SPLIT_MIN_S * MODEL_RATE and self._may_split(utt, at, SENTENCE_PAUSE_SOONER_S))
 
     def job_running(self, job: DecodeJob) -> list[PipelineEvent]:
         """``job``, withdrawn, was already running: if it is an interim of an utterance that paused or

@@ -668,6 +668,48 @@ def test_no_cut_at_a_pause_decode_that_ends_no_sentence_or_in_short_talking():
     assert not only(_pause_decode_answered("The end.", ended, split_after_s=0.0)[1], SplitUtterance)
 
 
+def _pause_decode_waiting(talked: float, split_after_s: float = 3.0):
+    """An utterance talked ``talked`` s and paused; its pause decode (ending at ``talked`` + 0.1 s)
+    still waits its turn when the speaker goes on: the decoder, that job and the feed's events."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=split_after_s))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, talked)]), SubmitJob)]
+    d.job_done(job, Hypothesis("The end"))
+    (spec,) = [e.job for e in only(d.feed([audio(0, 0.2, voiced=False), UtterancePaused(0, int((talked + 0.1) * SR))]), SubmitJob)]
+    return d, spec, d.feed([audio(0, 0.2)])
+
+
+def test_a_waiting_pause_decode_that_may_end_a_sentence_still_runs_once_the_speaker_talks_on():
+    """Sixteen streams in step pause between two sentences at once; most of their pause decodes are
+    still queued when the speakers go on. Skipped, the first sentence waited for an interim that
+    split it or for the next endpoint (3.3-5.6 s after its speech ended, held-out meeting). Where the
+    talking is long enough for a cut at a pause decode, it runs: its sentence end is the cut there,
+    and it is the final."""
+    d, spec, ev = _pause_decode_waiting(3.0)
+    assert not only(ev, WithdrawJob) and not only(ev, SubmitJob) and d.refresh(spec) is spec
+    words = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.9, 0.9))
+    (split,) = only(d.job_done(spec, Hypothesis("The end.", words)), SplitUtterance)
+    at = int(3.1 * SR)
+    assert split.at == at
+    ev = d.feed([UtteranceEnded(0, at, EndReason.SENTENCE), UtteranceStarted(1, at, at, continuation=True)])
+    (final,) = only(ev, Final)
+    assert (final.text, final.reason) == ("The end.", EndReason.SENTENCE)
+    assert all(e.job.utterance == 1 for e in only(ev, SubmitJob))
+
+
+def test_a_waiting_pause_decode_that_cannot_end_a_sentence_is_skipped_once_the_speaker_talks_on():
+    """Talking too short for a cut at a pause decode, or splits off: withdrawn as before, and the
+    interim of the newest audio follows. One whose utterance paused again later gives way to the
+    newer pause decode."""
+    for talked, split_after_s in ((1.7, 3.0), (3.0, 0.0)):
+        d, spec, ev = _pause_decode_waiting(talked, split_after_s)
+        assert [e.job for e in only(ev, WithdrawJob)] == [spec] and d.refresh(spec) is None
+    d, spec, _ = _pause_decode_waiting(3.0)
+    d.feed([audio(0, 0.2, voiced=False), UtterancePaused(0, int(3.5 * SR))])
+    assert d.refresh(spec) is None
+    (newer,) = [e.job for e in only(d.job_skipped(spec), SubmitJob)]
+    assert newer.speculative and newer.audio_end == int(3.5 * SR)
+
+
 def _second_final(d: ChannelDecoder, first: str) -> DecodeJob:
     """Utterance 0 finalized as ``first`` (the prompt of the next); utterance 1 ended, its final in flight."""
     (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 2.0), UtteranceEnded(0, 2 * SR, EndReason.ENDPOINT)]), SubmitJob)]
