@@ -239,6 +239,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     broken = 0
     per_fixture: dict[str, list[int]] = {}
     per_fixture_latency: dict[str, list[float]] = {}  # final latencies by recording and channel
+    per_sentence: dict[tuple[str, int, str], list[float]] = {}  # ... and by sentence (its reference), over streams and rounds
     for entry, r, _code, refused_after in results:
         if refused_after is not None:
             refused += 1
@@ -257,11 +258,12 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         for ch in range(entry["channels"]):
             finals = [t for t in r.of_type("final") if t.message["channel"] == ch and t.message["text"]]
             late = per_fixture_latency.setdefault(f"{r.fixture} ch{ch}", [])
-            for end in entry["ends"][ch]:
+            for end, ref in zip(entry["ends"][ch], entry["references"][ch]):
                 match = next((f for f in finals if f.message["end"] >= end - 0.6 and f.message["start"] <= end), None)
                 if match is not None:
                     latencies.append(match.at - end)
                     late.append(match.at - end)
+                    per_sentence.setdefault((r.fixture, ch, ref), []).append(match.at - end)
             ref = normalize(" ".join(entry["references"][ch]))
             e1, e2 = edit_distance(ref, normalize(r.final_text(ch))), edit_distance(ref, normalize(r.transcript().final_text(ch)))
             errors, refined_errors, words = errors + e1, refined_errors + e2, words + len(ref)
@@ -279,6 +281,9 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
           f"p95 {pct(settled, 0.95) if settled else float('nan'):.1f} (n={len(settled)}); made final only by the close: {closed_only}", file=sys.stderr, flush=True)
     print(f"N={n} final latency p50 / p95 / max (s) by fixture: "
           + ", ".join(f"{k} {pct(v, 0.5):.2f} / {pct(v, 0.95):.2f} / {max(v):.2f} ({len(v)})" for k, v in sorted(per_fixture_latency.items()) if v), file=sys.stderr, flush=True)
+    slowest = sorted(per_sentence.items(), key=lambda kv: -max(kv[1]))[:3]
+    print(f"N={n} sentences with the latest finals, median / max over streams and rounds (s): "
+          + "; ".join(f"{f} ch{ch} \"{ref[:40]}\" {pct(v, 0.5):.2f} / {max(v):.2f} ({len(v)})" for (f, ch, ref), v in slowest), file=sys.stderr, flush=True)
     return {
         "refined_wer": refined_errors / words if words else float("nan"),
         "revision_p95": pct(delays, 0.95) if delays else float("nan"), "revisions": len(delays),
