@@ -321,8 +321,7 @@ class ChannelDecoder:
         skipped when their speaker went on got that sentence's final with the next one's, or from
         a later interim's split, 2-5.6 s after its speech ended (docs/benchmarks.md, 39th session)."""
         at = job.audio_end
-        return (utt.paused_at is None and not utt.splitting and utt.head is None and utt.pause_cut != at
-                and at - utt.start >= SPLIT_MIN_S * MODEL_RATE and self._may_split(utt, at, SENTENCE_PAUSE_SOONER_S))
+        return at - utt.start >= SPLIT_MIN_S * MODEL_RATE and self._may_cut_at_pause(utt, at)
 
     def job_running(self, job: DecodeJob) -> list[PipelineEvent]:
         """``job``, withdrawn, was already running: if it is an interim of an utterance that paused or
@@ -662,10 +661,10 @@ class ChannelDecoder:
         The split rules wait for an interim that hears the next sentence begin with a capital
         (Whisper ends most decodes with a full stop, commas included), which comes 0.8-1.5 s after
         the pause; a pause this long and a decode that heard the sentence end are evidence enough."""
-        if utt.spec is None or utt.ended is not None or utt.paused_at is not None or utt.splitting or utt.head is not None:
+        if utt.spec is None:
             return []
         at, hyp, _ = utt.spec
-        if utt.pause_cut == at or not self._may_split(utt, at, SENTENCE_PAUSE_SOONER_S) or not hyp.words:
+        if not self._may_cut_at_pause(utt, at) or not hyp.words:
             return []
         last = hyp.words[-1]
         if not ends_sentence(last.word) or last.end < SPLIT_MIN_S:
@@ -674,6 +673,13 @@ class ChannelDecoder:
         utt.splitting = True
         reach = int(SPLIT_TIGHT_S * MODEL_RATE)
         return [SplitUtterance(self.channel, utt.index, at - reach, at + reach, SENTENCE_PAUSE_MS, at)]
+
+    def _may_cut_at_pause(self, utt: _Utterance, at: int) -> bool:
+        """Whether a cut where a pause decode of ``utt`` ended at ``at`` may still be asked for: the
+        speaker talks on, no split or continuation is under way, none was asked there before, and
+        the talking has run ``split_after_s`` less ``SENTENCE_PAUSE_SOONER_S`` there."""
+        return (utt.ended is None and utt.paused_at is None and not utt.splitting and utt.head is None and utt.pause_cut != at
+                and self._may_split(utt, at, SENTENCE_PAUSE_SOONER_S))
 
     @staticmethod
     def _split_heard(utt: _Utterance, end: int) -> Hypothesis | None:
