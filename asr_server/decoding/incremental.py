@@ -54,7 +54,7 @@ from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, settle_window, split_words, trusted, window_request,
+from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, mark_heard, plan_window, reached, repeats_itself, revised_texts, settle_window, split_words, surer_texts, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
 from .text import ends_sentence, guard, normalize_word, normalized_text
@@ -825,8 +825,9 @@ class ChannelDecoder:
         return [SubmitJob(self._context_job)]
 
     def _settle_ended(self, job: DecodeJob, hypothesis: Hypothesis | None) -> list[PipelineEvent]:
-        """A settle decode came back: its words decide each record it reached, where :func:`trusted`,
-        and each record it reached up to the one it may decide is settled for good (the first at least;
+        """A settle decode came back: its words decide each record it reached, where :func:`trusted`
+        and not heard less surely than the record's own (:func:`surer_texts`), and each record it
+        reached up to the one it may decide is settled for good (the first at least;
         all of them, keeping their words, where ``hypothesis`` is None: skipped or failed)."""
         self._context_job, self._settling = None, False
         spans = self._context_spans
@@ -840,7 +841,7 @@ class ChannelDecoder:
                 groups = self._pass_groups(hyp.words, spans, covered)
                 decide_to = reached(covered, groups, first, decide_to)
                 if trusted(covered, groups, first, decide_to):
-                    texts = _mended_seams(covered, groups, spans, revised_texts(covered, groups, spans, first, decide_to))
+                    texts = _mended_seams(covered, groups, spans, surer_texts(covered, groups, revised_texts(covered, groups, spans, first, decide_to)))
             if texts is not None:
                 out.extend(self._revise(covered, spans, texts))
             for record in covered:
