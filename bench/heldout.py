@@ -2,6 +2,7 @@
 
     python bench/heldout.py /tmp/heldout
     python bench/heldout.py --set 2 /tmp/heldout2
+    python bench/heldout.py --set 3 /tmp/heldout3
     python bench/replay_bench.py --fixture-dir /tmp/heldout --fixtures all --offline [--noise-db 20 | --room]
     python bench/stream_bench.py --fixture-dir /tmp/heldout --fixtures all [--noise-db 20 | --room]
 
@@ -17,6 +18,9 @@ install espeak-ng``); the same on every run.
 
 ``--set 2`` writes three more (a stand-up, a support call at 8 kHz, a recipe read fast), with
 other voices again, made when the first three had been measured on for ten sessions.
+``--set 3`` writes three more (a lecture, a clinic call at 8 kHz in A-law, a news bulletin),
+made in the forty-first session to check the rules tuned on the first six: no rule or
+option has been chosen by its figures.
 """
 
 from __future__ import annotations
@@ -93,6 +97,35 @@ RECIPE = [
     "When the pasta is ready, drain it and mix it with the sauce.",
     "Serve it with fresh basil and plenty of grated cheese.",
 ]
+LECTURE = [
+    "Today we will look at how glaciers shape the valleys they move through.",
+    "A glacier is a river of ice that flows downhill under its own weight.",
+    "As it moves, it picks up rocks and drags them along the ground beneath it.",
+    "Over thousands of years this grinding turns a narrow valley into a wide U shape.",
+    "You can still see the scratches on bare rock in the mountains of Norway.",
+    "When the climate warms, the ice melts back and leaves long ridges of gravel.",
+    "These ridges are called moraines, and they mark where the glacier once ended.",
+    "Some lakes in Scotland formed behind moraines after the last ice age.",
+    "For next week, please read chapter seven and answer the first four questions.",
+    "If anything is unclear, send me an email before Thursday evening.",
+]
+CLINIC = [
+    "Good afternoon, this is the Riverside medical clinic.",
+    "I'm calling to confirm your appointment with doctor Evans.",
+    "It is booked for Monday the ninth at half past ten.",
+    "Please bring your insurance card and a list of your medicines.",
+    "If you need to cancel, call us at least one day before.",
+    "Have a good day, and we will see you next week.",
+]
+BULLETIN = [
+    "Heavy rain caused flooding in several northern towns overnight.",
+    "Firefighters rescued a family of four from the roof of their house.",
+    "The river is expected to reach its highest level by Wednesday morning.",
+    "Meanwhile, the city council approved a new plan for cycle lanes.",
+    "Work on the first section will start in April and cost eight million pounds.",
+    "In sport, the local team won their third match in a row on Saturday.",
+    "And finally, the weather will turn colder with snow on the hills.",
+]
 # (file, sentences, sample rate, espeak-ng voice, words per minute, pause after each sentence in seconds)
 RECORDINGS = [
     ("heldout_meeting_16k.wav", MEETING, 16000, "en-us+m3", 170, [0.35, 0.9, 0.3, 1.4, 0.4, 0.6, 2.2, 0.3, 0.5, 1.0, 0.45]),
@@ -104,6 +137,12 @@ SECOND = [
     ("ho2_support_8k.mulaw", SUPPORT, 8000, "en-gb-scotland+f4", 155, [0.6, 1.2, 0.35, 2.0, 0.9, 0.4]),
     ("ho2_recipe_16k.s16le", RECIPE, 16000, "en-029+m2", 180, [0.3, 0.25, 0.8, 0.35, 0.5, 0.3]),
 ]
+THIRD = [
+    ("ho3_lecture_16k.wav", LECTURE, 16000, "en-gb-x-gbclan+m4", 160, [0.8, 0.3, 1.5, 0.4, 0.25, 0.9, 2.4, 0.5, 0.35]),
+    ("ho3_clinic_8k.alaw", CLINIC, 8000, "en-us-nyc+f5", 160, [0.45, 0.7, 0.3, 1.3, 0.5]),
+    ("ho3_bulletin_16k.s16le", BULLETIN, 16000, "en-gb-x-gbcwmd+m1", 190, [0.4, 0.3, 0.9, 0.25, 0.6, 0.35]),
+]
+SETS = {1: RECORDINGS, 2: SECOND, 3: THIRD}
 
 
 def write(out: Path, name: str, audio: np.ndarray, rate: int) -> str:
@@ -111,9 +150,10 @@ def write(out: Path, name: str, audio: np.ndarray, rate: int) -> str:
     if name.endswith(".wav"):
         write_pcm(out / name, audio, rate, "pcm_s16le", "wav")
         return "wav"
-    if name.endswith(".mulaw"):
-        (out / name).write_bytes(g711(audio, "pcm_mulaw"))
-        return "mulaw"
+    if name.endswith((".mulaw", ".alaw")):
+        encoding = name.rsplit(".", 1)[1]
+        (out / name).write_bytes(g711(audio, f"pcm_{encoding}"))
+        return encoding
     (out / name).write_bytes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
     return "pcm_s16le"
 
@@ -121,11 +161,12 @@ def write(out: Path, name: str, audio: np.ndarray, rate: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path, help="folder to write the recordings and their manifest.json into")
-    ap.add_argument("--set", type=int, choices=(1, 2), default=1, help="which three recordings (2: made later, for a second look)")
+    ap.add_argument("--set", type=int, choices=sorted(SETS), default=1,
+                    help="which three recordings (2 and 3: made later, for a second and a third look)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {}
-    for name, sentences, rate, voice, wpm, pauses in (RECORDINGS if args.set == 1 else SECOND):
+    for name, sentences, rate, voice, wpm, pauses in SETS[args.set]:
         clips = [trim(espeak(sentence, rate, voice, wpm), rate) for sentence in sentences]
         audio, spans = assemble(clips, rate, [*pauses, 1.0], lead_s=0.6)
         encoding = write(args.out, name, audio, rate)

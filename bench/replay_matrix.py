@@ -1,6 +1,6 @@
 """The deterministic replay over many takes at once, pooled: is a decoding rule better, or lucky?
 
-    python bench/replay_matrix.py [--sets fixtures,heldout1,heldout2] [--conditions clean,noise,room]
+    python bench/replay_matrix.py [--sets fixtures,heldout1,heldout2[,heldout3]] [--conditions clean,noise,room]
                                   [--speeds 0.9,1.0,1.1] [--jobs 2] [--out DIR] [--against DIR] [--chunked-offline]
                                   [-- replay_bench.py options]
 
@@ -18,13 +18,15 @@ decode of each channel).
 Why: one replay holds three to five recordings, and a change to a rule of the two passes
 moves single words in them by chance (one word is 1-3 points of a recording). Judged on one
 replay per condition, nine changes in a row looked better on some and worse on others
-(docs/benchmarks.md, thirty-first session). The three held-out sets are different voices,
+(docs/benchmarks.md, thirty-first session). The three default sets are different voices,
 texts and pauses; ``--speed`` (0.9, 1.1) makes other takes of the same people (see
 ``replay_bench.py``), so a rule is judged on 27 replays of some 100 channels.
 
-``fixtures`` are ``replay_bench.py``'s default recordings; ``heldout1`` and ``heldout2`` are
-the recordings ``bench/heldout.py`` writes (espeak-ng; into a temporary folder unless
-``--heldout-dir`` names a folder holding ``set1`` and ``set2`` from an earlier run). Options
+``fixtures`` are ``replay_bench.py``'s default recordings; ``heldout1``, ``heldout2`` and
+``heldout3`` are the recordings ``bench/heldout.py`` writes (espeak-ng; into a temporary folder
+unless ``--heldout-dir`` names a folder holding ``set1``, ``set2``, ``set3`` from an earlier run).
+``heldout3`` runs only when ``--sets`` names it: it was made to check the rules chosen on the
+other 27 replays, and a rule judged on it too has no unseen recordings left. Options
 after ``--`` go to every replay (``-- --context-ahead-s 2``: a rule's option). ``--against``
 names an earlier run's ``--out`` folder (the code before a change): each replay's WER after
 revisions is then set beside it, with a count of replays that got better and worse. The replays
@@ -48,7 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.wer import edit_distance, normalize  # noqa: E402
 
-SETS = ("fixtures", "heldout1", "heldout2")
+SETS = ("fixtures", "heldout1", "heldout2", "heldout3")
+DEFAULT_SETS = SETS[:3]  # heldout3 on request: kept apart to check rules chosen on the others
 CONDITIONS = {"clean": [], "noise": ["--noise-db", "20"], "room": ["--room"]}
 COLUMNS = ("first", "revised", "offline", "chunked")  # chunked: with --chunked-offline only
 
@@ -93,11 +96,7 @@ def tally(texts: dict[str, dict[str, str]]) -> Tally:
 
 
 def replay_command(cell: Cell, heldout: Path, json_out: Path, extra: list[str]) -> list[str]:
-    recordings = {
-        "fixtures": [],
-        "heldout1": ["--fixture-dir", str(heldout / "set1"), "--fixtures", "all"],
-        "heldout2": ["--fixture-dir", str(heldout / "set2"), "--fixtures", "all"],
-    }[cell.recordings]
+    recordings = [] if cell.recordings == "fixtures" else ["--fixture-dir", str(heldout / f"set{cell.recordings[-1]}"), "--fixtures", "all"]
     return [sys.executable, str(ROOT / "bench" / "replay_bench.py"), "--offline", "--speed", str(cell.speed),
             *recordings, *CONDITIONS[cell.condition], "--json", str(json_out), *extra]
 
@@ -113,9 +112,9 @@ def run_cell(cell: Cell, heldout: Path, out: Path, extra: list[str]) -> Tally:
     return result
 
 
-def write_heldout(folder: Path) -> None:
-    """Both held-out sets into ``folder``/set1 and set2, unless they are there."""
-    for n in (1, 2):
+def write_heldout(folder: Path, sets: list[str]) -> None:
+    """The held-out sets among ``sets`` into ``folder``/set1, set2, set3, unless they are there."""
+    for n in sorted(int(s[-1]) for s in sets if s != "fixtures"):
         target = folder / f"set{n}"
         if not (target / "manifest.json").exists():
             subprocess.run([sys.executable, str(ROOT / "bench" / "heldout.py"), "--set", str(n), str(target)], check=True, stdout=subprocess.DEVNULL)
@@ -167,11 +166,11 @@ def earlier(folder: Path, cells: list[Cell]) -> dict[Cell, Tally]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
+    ap.add_argument("--sets", default=",".join(DEFAULT_SETS), help=f"comma-separated, of {', '.join(SETS)} (default: all but heldout3)")
     ap.add_argument("--conditions", default=",".join(CONDITIONS), help=f"comma-separated, of {', '.join(CONDITIONS)}")
     ap.add_argument("--speeds", default="0.9,1.0,1.1", help="comma-separated factors from 0.5 to 2")
     ap.add_argument("--jobs", type=int, default=2, help="replays at once (each uses about a core)")
-    ap.add_argument("--heldout-dir", type=Path, default=None, help="where set1 and set2 of bench/heldout.py are (written there if missing)")
+    ap.add_argument("--heldout-dir", type=Path, default=None, help="where set1, set2 (and set3) of bench/heldout.py are (written there if missing)")
     ap.add_argument("--out", type=Path, default=None, help="keep each replay's table and texts here")
     ap.add_argument("--against", type=Path, default=None, help="an earlier run's --out folder: compare after revisions with it, replay by replay")
     ap.add_argument("--chunked-offline", action="store_true", help="and offline on the chunker's audio (replay_bench.py --chunked-offline): two more columns")
@@ -192,7 +191,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="replay-matrix-") as scratch:
         heldout = args.heldout_dir or Path(scratch)
         if any(s != "fixtures" for s in sets):
-            write_heldout(heldout)
+            write_heldout(heldout, sets)
         out = args.out or Path(scratch)
         out.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
