@@ -21,7 +21,7 @@ other voices again, made when the first three had been measured on for ten sessi
 ``--set 3`` writes three more (a lecture, a clinic call at 8 kHz in A-law, a news bulletin),
 made in the forty-first session to check the rules tuned on the first six: no rule or
 option has been chosen by its figures (that session judged one change of the pass windows on
-all nine sets of replays, set 3's too, and kept none: docs/benchmarks.md).
+the 27 replays and on set 3's nine, and kept none: docs/benchmarks.md).
 """
 
 from __future__ import annotations
