@@ -96,7 +96,7 @@ def tally(texts: dict[str, dict[str, str]]) -> Tally:
 
 
 def replay_command(cell: Cell, heldout: Path, json_out: Path, extra: list[str]) -> list[str]:
-    recordings = [] if cell.recordings == "fixtures" else ["--fixture-dir", str(heldout / f"set{cell.recordings[-1]}"), "--fixtures", "all"]
+    recordings = [] if cell.recordings == "fixtures" else ["--fixture-dir", str(set_folder(heldout, cell.recordings)), "--fixtures", "all"]
     return [sys.executable, str(ROOT / "bench" / "replay_bench.py"), "--offline", "--speed", str(cell.speed),
             *recordings, *CONDITIONS[cell.condition], "--json", str(json_out), *extra]
 
@@ -112,12 +112,18 @@ def run_cell(cell: Cell, heldout: Path, out: Path, extra: list[str]) -> Tally:
     return result
 
 
+def set_folder(heldout: Path, name: str) -> Path:
+    """Where held-out set ``name`` (heldout1, heldout2, heldout3) is: ``heldout``/set1 and so on."""
+    return heldout / f"set{name.removeprefix('heldout')}"
+
+
 def write_heldout(folder: Path, sets: list[str]) -> None:
     """The held-out sets among ``sets`` into ``folder``/set1, set2, set3, unless they are there."""
-    for n in sorted(int(s[-1]) for s in sets if s != "fixtures"):
-        target = folder / f"set{n}"
+    for name in sorted(s for s in sets if s != "fixtures"):
+        target = set_folder(folder, name)
         if not (target / "manifest.json").exists():
-            subprocess.run([sys.executable, str(ROOT / "bench" / "heldout.py"), "--set", str(n), str(target)], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([sys.executable, str(ROOT / "bench" / "heldout.py"), "--set", name.removeprefix("heldout"), str(target)],
+                           check=True, stdout=subprocess.DEVNULL)
 
 
 def row(label: str, t: Tally, before: Tally | None = None, chunked: bool = False) -> str:
