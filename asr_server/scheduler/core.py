@@ -177,11 +177,12 @@ class SchedulerCore:
         self.interim_runner = interim_runner
         self.limits = limits or BatchLimits()
         self._background = TimeShare()  # model time of interims and context passes
-        # Stretches of time during which some worker ran interims or context passes ("busy") and
-        # none did ("idle"), and since when the present one has lasted (None: nothing ran yet).
+        # Time during which workers ran interims or context passes ("busy"; each moment counted as
+        # min(1, calls running / BatchLimits.busy_side_by_side)) and the rest ("idle"); the busy
+        # level of the present stretch, and since when it has lasted (None: nothing ran yet).
         self._busy = TimeShare()
-        self._busy_since: float | None = None
-        self._idle_since: float | None = None
+        self._busy_level = 0.0
+        self._busy_at: float | None = None
         self.workers = max(1, workers)
         backlog = self.limits.burst_backlog
         self.burst_backlog = self.workers + 1 if backlog is None else backlog
@@ -395,17 +396,28 @@ class SchedulerCore:
         return until
 
     def _busy_share(self, now: float) -> float:
-        """The share of the recent time during which some worker ran interims or passes."""
-        since, kind = (self._busy_since, "busy") if self._busy_since is not None else (self._idle_since, "idle")
-        return self._busy.share("busy", now, None if since is None else (kind, now - since))
+        """The share of the recent time during which workers ran interims or passes (see ``_busy``)."""
+        if self._busy_at is None:
+            return 0.0
+        seconds = now - self._busy_at
+        return self._busy.share("busy", now, (("busy", seconds * self._busy_level), ("idle", seconds * (1.0 - self._busy_level))))
+
+    def _busy_changed(self, now: float) -> None:
+        """A background call started or ended: close the present stretch if its busy level changes."""
+        level = min(1.0, self._background_workers() / self.limits.busy_side_by_side)
+        if level == self._busy_level:
+            return
+        if self._busy_at is not None:
+            seconds = now - self._busy_at
+            self._busy.add("busy", seconds * self._busy_level, now)
+            self._busy.add("idle", seconds * (1.0 - self._busy_level), now)
+        self._busy_level, self._busy_at = level, now
 
     def _spent(self, batch: Batch, now: float) -> None:
-        """A batch is over (it left ``_running``): its model time, and the end of a busy stretch."""
+        """A batch is over (it left ``_running``): its model time, and its end in the busy share."""
         if batch.kind is not DecodeKind.FINAL:
             self._background.add(batch.kind, now - batch.started_at, now)
-            if self._busy_since is not None and not self._background_workers():
-                self._busy.add("busy", now - self._busy_since, now)
-                self._busy_since, self._idle_since = None, now
+            self._busy_changed(now)
 
     def _start(self, worker: int, entries: list[Entry], now: float) -> Batch:
         for entry in entries:
@@ -413,11 +425,9 @@ class SchedulerCore:
             entry.ticket = None
         first = entries[0].request
         batch = Batch(next(self._ids), worker, first.kind, self._runner_for(first), tuple(entries), now)
-        if batch.kind is not DecodeKind.FINAL and self._busy_since is None:
-            if self._idle_since is not None:
-                self._busy.add("idle", now - self._idle_since, now)
-            self._busy_since, self._idle_since = now, None
         self._running[batch.id] = batch
+        if batch.kind is not DecodeKind.FINAL:
+            self._busy_changed(now)
         return batch
 
     def _failed(self, batch: Batch) -> Outcome:

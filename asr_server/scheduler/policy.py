@@ -69,13 +69,13 @@ class TimeShare:
         self._decay(now)
         self._spent[kind] = self._spent.get(kind, 0.0) + max(0.0, seconds)
 
-    def share(self, kind: Hashable, now: float, ongoing: tuple[Hashable, float] | None = None) -> float:
-        """``kind``'s part of the time spent (0 when nothing was), with ``ongoing`` (a kind, and seconds
-        of it being spent now, not yet added) counted too."""
+    def share(self, kind: Hashable, now: float, ongoing: Sequence[tuple[Hashable, float]] = ()) -> float:
+        """``kind``'s part of the time spent (0 when nothing was), with ``ongoing`` (kinds, and seconds
+        of each being spent now, not yet added) counted too."""
         self._decay(now)
         spent = dict(self._spent)
-        if ongoing is not None:
-            spent[ongoing[0]] = spent.get(ongoing[0], 0.0) + max(0.0, ongoing[1])
+        for other, seconds in ongoing:
+            spent[other] = spent.get(other, 0.0) + max(0.0, seconds)
         total = sum(spent.values())
         return spent.get(kind, 0.0) / total if total > 0 else 0.0
 
@@ -221,10 +221,17 @@ class BatchLimits:
     # (on CPU with a burst copy of the weights, one per core: a burst's finals then decode a
     # call per core while calls of background work, at a lower priority, run on beside them).
     final_workers: int = 1
+    # Background calls (interims, context passes) the device runs side by side at full speed. The
+    # busy share that decides spare time (QueueState.background_busy) counts each moment as
+    # min(1, such calls running / this). 1: any call makes the moment busy, as on CPU, where the
+    # calls share the cores. On a GPU, calls on separate workers overlap: there each one running
+    # is a share of the workers background work may take (16 staggered streams on an H200 kept
+    # some call running nearly all the time, and spare time off, with the GPU far from full).
+    busy_side_by_side: int = 1
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_frames < 1 or self.final_frames < 0 or (self.burst_backlog or 0) < 0 or (self.context_max_wait_s or 0) < 0 or self.context_batch < 0 \
-                or self.final_workers < 1:
+                or self.final_workers < 1 or self.busy_side_by_side < 1:
             raise ValueError("batch limits must be positive")
         if not 0.0 <= self.context_share <= 1.0:
             raise ValueError("context_share is a fraction")

@@ -343,6 +343,29 @@ def test_background_busy_is_the_share_of_recent_time_some_worker_ran_interims_or
     assert fresh.state(3.0).background_busy == 1.0  # a server that starts busy reads busy at once
 
 
+def test_background_busy_counts_each_call_as_a_share_where_calls_run_side_by_side():
+    """On a GPU, background calls on separate workers overlap: with ``busy_side_by_side`` 2, one call
+    running is half busy, two are busy. Sixteen staggered streams on an H200 kept some call running
+    nearly all the time, so the measure that counts any call as busy left settle decodes off there."""
+    limits = BatchLimits(max_batch=1, busy_side_by_side=2)
+    core = SchedulerCore(FakeRunner(), limits, workers=3)
+    t = 0.0
+    for _ in range(200):  # both workers for 0.2 s, one of them for 0.1 s more, each second
+        core.add("a", interim("i"), t)
+        core.add("b", interim("j"), t)
+        first, second = core.schedule(t, 0).batch, core.schedule(t, 1).batch
+        assert first is not None and second is not None
+        core.update_from_output(first.id, [Hypothesis("i")], t + 0.2)
+        core.update_from_output(second.id, [Hypothesis("j")], t + 0.3)
+        t += 1.0
+    assert core.state(t).background_busy == pytest.approx(0.25, abs=0.02)  # 0.2 + 0.1 / 2 of each second
+    core.add("a", interim("long"), t)
+    assert core.schedule(t, 0).batch is not None
+    assert core.state(t + 100.0).background_busy == pytest.approx(0.5, abs=0.02)  # one call all along: half
+    with pytest.raises(ValueError):
+        BatchLimits(busy_side_by_side=0)
+
+
 def test_the_queue_state_tells_how_long_the_oldest_waiting_context_pass_has_waited():
     """What the governor's late passes are judged on: waiting passes only (one running is no backlog)."""
     core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=2)
