@@ -72,7 +72,8 @@ class Metrics:
         )
         self.background_busy = Gauge(
             "asr_background_busy_ratio",
-            "Share of the recent time (half-life 20 s) during which some worker ran interims or context passes",
+            "Share of the recent time (half-life 20 s) during which some worker ran interims or context passes "
+            "(each moment counted as min(1, calls running / --busy-side-by-side))",
             registry=r,
         )
         self.spare_time = Gauge(

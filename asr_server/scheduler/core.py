@@ -155,7 +155,8 @@ class QueueState:
     # The longest any interim has waited in the queue (captions lag by that much).
     oldest_interim_wait: float = 0.0
     # The share of the recent time (half-life SHARE_HALF_LIFE_S, since the first such decode) during
-    # which some worker ran interims or context passes: how much time the server has to spare.
+    # which some worker ran interims or context passes (each moment counted as min(1, calls running /
+    # BatchLimits.busy_side_by_side)): how much time the server has to spare.
     background_busy: float = 0.0
     # The longest any context pass has waited in the queue.
     oldest_context_wait: float = 0.0

@@ -89,8 +89,9 @@ class GovernorOptions:
     max_level: Level = Level.REFUSE_ALL
     # Settle decodes (ContextOptions.settle_window_s) take time the server has to spare: at level
     # 0, from when some worker ran interims or passes less than spare_busy_low of the recent time
-    # (QueueState.background_busy) until it is more than spare_busy_high or the level rises (then
-    # not before it is under spare_busy_low again). On 2 cores that left
+    # (QueueState.background_busy; on a GPU each call counts as a share, BatchLimits.busy_side_by_side)
+    # until it is more than spare_busy_high or the level rises (then not before it is under
+    # spare_busy_low again). On 2 cores that left
     # them on through runs of one and two real-time streams and off at eight, where they had made
     # revisions later (p95 12.0 -> 18.2 s) for no better transcript; at one stream they brought
     # it to offline's (docs/benchmarks.md, thirty-sixth session).

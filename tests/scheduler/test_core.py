@@ -317,22 +317,30 @@ def test_time_share_decays_with_its_half_life():
     assert share.share("context", 1000.0) == pytest.approx(1.5 / 2.5)  # decay keeps the ratio
 
 
-def test_background_busy_is_the_share_of_recent_time_some_worker_ran_interims_or_passes():
-    """What the governor's spare time is judged on: interims and passes only (finals have their own
-    workers), counted once however many workers run them at the same time, over the recent time."""
-    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=3)  # two workers for interims and passes
-    assert core.state(0.0).background_busy == 0.0
+def two_interims_each_second(core: SchedulerCore, seconds: int, with_final: bool = False) -> float:
+    """Each second from 0, two interims side by side on workers 0 and 1 (one for 0.2 s, the other for
+    0.3 s), and with ``with_final`` a final for 0.4 s after them; returns the time at the end."""
     t = 0.0
-    for _ in range(200):  # two interims side by side for 0.3 s each second, and a final that does not count
+    for _ in range(seconds):
         core.add("a", interim("i"), t)
         core.add("b", interim("j"), t)
         first, second = core.schedule(t, 0).batch, core.schedule(t, 1).batch
         assert first is not None and second is not None
         core.update_from_output(first.id, [Hypothesis("i")], t + 0.2)
         core.update_from_output(second.id, [Hypothesis("j")], t + 0.3)
-        core.add("c", final("f"), t + 0.5)
-        assert run_for(core, t + 0.5, 0.4) == ["f"]
+        if with_final:
+            core.add("c", final("f"), t + 0.5)
+            assert run_for(core, t + 0.5, 0.4) == ["f"]
         t += 1.0
+    return t
+
+
+def test_background_busy_is_the_share_of_recent_time_some_worker_ran_interims_or_passes():
+    """What the governor's spare time is judged on: interims and passes only (finals have their own
+    workers), counted once however many workers run them at the same time, over the recent time."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1), workers=3)  # two workers for interims and passes
+    assert core.state(0.0).background_busy == 0.0
+    t = two_interims_each_second(core, 200, with_final=True)  # ... and a final that does not count
     assert core.state(t).background_busy == pytest.approx(0.3, abs=0.02)
     core.add("a", interim("long"), t)
     assert core.schedule(t, 0).batch is not None
@@ -349,15 +357,7 @@ def test_background_busy_counts_each_call_as_a_share_where_calls_run_side_by_sid
     nearly all the time, so the measure that counts any call as busy left settle decodes off there."""
     limits = BatchLimits(max_batch=1, busy_side_by_side=2)
     core = SchedulerCore(FakeRunner(), limits, workers=3)
-    t = 0.0
-    for _ in range(200):  # both workers for 0.2 s, one of them for 0.1 s more, each second
-        core.add("a", interim("i"), t)
-        core.add("b", interim("j"), t)
-        first, second = core.schedule(t, 0).batch, core.schedule(t, 1).batch
-        assert first is not None and second is not None
-        core.update_from_output(first.id, [Hypothesis("i")], t + 0.2)
-        core.update_from_output(second.id, [Hypothesis("j")], t + 0.3)
-        t += 1.0
+    t = two_interims_each_second(core, 200)  # both workers for 0.2 s, one of them 0.1 s more
     assert core.state(t).background_busy == pytest.approx(0.25, abs=0.02)  # 0.2 + 0.1 / 2 of each second
     core.add("a", interim("long"), t)
     assert core.schedule(t, 0).batch is not None
