@@ -3,6 +3,7 @@
     python bench/heldout.py /tmp/heldout
     python bench/heldout.py --set 2 /tmp/heldout2
     python bench/heldout.py --set 3 /tmp/heldout3
+    python bench/heldout.py --set 4 /tmp/heldout4
     python bench/replay_bench.py --fixture-dir /tmp/heldout --fixtures all --offline [--noise-db 20 | --room]
     python bench/stream_bench.py --fixture-dir /tmp/heldout --fixtures all [--noise-db 20 | --room]
 
@@ -22,6 +23,8 @@ other voices again, made when the first three had been measured on for ten sessi
 made in the forty-first session to check the rules tuned on the first six: no rule or
 option has been chosen by its figures (that session judged one change of the pass windows on
 the 27 replays and on set 3's nine, and kept none: docs/benchmarks.md).
+``--set 4`` writes three more (a podcast host, a depot's call at 8 kHz, a fast museum tour),
+made in the forty-second session, once set 3 had been used to judge a change.
 """
 
 from __future__ import annotations
@@ -127,6 +130,35 @@ BULLETIN = [
     "In sport, the local team won their third match in a row on Saturday.",
     "And finally, the weather will turn colder with snow on the hills.",
 ]
+PODCAST = [
+    "Welcome back to the show, where we talk about small businesses and the people who run them.",
+    "My guest today opened a bicycle repair shop eleven years ago with two thousand dollars.",
+    "She started in a garage behind her parents' house and fixed bikes for the neighbours.",
+    "By the third year she had four employees and a waiting list of two weeks.",
+    "The hardest part, she says, was learning to say no to work she could not finish on time.",
+    "Last autumn the shop moved to a bigger building next to the railway station.",
+    "It now sells used bikes too, and runs a free class on Saturday mornings.",
+    "We will hear from her right after this short break.",
+]
+DISPATCH = [
+    "Hi, this is Maria from the depot, calling about your delivery.",
+    "The driver tried to drop off three boxes at your address this morning.",
+    "Nobody answered the door, so the parcels went back to the warehouse.",
+    "We can bring them again on Thursday between eight and noon.",
+    "Or you can pick them up yourself at gate number sixteen.",
+    "Please have your order number ready, it starts with K L nine.",
+    "Call us back on this number if neither option works for you.",
+]
+TOUR = [
+    "This hall holds paintings from the sixteenth and seventeenth centuries.",
+    "The large picture on your left shows a harbour at sunset, painted in fifteen ninety.",
+    "Look closely and you will see a small dog sleeping on the steps.",
+    "The artist hid a dog in almost every picture he made.",
+    "Nobody knows why, but visitors love to search for them.",
+    "In the next room there are maps drawn by sailors who crossed the Atlantic.",
+    "Please do not touch the glass, and keep your bags in front of you.",
+    "We will stop for twenty minutes at the cafe on the second floor.",
+]
 # (file, sentences, sample rate, espeak-ng voice, words per minute, pause after each sentence in seconds)
 RECORDINGS = [
     ("heldout_meeting_16k.wav", MEETING, 16000, "en-us+m3", 170, [0.35, 0.9, 0.3, 1.4, 0.4, 0.6, 2.2, 0.3, 0.5, 1.0, 0.45]),
@@ -143,7 +175,12 @@ THIRD = [
     ("ho3_clinic_8k.alaw", CLINIC, 8000, "en-us-nyc+f5", 160, [0.45, 0.7, 0.3, 1.3, 0.5]),
     ("ho3_bulletin_16k.s16le", BULLETIN, 16000, "en-gb-x-gbcwmd+m1", 190, [0.4, 0.3, 0.9, 0.25, 0.6, 0.35]),
 ]
-SETS = {1: RECORDINGS, 2: SECOND, 3: THIRD}
+FOURTH = [
+    ("ho4_podcast_16k.wav", PODCAST, 16000, "en-gb+m5", 175, [0.5, 0.3, 1.2, 0.4, 2.0, 0.35, 0.7]),
+    ("ho4_dispatch_8k.mulaw", DISPATCH, 8000, "en-029+f2", 145, [0.9, 0.35, 1.5, 0.5, 0.3, 0.8]),
+    ("ho4_tour_16k.s16le", TOUR, 16000, "en-us+f4", 200, [0.3, 0.6, 0.25, 1.1, 0.4, 0.3, 0.7]),
+]
+SETS = {1: RECORDINGS, 2: SECOND, 3: THIRD, 4: FOURTH}
 
 
 def write(out: Path, name: str, audio: np.ndarray, rate: int) -> str:
@@ -163,7 +200,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path, help="folder to write the recordings and their manifest.json into")
     ap.add_argument("--set", type=int, choices=sorted(SETS), default=1,
-                    help="which three recordings (2 and 3: made later, for a second and a third look)")
+                    help="which three recordings (2, 3 and 4: made later, for more looks)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {}

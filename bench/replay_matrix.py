@@ -1,6 +1,6 @@
 """The deterministic replay over many takes at once, pooled: is a decoding rule better, or lucky?
 
-    python bench/replay_matrix.py [--sets fixtures,heldout1,heldout2[,heldout3]] [--conditions clean,noise,room]
+    python bench/replay_matrix.py [--sets fixtures,heldout1,heldout2[,heldout3][,heldout4]] [--conditions clean,noise,room]
                                   [--speeds 0.9,1.0,1.1] [--jobs 2] [--out DIR] [--against DIR] [--chunked-offline]
                                   [-- replay_bench.py options]
 
@@ -22,11 +22,12 @@ replay per condition, nine changes in a row looked better on some and worse on o
 texts and pauses; ``--speed`` (0.9, 1.1) makes other takes of the same people (see
 ``replay_bench.py``), so a rule is judged on 27 replays of some 100 channels.
 
-``fixtures`` are ``replay_bench.py``'s default recordings; ``heldout1``, ``heldout2`` and
-``heldout3`` are the recordings ``bench/heldout.py`` writes (espeak-ng; into a temporary folder
-unless ``--heldout-dir`` names a folder holding ``set1``, ``set2``, ``set3`` from an earlier run).
-``heldout3`` runs only when ``--sets`` names it: it was made to check the rules chosen on the
-other 27 replays, and a rule judged on it too has no unseen recordings left. Options
+``fixtures`` are ``replay_bench.py``'s default recordings; ``heldout1`` to ``heldout4`` are
+the recordings ``bench/heldout.py`` writes (espeak-ng; into a temporary folder unless
+``--heldout-dir`` names a folder holding ``set1`` to ``set4`` from an earlier run).
+``heldout3`` and ``heldout4`` run only when ``--sets`` names them: they were made to check the
+rules chosen on the other 27 replays (set 3 judged one change in the forty-first session, so
+set 4 is the one no rule has been judged on). Options
 after ``--`` go to every replay (``-- --context-ahead-s 2``: a rule's option). ``--against``
 names an earlier run's ``--out`` folder (the code before a change): each replay's WER after
 revisions is then set beside it, with a count of replays that got better and worse. The replays
@@ -50,8 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.wer import edit_distance, normalize  # noqa: E402
 
-SETS = ("fixtures", "heldout1", "heldout2", "heldout3")
-DEFAULT_SETS = SETS[:3]  # heldout3 on request: kept apart to check rules chosen on the others
+SETS = ("fixtures", "heldout1", "heldout2", "heldout3", "heldout4")
+DEFAULT_SETS = SETS[:3]  # heldout3 and heldout4 on request: kept apart to check rules chosen on the others
 CONDITIONS = {"clean": [], "noise": ["--noise-db", "20"], "room": ["--room"]}
 COLUMNS = ("first", "revised", "offline", "chunked")  # chunked: with --chunked-offline only
 
@@ -113,12 +114,12 @@ def run_cell(cell: Cell, heldout: Path, out: Path, extra: list[str]) -> Tally:
 
 
 def set_folder(heldout: Path, name: str) -> Path:
-    """Where held-out set ``name`` (heldout1, heldout2, heldout3) is: ``heldout``/set1 and so on."""
+    """Where held-out set ``name`` (heldout1 to heldout4) is: ``heldout``/set1 and so on."""
     return heldout / f"set{name.removeprefix('heldout')}"
 
 
 def write_heldout(folder: Path, sets: list[str]) -> None:
-    """The held-out sets among ``sets`` into ``folder``/set1, set2, set3, unless they are there."""
+    """The held-out sets among ``sets`` into ``folder``/set1 to set4, unless they are there."""
     for name in sorted(s for s in sets if s != "fixtures"):
         target = set_folder(folder, name)
         if not (target / "manifest.json").exists():
@@ -172,7 +173,7 @@ def earlier(folder: Path, cells: list[Cell]) -> dict[Cell, Tally]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sets", default=",".join(DEFAULT_SETS), help=f"comma-separated, of {', '.join(SETS)} (default: all but heldout3)")
+    ap.add_argument("--sets", default=",".join(DEFAULT_SETS), help=f"comma-separated, of {', '.join(SETS)} (default: all but heldout3 and heldout4)")
     ap.add_argument("--conditions", default=",".join(CONDITIONS), help=f"comma-separated, of {', '.join(CONDITIONS)}")
     ap.add_argument("--speeds", default="0.9,1.0,1.1", help="comma-separated factors from 0.5 to 2")
     ap.add_argument("--jobs", type=int, default=2, help="replays at once (each uses about a core)")
