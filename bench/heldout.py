@@ -23,8 +23,10 @@ other voices again, made when the first three had been measured on for ten sessi
 made in the forty-first session to check the rules tuned on the first six: no rule or
 option has been chosen by its figures (that session judged one change of the pass windows on
 the 27 replays and on set 3's nine, and kept none: docs/benchmarks.md).
-``--set 4`` writes three more (a podcast host, a depot's call at 8 kHz, a fast museum tour),
-made in the forty-second session, once set 3 had been used to judge a change.
+``--set 4`` writes three more (a podcast host, a depot's call at 8 kHz in mu-law, a museum tour
+read at 200 words a minute), made in the forty-second session once set 3 had judged a change.
+That session judged one change on its nine replays before any other (a pass window keeping a
+noisy pause's audio; not kept: docs/benchmarks.md).
 """
 
 from __future__ import annotations

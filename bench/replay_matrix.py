@@ -26,8 +26,8 @@ texts and pauses; ``--speed`` (0.9, 1.1) makes other takes of the same people (s
 the recordings ``bench/heldout.py`` writes (espeak-ng; into a temporary folder unless
 ``--heldout-dir`` names a folder holding ``set1`` to ``set4`` from an earlier run).
 ``heldout3`` and ``heldout4`` run only when ``--sets`` names them: they were made to check the
-rules chosen on the other 27 replays (set 3 judged one change in the forty-first session, so
-set 4 is the one no rule has been judged on). Options
+rules chosen on the other 27 replays (each judged one change, not kept, in the session that
+made it: set 3 in the forty-first, set 4 in the forty-second). Options
 after ``--`` go to every replay (``-- --context-ahead-s 2``: a rule's option). ``--against``
 names an earlier run's ``--out`` folder (the code before a change): each replay's WER after
 revisions is then set beside it, with a count of replays that got better and worse. The replays
