@@ -398,20 +398,22 @@ class SchedulerCore:
 
     def _busy_share(self, now: float) -> float:
         """The share of the recent time during which workers ran interims or passes (see ``_busy``)."""
+        return 0.0 if self._busy_at is None else self._busy.share("busy", now, self._stretch(now))
+
+    def _stretch(self, now: float) -> tuple[tuple[str, float], ...]:
+        """The present stretch until ``now``, as busy and idle seconds (none before anything ran)."""
         if self._busy_at is None:
-            return 0.0
+            return ()
         seconds = now - self._busy_at
-        return self._busy.share("busy", now, (("busy", seconds * self._busy_level), ("idle", seconds * (1.0 - self._busy_level))))
+        return (("busy", seconds * self._busy_level), ("idle", seconds * (1.0 - self._busy_level)))
 
     def _busy_changed(self, now: float) -> None:
         """A background call started or ended: close the present stretch if its busy level changes."""
         level = min(1.0, self._background_workers() / self.limits.busy_side_by_side)
         if level == self._busy_level:
             return
-        if self._busy_at is not None:
-            seconds = now - self._busy_at
-            self._busy.add("busy", seconds * self._busy_level, now)
-            self._busy.add("idle", seconds * (1.0 - self._busy_level), now)
+        for kind, seconds in self._stretch(now):
+            self._busy.add(kind, seconds, now)
         self._busy_level, self._busy_at = level, now
 
     def _spent(self, batch: Batch, now: float) -> None:
