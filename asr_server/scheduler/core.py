@@ -225,7 +225,7 @@ class SchedulerCore:
         """Queue ``job``; its answer comes out of a later schedule or update."""
         entry = Entry(next(self._ids), owner, job, now, refresh, trace=trace)
         queue = self._queue(entry)
-        entry.ticket = queue.push(owner, entry, weight=weight, cost=estimated_cost(job.request.kind.final_quality, job.request.duration))
+        entry.ticket = queue.push(owner, entry, weight=weight, cost=estimated_cost(job.request.kind.final_quality, job.request.duration), lane=job.channel)
         self._entries[entry.id] = entry
         return entry
 

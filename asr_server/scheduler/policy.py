@@ -1,12 +1,17 @@
-"""Which waiting decode runs next: weighted fair queuing across sessions.
+"""Which waiting decode runs next: weighted fair queuing across streams.
 
-Start-time fair queuing (Goyal, Vin and Cheng, 1996): each session (owner)
-is a flow with a weight; a job gets a start tag ``max(V, the owner's last
-finish tag)`` and a finish tag ``start + cost / weight``; the job with the
-smallest start tag runs next, and the virtual time ``V`` becomes its start
-tag. A session's share of model time is proportional to its weight and no
-session waits behind another's backlog: every admitted stream keeps making
-progress, whatever its class (no strict priority).
+Start-time fair queuing (Goyal, Vin and Cheng, 1996): each channel (lane) of
+a session (owner) is a flow with the session's weight; a job gets a start tag
+``max(V, the flow's last finish tag)`` and a finish tag ``start + cost /
+weight``; the job with the smallest start tag runs next, and the virtual time
+``V`` becomes its start tag. A flow's share of model time is proportional to
+its weight and no flow waits behind another's backlog: every admitted stream
+keeps making progress, whatever its class (no strict priority). Admission
+counts channels, and so does the share: a call's two channels get two shares,
+as two streams would (with one flow per session, each of a call's channels
+had half a stream's share, and at 8 streams on 2 cores its revisions came p50
+9-10 s after its finals against 4 s with a flow each; docs/benchmarks.md,
+forty-third session).
 
 Batches (continuous batching): whenever the model is free, :func:`form_batch`
 takes the fair-order head and then, in fair order, the other waiting jobs that
@@ -112,7 +117,7 @@ class FairQueue(Generic[T]):
 
     def __init__(self) -> None:
         self._virtual = 0.0
-        self._last_finish: dict[str, float] = {}
+        self._last_finish: dict[tuple[str, Hashable], float] = {}  # per flow: (owner, lane)
         self._heap: list[tuple[float, int, Ticket[T]]] = []
         self._seq = itertools.count()
         self._live = 0
@@ -125,12 +130,14 @@ class FairQueue(Generic[T]):
         """Tickets in the heap, dead ones included (bounded by twice the live ones, plus a few)."""
         return len(self._heap)
 
-    def push(self, owner: str, item: T, *, weight: float, cost: float) -> Ticket[T]:
+    def push(self, owner: str, item: T, *, weight: float, cost: float, lane: Hashable = None) -> Ticket[T]:
+        """Queue ``item`` on the flow of ``owner``'s ``lane`` (a session's channel), at ``weight``."""
         if weight <= 0 or cost < 0:
             raise ValueError("weight must be positive and cost non-negative")
-        start = max(self._virtual, self._last_finish.get(owner, 0.0))
+        flow = (owner, lane)
+        start = max(self._virtual, self._last_finish.get(flow, 0.0))
         ticket = Ticket(owner, item, start, start + cost / weight, next(self._seq))
-        self._last_finish[owner] = ticket.finish
+        self._last_finish[flow] = ticket.finish
         heapq.heappush(self._heap, (ticket.start, ticket.seq, ticket))
         self._live += 1
         return ticket
@@ -185,8 +192,9 @@ class FairQueue(Generic[T]):
         return dropped
 
     def forget(self, owner: str) -> None:
-        """``owner`` has gone: drop its flow's finish tag."""
-        self._last_finish.pop(owner, None)
+        """``owner`` has gone: drop the finish tags of its flows (one per lane)."""
+        for flow in [f for f in self._last_finish if f[0] == owner]:
+            del self._last_finish[flow]
 
     def _drop(self, ticket: Ticket[T]) -> None:
         ticket.cancelled = True

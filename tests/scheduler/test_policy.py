@@ -51,6 +51,29 @@ def test_each_owner_is_served_in_its_own_order():
     assert order == {"a": [0, 1, 2, 3, 4], "b": [0, 1, 2, 3, 4]}
 
 
+def test_each_lane_of_an_owner_is_a_flow_of_its_own():
+    """A call's two channels get two streams' shares (admission counts channels), not one between them."""
+    q = FairQueue()
+    for i in range(10):
+        q.push("call", ("left", i), weight=1, cost=1, lane=0)
+        q.push("call", ("right", i), weight=1, cost=1, lane=1)
+        q.push("solo", ("solo", i), weight=1, cost=1, lane=0)
+    served = [q.pop().item[0] for _ in range(12)]
+    assert served.count("left") == served.count("right") == served.count("solo") == 4
+
+
+def test_forgetting_an_owner_drops_the_tags_of_all_its_lanes():
+    q = FairQueue()
+    for lane in (0, 1):
+        for i in range(5):
+            q.push("gone", i, weight=1, cost=1, lane=lane)
+    q.cancel_owner("gone")
+    for i in range(3):
+        q.push("other", i, weight=1, cost=1)
+    q.push("gone", "back", weight=1, cost=1, lane=1)  # the name again: a flow that starts afresh
+    assert [q.pop().item for _ in range(4)] == [0, "back", 1, 2]
+
+
 def test_cancel_and_cancel_owner():
     q = FairQueue()
     t1 = q.push("a", 1, weight=1, cost=1)
