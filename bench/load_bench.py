@@ -248,6 +248,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     broken = 0
     per_fixture: dict[str, list[int]] = {}
     per_fixture_latency: dict[str, list[float]] = {}  # final latencies by recording and channel
+    per_fixture_revision: dict[str, list[float]] = {}  # revision delays (first change of each utterance) by recording and channel
     per_sentence: dict[tuple[str, int, str], list[float]] = {}  # ... and by sentence (its reference), over streams and rounds
     for entry, r, _code, refused_after in results:
         if refused_after is not None:
@@ -282,6 +283,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
             settle_delays, unsettled = settled_delays(r, ch)
             settled, closed_only = settled + settle_delays, closed_only + unsettled
             delays += first_delays
+            per_fixture_revision.setdefault(f"{r.fixture} ch{ch}", []).extend(first_delays)
             per_revision += revision_firsts
             redone += again
     print(f"N={n} WER first pass / after revisions by fixture: "
@@ -294,6 +296,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
               f"background busy share p50 / p95 {pct(busy, 0.5):.2f} / {pct(busy, 0.95):.2f}", file=sys.stderr, flush=True)
     print(f"N={n} final latency p50 / p95 / max (s) by fixture: "
           + ", ".join(f"{k} {pct(v, 0.5):.2f} / {pct(v, 0.95):.2f} / {max(v):.2f} ({len(v)})" for k, v in sorted(per_fixture_latency.items()) if v), file=sys.stderr, flush=True)
+    print(f"N={n} revision delay p50 / p95 / max (s) by fixture: "
+          + ", ".join(f"{k} {pct(v, 0.5):.1f} / {pct(v, 0.95):.1f} / {max(v):.1f} ({len(v)})" for k, v in sorted(per_fixture_revision.items()) if v), file=sys.stderr, flush=True)
     slowest = sorted(per_sentence.items(), key=lambda kv: -max(kv[1]))[:3]
     print(f"N={n} sentences with the latest finals, median / max over streams and rounds (s): "
           + "; ".join(f"{f} ch{ch} \"{ref[:40]}\" {pct(v, 0.5):.2f} / {max(v):.2f} ({len(v)})" for (f, ch, ref), v in slowest), file=sys.stderr, flush=True)
