@@ -225,7 +225,11 @@ class SchedulerCore:
         """Queue ``job``; its answer comes out of a later schedule or update."""
         entry = Entry(next(self._ids), owner, job, now, refresh, trace=trace)
         queue = self._queue(entry)
-        entry.ticket = queue.push(owner, entry, weight=weight, cost=estimated_cost(job.request.kind.final_quality, job.request.duration), lane=job.channel)
+        # Context passes queue per channel (see policy.py: a call's channels' revisions waited twice
+        # another stream's); interims and finals per session, as per channel cost 16 streams 0.1 s of
+        # finals p95 (cause not found; docs/benchmarks.md, forty-third session).
+        lane = job.channel if job.request.kind is DecodeKind.CONTEXT else None
+        entry.ticket = queue.push(owner, entry, weight=weight, cost=estimated_cost(job.request.kind.final_quality, job.request.duration), lane=lane)
         self._entries[entry.id] = entry
         return entry
 

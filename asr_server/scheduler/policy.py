@@ -1,17 +1,17 @@
-"""Which waiting decode runs next: weighted fair queuing across streams.
+"""Which waiting decode runs next: weighted fair queuing across sessions.
 
-Start-time fair queuing (Goyal, Vin and Cheng, 1996): each channel (lane) of
-a session (owner) is a flow with the session's weight; a job gets a start tag
-``max(V, the flow's last finish tag)`` and a finish tag ``start + cost /
-weight``; the job with the smallest start tag runs next, and the virtual time
-``V`` becomes its start tag. A flow's share of model time is proportional to
-its weight and no flow waits behind another's backlog: every admitted stream
-keeps making progress, whatever its class (no strict priority). Admission
-counts channels, and so does the share: a call's two channels get two shares,
-as two streams would (with one flow per session, each of a call's channels
-had half a stream's share, and at 8 streams on 2 cores its revisions came p50
-9-10 s after its finals against 4 s with a flow each; docs/benchmarks.md,
-forty-third session).
+Start-time fair queuing (Goyal, Vin and Cheng, 1996): each session (owner),
+or each lane of it (a channel), is a flow with the session's weight; a job
+gets a start tag ``max(V, the flow's last finish tag)`` and a finish tag
+``start + cost / weight``; the job with the smallest start tag runs next, and
+the virtual time ``V`` becomes its start tag. A flow's share of model time is
+proportional to its weight and no flow waits behind another's backlog: every
+admitted stream keeps making progress, whatever its class (no strict
+priority). Context passes queue by channel (the scheduler core's choice): in
+one flow per session, a call's two channels had half a stream's share of
+passes each, and at 8 streams on 2 cores its revisions came p50 8-9 s after
+its finals, against 4-5 s with a flow each (docs/benchmarks.md, forty-third
+session).
 
 Batches (continuous batching): whenever the model is free, :func:`form_batch`
 takes the fair-order head and then, in fair order, the other waiting jobs that
