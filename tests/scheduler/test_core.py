@@ -49,25 +49,26 @@ def test_finals_run_before_interims_and_sessions_take_turns():
     assert core.live == 0 and core.depth == 0
 
 
+def call_and_solo_order(make) -> list[str]:
+    """Two jobs each of a call's two channels and of a one-channel session, made by ``make``,
+    queued at once: the order they run in, one to a call."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1))
+    for i in range(2):
+        core.add("call", make(f"left {i}"), 0.0)
+        core.add("call", replace(make(f"right {i}"), channel=1), 0.0)
+        core.add("solo", make(f"solo {i}"), 0.0)
+    return [p for t in range(6) for p in ran(core, 1.0 + t)]
+
+
 def test_each_channel_of_a_session_takes_its_own_turn_for_context_passes():
     """A call's two channels each get a stream's share of passes: with one flow per session, its
     second channel's passes waited behind every other session's (revisions twice as late)."""
-    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1))
-    for i in range(2):
-        core.add("call", context(f"left {i}"), 0.0)
-        core.add("call", replace(context(f"right {i}"), channel=1), 0.0)
-        core.add("solo", context(f"solo {i}"), 0.0)
-    order = [p for t in range(6) for p in ran(core, 1.0 + t)]
+    order = call_and_solo_order(context)
     assert order[:3] == ["left 0", "right 0", "solo 0"] and order[3:] == ["left 1", "right 1", "solo 1"]
 
 
 def test_interims_of_a_session_share_one_flow_whatever_their_channel():
-    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1))
-    for i in range(2):
-        core.add("call", interim(f"left {i}"), 0.0)
-        core.add("call", replace(interim(f"right {i}"), channel=1), 0.0)
-        core.add("solo", interim(f"solo {i}"), 0.0)
-    order = [p for t in range(6) for p in ran(core, 1.0 + t)]
+    order = call_and_solo_order(interim)
     assert order == ["left 0", "solo 0", "right 0", "solo 1", "left 1", "right 1"]
 
 
