@@ -9,9 +9,9 @@ proportional to its weight and no flow waits behind another's backlog: every
 admitted stream keeps making progress, whatever its class (no strict
 priority). Context passes queue by channel (the scheduler core's choice): in
 one flow per session, a call's two channels had half a stream's share of
-passes each, and at 8 streams on 2 cores its revisions came p50 8-9 s after
-its finals, against 4-5 s with a flow each (docs/benchmarks.md, forty-third
-session).
+passes each, and at 8 streams on 2 cores its revisions came p50 8-10 s after
+its finals (three runs of four), against 3.6-5.0 s with a flow each
+(docs/benchmarks.md, forty-third session).
 
 Batches (continuous batching): whenever the model is free, :func:`form_batch`
 takes the fair-order head and then, in fair order, the other waiting jobs that
