@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 from .audio.vad import DETECTORS, VadOptions
 from .decoding.context import ContextOptions
 from .inference.priority import BACKGROUND_NICE
-from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, QUICK_FINAL_PAD_S, BURST_FINAL_PAD_S, SHORT_INTERIM_PAD_S,
+from .inference.whisper import (DEFAULT_MODEL, FINAL_BEAM_SIZE, SETTLE_BEAM_SIZE, FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, QUICK_FINAL_PAD_S, BURST_FINAL_PAD_S, SHORT_INTERIM_PAD_S,
                                 LEAN_CONTEXT_PAD_S, ModelNotFound, WhisperRunner, resolve_model)
 from .options import IceServer, Limits, RtcOptions
 from .scheduler.capacity import CapacityModel
@@ -113,13 +113,15 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--final-encoder-pad-s", type=float, default=FINAL_ENCODER_PAD_S,
                    help="seconds of silence after the audio in final decodes (default 30: Whisper's full window, most accurate)")
     p.add_argument("--final-beam-size", type=_beam_size, default=FINAL_BEAM_SIZE,
-                   help=f"beam width of full finals, 1 for greedy (default {FINAL_BEAM_SIZE}); context revisions always use {FINAL_BEAM_SIZE}")
+                   help=f"beam width of full finals, 1 for greedy (default {FINAL_BEAM_SIZE}); context passes always use {FINAL_BEAM_SIZE}")
     p.add_argument("--quick-finals", action=argparse.BooleanOptionalAction, default=True,
                    help="first-pass finals of streams with revisions decode on the audio plus --quick-final-encoder-pad-s (half the "
                         "model time; the context pass refines them); with --no-quick-finals they use the full window (default on)")
     p.add_argument("--quick-final-encoder-pad-s", type=float, default=QUICK_FINAL_PAD_S,
                    help=f"seconds of silence after the audio in a quick final's window (default {QUICK_FINAL_PAD_S:g})")
     p.add_argument("--quick-final-beam-size", type=_beam_size, default=FINAL_BEAM_SIZE, help=f"beam width of quick finals (default {FINAL_BEAM_SIZE})")
+    p.add_argument("--settle-beam-size", type=_beam_size, default=SETTLE_BEAM_SIZE,
+                   help=f"beam width of settle decodes, which run only while the server has time to spare (default {SETTLE_BEAM_SIZE})")
     p.add_argument("--burst-final-encoder-pad-s", type=float, default=BURST_FINAL_PAD_S,
                    help=f"the same for finals in a burst (more finals waiting than workers), decoded greedily (default {BURST_FINAL_PAD_S:g})")
     p.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S,
@@ -393,7 +395,7 @@ def _load(
     baseline = process_rss()
     runner = WhisperRunner(model_path, pack_finals=args.pack_finals, max_windows=plan.max_windows, final_beam_size=args.final_beam_size,
                            final_threads=args.final_cpu_threads or (os.cpu_count() or 1), background_nice=args.background_nice, burst_copy=plan.burst_copy,
-                           quick_final_pad_s=args.quick_final_encoder_pad_s, quick_final_beam_size=args.quick_final_beam_size,
+                           quick_final_pad_s=args.quick_final_encoder_pad_s, quick_final_beam_size=args.quick_final_beam_size, settle_beam_size=args.settle_beam_size,
                            burst_final_pad_s=args.burst_final_encoder_pad_s, lean_context_pad_s=args.lean_context_encoder_pad_s, **common)
     interim = None
     if interim_path is not None:

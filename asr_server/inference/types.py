@@ -146,3 +146,4 @@ class BatchKey:
     quick: bool = False  # quick finals: on the quick window
     burst: bool = False  # finals in a burst: greedy, on the burst window
     busy: bool = False  # quick finals under load: greedy, on the burst window, not in a burst
+    settle: bool = False  # settle decodes: a wider beam than the passes'

@@ -49,6 +49,35 @@ def test_a_busy_final_decodes_greedily_on_the_burst_window_but_not_as_a_burst(wh
     assert hyp.words  # the guards and the context pass need its words
 
 
+def test_a_settle_decode_searches_wider_than_a_pass_and_never_shares_its_call(whisper_runner, monkeypatch):
+    """Settle decodes run only while the server has time to spare and decide a stretch for good,
+    so their beam is ``settle_beam_size`` (10) where a pass's is 5; a settle decode and a pass
+    with the same window and prompt length never share a model call (their batch keys differ:
+    a call has one beam)."""
+    from ..harness import MANIFEST, load_mono
+    from ..wer import wer
+
+    start, end = MANIFEST["espeak_16k.wav"]["spans"][0][1]
+    audio = load_mono("espeak_16k.wav")[int((start - 0.3) * 16000) : int((end + 0.2) * 16000)]
+    settle = DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True, long_prompt=True)
+    pass_ = DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True)
+    assert whisper_runner.batch_key(settle) != whisper_runner.batch_key(pass_)
+    beams: list[int] = []
+    attempt = whisper_runner._attempt
+
+    def counted(tokenizer, items, source, temperature, beam_size):
+        beams.append(beam_size)
+        return attempt(tokenizer, items, source, temperature, beam_size)
+
+    monkeypatch.setattr(whisper_runner, "_attempt", counted)
+    hyps = [whisper_runner.transcribe(settle), whisper_runner.transcribe(pass_)]
+    assert beams == [10, 5]
+    for hyp in hyps:
+        assert wer(MANIFEST["espeak_16k.wav"]["references"][0][1], hyp.text) <= 0.2, hyp.text
+    with pytest.raises(ValueError):
+        WhisperRunner(resolve_model("tiny.en"), settle_beam_size=0)
+
+
 def test_the_runaway_guard_lets_a_decode_give_as_many_tokens_as_it_says(whisper_runner, monkeypatch):
     """CTranslate2's Whisper decodes at most half the ``max_length`` it is given: asked for the
     guard's count as it was, a decode stopped at half of it, and a 21 s context pass of a fast
