@@ -292,7 +292,7 @@ class WhisperRunner(Runner):
         tokens = self._prompt_tokens(self._tokenizer(request.language), request.prompt, request.long_prompt)
         final = request.kind is DecodeKind.FINAL
         return BatchKey(request.kind, request.language, self.window_frames(request), len(tokens), final and request.short_window, final and request.burst,
-                        final and request.busy and not request.burst, request.kind is DecodeKind.CONTEXT and request.long_prompt)
+                        final and request.busy and not request.burst, _settles(request))
 
     def transcribe(self, request: DecodeRequest) -> Hypothesis:
         [hyp] = self.transcribe_batch([request])
@@ -384,7 +384,7 @@ class WhisperRunner(Runner):
     def _beam(self, kind: DecodeKind, request: DecodeRequest) -> int:
         if kind is DecodeKind.FINAL:
             return 1 if request.cut_back else self.quick_final_beam_size if request.short_window else self.final_beam_size
-        if kind is DecodeKind.CONTEXT and request.long_prompt:
+        if _settles(request):
             return self.settle_beam_size
         return FINAL_BEAM_SIZE if kind.final_quality else 1
 
@@ -569,6 +569,11 @@ class WhisperRunner(Runner):
             fw.merge_punctuation(alignment, PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)
             out.append([a for a in alignment if a["word"].strip()])
         return out
+
+
+def _settles(request: DecodeRequest) -> bool:
+    """Whether ``request`` is a settle decode (its own beam, so its own batches)."""
+    return request.kind is DecodeKind.CONTEXT and request.long_prompt
 
 
 def generate_length(tokens: int, start: int) -> int:
