@@ -7,7 +7,7 @@ from asr_server.audio.vad import VadOptions
 from asr_server.cli import build_parser
 
 
-@pytest.mark.parametrize("flag", ["--final-beam-size", "--quick-final-beam-size"])
+@pytest.mark.parametrize("flag", ["--final-beam-size", "--quick-final-beam-size", "--settle-beam-size"])
 def test_a_beam_of_no_hypotheses_is_refused(flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args([flag, "0"])
