@@ -1,6 +1,6 @@
 """Single-stream benchmark: replay fixtures at real-time pace through a real server.
 
-    python bench/stream_bench.py [--runs 1] [--fixtures a,b,...] [--noise-db 20] [--room] [--phone] [--revisions false] [--split-after-s 0]
+    python bench/stream_bench.py [--runs 1] [--fixtures a,b,...] [--noise-db 20] [--room] [--phone] [--gain-db -30] [--revisions false] [--split-after-s 0]
                                  [--fast-reader] [--interim-results false]
 
 Starts ``asr-server`` as a subprocess on a free loopback port with the embedded
@@ -31,7 +31,9 @@ only, as a phone line carries it); ``--room`` reverberates it (RT60 0.5 s,
 as much reverberant as direct energy) over room tone 35 dB below the speech; ``--phone``
 sends it as a telephone line delivers it (300-3400 Hz, 8 kHz G.711 mu-law, after the
 noise or room, which are at the caller's end): the human recordings become telephone
-speech, where the project's own 8 kHz recordings are synthetic voices;
+speech, where the project's own 8 kHz recordings are synthetic voices; ``--gain-db -30``
+turns all of it down 30 dB (16-bit samples, sent at 16 kHz), as a quiet microphone or a
+far talker sends it (the recordings' speech is at -19 to -25 dBFS);
 ``--fast-reader`` cuts every pause in one-channel recordings to 0.12 s, as a reader who
 hardly stops between sentences leaves them (only sentence splits can then end a sentence
 before the reading stops; ``--interim-results false`` as Deepgram's clients ask). Either
@@ -278,11 +280,19 @@ def load_channels(name: str) -> list[np.ndarray]:
 ROOM_TONE_DB = 35.0  # a quiet meeting room's hum and air, below the talker's speech level
 
 
+def with_gain(audio: np.ndarray, gain_db: float) -> np.ndarray:
+    """``audio`` turned up or down by ``gain_db``, in the steps of 16-bit samples (0: as it is)."""
+    if not gain_db:
+        return np.asarray(audio, np.float32)
+    return (np.round(np.clip(audio * 10 ** (gain_db / 20), -1, 1) * 32767) / 32767).astype(np.float32)
+
+
 def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool = False,
-              voices_db: float | None = None) -> tuple[bytes, list[np.ndarray]]:
+              voices_db: float | None = None, gain_db: float = 0.0) -> tuple[bytes, list[np.ndarray]]:
     """The fixture at 16 kHz as s16le: with ``room``, reverberated (RT60 0.5 s) over room tone
     ``ROOM_TONE_DB`` below its speech level; with ``snr_db``, continuous pink noise that far below it;
-    with ``voices_db``, other people talking (:func:`voices`) that far below it.
+    with ``voices_db``, other people talking (:func:`voices`) that far below it; then all of it
+    turned down (or up) by ``gain_db``, as a quiet microphone or a far talker delivers it.
     With ``phone``, the bytes are what a telephone line delivers instead
     (:func:`tests.harness.phone_line`: 8 kHz G.711 mu-law), and the arrays that audio as the
     server decodes it, at 16 kHz.
@@ -300,24 +310,24 @@ def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool =
             audio = audio + pink_noise(len(audio), 11 + ch, band) * level * 10 ** (-snr_db / 20)
         if voices_db is not None:
             audio = audio + voices(len(audio), 31 + ch, band) * level * 10 ** (-voices_db / 20)
-        mixed.append(np.clip(audio, -1, 1).astype(np.float32))
+        mixed.append(with_gain(np.clip(audio, -1, 1), gain_db))
     if phone:
         return phone_line(mixed)
     planar = np.stack(mixed)
     return (planar.T.reshape(-1) * 32767).astype("<i2").tobytes(), mixed
 
 
-def wire_rate(name: str, snr_db: float | None, room: bool = False, phone: bool = False, voices_db: float | None = None) -> int:
+def wire_rate(name: str, snr_db: float | None, room: bool = False, phone: bool = False, voices_db: float | None = None, gain_db: float = 0.0) -> int:
     """The sample rate the benches stream a recording at (the server's VAD treats 8 kHz streams
-    as telephone audio): its own clean, 16 kHz with noise or room, 8 kHz over a phone line."""
+    as telephone audio): its own clean, 16 kHz with noise, room or gain, 8 kHz over a phone line."""
     if phone:
         return 8000
-    return 16000 if snr_db is not None or room or voices_db is not None else MANIFEST[name]["sample_rate"]
+    return 16000 if snr_db is not None or room or voices_db is not None or gain_db else MANIFEST[name]["sample_rate"]
 
 
 async def replay_noisy(url: str, name: str, snr_db: float | None, room: bool = False, phone: bool = False,
-                       voices_db: float | None = None, **options) -> tuple[Replay, list[np.ndarray]]:
-    data, mixed = noisy_pcm(name, snr_db, room, phone, voices_db)
+                       voices_db: float | None = None, gain_db: float = 0.0, **options) -> tuple[Replay, list[np.ndarray]]:
+    data, mixed = noisy_pcm(name, snr_db, room, phone, voices_db, gain_db)
     n = len(mixed)
     result = Replay(name)
     wire = {"encoding": "mulaw", "sample_rate": 8000} if phone else {"encoding": "pcm_s16le", "sample_rate": 16000}
@@ -443,6 +453,7 @@ def main() -> None:
     ap.add_argument("--room", action="store_true", help="reverberate the audio (RT60 0.5 s) over room tone 35 dB below the speech")
     ap.add_argument("--phone", action="store_true", help="send the audio as a phone line carries it: 300-3400 Hz, 8 kHz mu-law")
     ap.add_argument("--voices-db", type=float, default=None, help="add three other people talking (backwards: no words) this many dB below the speech")
+    ap.add_argument("--gain-db", type=float, default=0.0, help="turn the audio down (negative) or up this much, as a quiet microphone or a far talker sends it (raw 16 kHz replay)")
     ap.add_argument("--revisions", default="true", help="the stream option (true/false)")
     ap.add_argument("--split-after-s", default=None, help="the stream option (default: the server's)")
     ap.add_argument("--fast-reader", action="store_true", help="every pause in the (one-channel) recordings cut to 0.12 s, as a fast reader leaves")
@@ -481,11 +492,11 @@ def main() -> None:
             entry = MANIFEST[name]
             for run in range(args.runs):
                 dry = list(load_channels(name))
-                if args.noise_db is None and args.voices_db is None and not args.room and not args.phone and not args.fast_reader:
+                if args.noise_db is None and args.voices_db is None and not args.room and not args.phone and not args.fast_reader and not args.gain_db:
                     r = asyncio.run(replay(url, name, realtime=True, **stream_options))
                     heard = dry
                 else:
-                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, args.room, args.phone, args.voices_db, **stream_options))
+                    r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db, **stream_options))
                 audio_s += r.of_type("closed")[0].message["audio_received_s"]
                 refined = r.transcript()
                 for ch in range(entry["channels"]):
@@ -535,6 +546,7 @@ def report(args, rows, totals, latencies, interim_figures, revision_delays, cont
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
     noise += f", three voices talking backwards {args.voices_db:g} dB below speech" if args.voices_db is not None else ""
     noise += ", over a phone line (300-3400 Hz, 8 kHz mu-law)" if args.phone else ""
+    noise += f", turned {'down' if args.gain_db < 0 else 'up'} {abs(args.gain_db):g} dB" if args.gain_db else ""
     print(f"# single stream, real-time pace{noise}, revisions={args.revisions}, {args.runs} run(s) per fixture, tiny.en {args.compute_type}, {os.cpu_count()} cores")
     print("| fixture | WER first-pass finals | WER after revisions | WER offline | final latency p50 / p95 (s), sentences matched |")
     print("|---|---|---|---|---|")

@@ -1,6 +1,6 @@
 """Endpointing benchmark: where each voice-activity detector says speech ended.
 
-    python bench/vad_bench.py [--fixtures a,b,...] [--endpoint-ms 500] [--phone] [--detectors webrtc,silero,both] [--talker-floor-db 20] [--talker-hold-ms 150]
+    python bench/vad_bench.py [--fixtures a,b,...] [--endpoint-ms 500] [--phone] [--detectors webrtc,silero,both] [--talker-floor-db 20] [--talker-hold-ms 150] [--talker-silence-db 30] [--gain-db -30]
 
 Runs the server's own VAD gate and chunker (no model, no server) over each
 fixture channel as recorded, in a reverberant room with room tone, and under
@@ -8,7 +8,9 @@ continuous pink noise 20 and 10 dB below the speech, and with three other
 people talking 20 and 15 dB below it (``--voices-db``; the conditions of
 ``stream_bench.py``), for each detector (``webrtc``, ``silero``, ``both``); with
 ``--phone``, every condition as a telephone line delivers it (``stream_bench.py
---phone``: 300-3400 Hz, 8 kHz mu-law).
+--phone``: 300-3400 Hz, 8 kHz mu-law). ``--gain-db`` turns every condition down (or up)
+that much, as a quiet microphone or a far talker delivers it (the fixtures' speech is at
+-19 to -25 dBFS), carried in 16-bit samples.
 Per detector and condition it reports:
 
 * endpoint delay: when the endpoint fired (the moment the final can be sent)
@@ -40,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
-from stream_bench import DEFAULT_FIXTURES, ROOM_TONE_DB, fixture_names, noisy_pcm, pct, pink_noise, speech_ends, speech_level, use_fixture_dir, wire_rate  # noqa: E402
+from stream_bench import DEFAULT_FIXTURES, ROOM_TONE_DB, fixture_names, noisy_pcm, pct, pink_noise, speech_ends, speech_level, use_fixture_dir, wire_rate, with_gain  # noqa: E402
 
 from asr_server.audio.chunker import Chunker, ChunkerOptions, EndReason, UtteranceEnded, UtteranceStarted  # noqa: E402
 from asr_server.audio.silero import SileroModel  # noqa: E402
@@ -100,15 +102,18 @@ def main() -> None:
     ap.add_argument("--detectors", default=",".join(DETECTORS), help="detectors to compare, comma-separated")
     ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the gate's option (0: off)")
     ap.add_argument("--talker-hold-ms", type=int, default=VadOptions.talker_hold_ms, help="the gate's option")
+    ap.add_argument("--talker-silence-db", type=float, default=VadOptions.talker_silence_db, help="the gate's option (0: off)")
+    ap.add_argument("--gain-db", type=float, default=0.0, help="turn every condition down (negative) or up this much, in 16-bit samples")
     args = ap.parse_args()
     use_fixture_dir(args.fixture_dir)
     model = SileroModel(silero_vad_path())
-    print(f"# endpoint {args.endpoint_ms} ms; fixtures {args.fixtures}{'; over a phone line' if args.phone else ''}")
+    gained = f"; gain {args.gain_db:g} dB" if args.gain_db else ""
+    print(f"# endpoint {args.endpoint_ms} ms; fixtures {args.fixtures}{'; over a phone line' if args.phone else ''}{gained}")
     print("| condition | detector | endpoint delay p50 / p95 (s) | own endpoint | utterances | clipped | false starts | speech in 60 s of noise alone (s) | gate CPU s/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for cond, (snr, room, voices_db) in CONDITIONS.items():
         for detector in args.detectors.split(","):
-            options = VadOptions(detector=detector, talker_floor_db=args.talker_floor_db, talker_hold_ms=args.talker_hold_ms)
+            options = VadOptions(detector=detector, talker_floor_db=args.talker_floor_db, talker_hold_ms=args.talker_hold_ms, talker_silence_db=args.talker_silence_db)
             total = {"delays": [], "own": 0, "clipped": 0, "false": 0, "utterances": 0, "n": 0}
             cpu = audio_s = 0.0
             for name in fixture_names(args.fixtures):
@@ -118,7 +123,7 @@ def main() -> None:
                 as_sent = options.for_rate(wire_rate(name, snr, room, args.phone, voices_db))  # as the server takes the stream
                 for ch, audio in enumerate(heard):
                     spans = MANIFEST[name]["spans"][ch]
-                    utts, spent = utterances(np.asarray(audio, np.float32), as_sent, args.endpoint_ms, model)
+                    utts, spent = utterances(with_gain(audio, args.gain_db), as_sent, args.endpoint_ms, model)
                     s = score(utts, spans, speech_ends(dry[ch], spans))
                     for k in ("own", "clipped", "false", "utterances"):
                         total[k] += s[k]
@@ -126,12 +131,12 @@ def main() -> None:
                     total["n"] += len(spans)
                     cpu, audio_s = cpu + spent, audio_s + len(audio) / 16000
             # Other voices alone are speech, rightly found: nothing to report for them.
-            idle = "-" if voices_db is not None else f"{noise_alone(snr, room, options.for_rate(8000 if args.phone else 16000), args.endpoint_ms, model, args.phone):.1f}"
+            idle = "-" if voices_db is not None else f"{noise_alone(snr, room, options.for_rate(8000 if args.phone else 16000), args.endpoint_ms, model, args.phone, args.gain_db):.1f}"
             d = total["delays"]
             print(f"| {cond} | {detector} | {pct(d, 0.5):.2f} / {pct(d, 0.95):.2f} | {total['own']}/{total['n']} | {total['utterances']} | {total['clipped']} | {total['false']} | {idle} | {cpu / audio_s:.4f} |")
 
 
-def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms: int, model: SileroModel, phone: bool = False) -> float:
+def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms: int, model: SileroModel, phone: bool = False, gain_db: float = 0.0) -> float:
     """Seconds held in utterances over 60 s of the condition's background alone (LibriVox's speech level)."""
     if snr is None and not room:
         return 0.0
@@ -141,7 +146,7 @@ def noise_alone(snr: float | None, room: bool, options: VadOptions, endpoint_ms:
     noise = pink_noise(60 * 16000, 99) * level * 10 ** (-db / 20)
     if phone:
         noise = phone_line([noise])[1][0]
-    utts, _ = utterances(noise.astype(np.float32), options, endpoint_ms, model)
+    utts, _ = utterances(with_gain(noise, gain_db), options, endpoint_ms, model)
     return sum(u[1] - u[0] for u in utts) / 16000
 
 

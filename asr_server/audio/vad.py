@@ -43,8 +43,14 @@ class VadOptions:
     aggressiveness: int = 2  # webrtcvad mode 0 (permissive) .. 3 (strict)
     window: int = 5
     threshold: int = 3
-    # Frames quieter than this are never speech: webrtcvad alone calls faint hiss voiced.
+    # Frames quieter than this are never speech where webrtcvad decides (alone or with Silero):
+    # it calls faint hiss voiced.
     min_rms_dbfs: float = -50.0
+    # The same for Silero alone, which goes by the shape of the sound, not its level: pink, white
+    # and dithered noise and mains hum from -80 to -40 dBFS started nothing, where a quiet talker
+    # (speech at -40 to -60 dBFS: a laptop's microphone at low gain, a far speaker) lost the soft
+    # ends of words to the -50 dBFS floor and at -60 dBFS most sentences (bench/vad_bench.py --gain-db).
+    learned_min_rms_dbfs: float = -80.0
     # Measured by bench/vad_bench.py: Silero ends speech as soon as webrtcvad on clean audio,
     # sooner in a reverberant room, and under noise 10 dB down it gives 27 of 31 sentences
     # an endpoint of their own with no false starts, where webrtcvad gave 20 and started 15.
@@ -66,6 +72,10 @@ class VadOptions:
     # their own; with this, 30 of 31 (27 -> 30 over a phone line). 25 dB gave 28 of 31; 15 dB cut clean
     # speech more (one sentence of 31 merged into the next; telephone speech in 65 utterances, not 57).
     talker_floor_db: float = 20.0
+    # A frame this many dB below the talker's level is never speech, whatever the detector says and
+    # with no hold: the energy floor, relative (at the fixtures' levels, about where -50 dBFS was).
+    # A room's reverberant tail and room tone end the utterance there.
+    talker_silence_db: float = 30.0
     talker_window_s: float = 10.0  # the frames that passed as speech in this much of the stream set the level
     # After the talker's speech, frames under the floor still count as speech for this long. Without
     # it the gate cut telephone speech at its commas (57 -> 73 utterances for 31 sentences, 1.8 points
@@ -94,8 +104,8 @@ class VadOptions:
             raise ValueError("aggressiveness must be 0..3")
         if not 1 <= self.threshold <= self.window:
             raise ValueError("threshold must be within 1..window")
-        if self.talker_floor_db < 0 or self.talker_window_s <= 0 or self.talker_hold_ms < 0:
-            raise ValueError("need talker_floor_db >= 0, talker_window_s > 0 and talker_hold_ms >= 0")
+        if self.talker_floor_db < 0 or self.talker_silence_db < 0 or self.talker_window_s <= 0 or self.talker_hold_ms < 0:
+            raise ValueError("need talker_floor_db >= 0, talker_silence_db >= 0, talker_window_s > 0 and talker_hold_ms >= 0")
 
 
 @dataclass(frozen=True)
@@ -142,12 +152,22 @@ class TalkerLevel:
         self._away = 0  # frames in a row that were not the talker's
         self._recent: deque[bool] = deque(maxlen=self.RECENT)  # whether each of the last frames was
         self._held = False  # whether the frames before this stretch of ``_away`` ones earn it the hold
+        self._level: float | None = None  # the level of ``_frames`` as they stand (None: not worked out)
 
     @property
     def level(self) -> float | None:
         if len(self._frames) < self.warmup:
             return None
-        return float(np.percentile([db for _, db in self._frames], 90))
+        if self._level is None:
+            self._level = float(np.percentile([db for _, db in self._frames], 90))
+        return self._level
+
+    def level_at(self, index: int) -> float | None:
+        """The level when frame ``index`` comes (the frames that set it have left the window by then)."""
+        while self._frames and self._frames[0][0] <= index - self.window:
+            self._frames.popleft()
+            self._level = None
+        return self.level
 
     def _below(self, db: float) -> bool:
         """Whether ``db`` is under the floor (the level's percentile is only worked out for frames a
@@ -160,12 +180,12 @@ class TalkerLevel:
     def hears(self, index: int, db: float, voiced: bool) -> bool:
         """Whether frame ``index`` at ``db`` dBFS, which a detector called ``voiced`` or not, is the
         talker speaking (if so it counts toward the level)."""
-        while self._frames and self._frames[0][0] <= index - self.window:
-            self._frames.popleft()
+        self.level_at(index)
         if voiced and not self._below(db):
             self._away = 0
             self._recent.append(True)
             self._frames.append((index, db))
+            self._level = None
             return True
         if not self._away:
             self._held = sum(self._recent) >= self.SPOKEN
@@ -187,7 +207,7 @@ class VadGate:
         ``silero``: the loaded model when ``options.detector`` uses it (default: the shared one)."""
         self.options = options
         vad = webrtcvad.Vad(options.aggressiveness)
-        self._floor = 10 ** (options.min_rms_dbfs / 20)
+        self._floor_db = options.learned_min_rms_dbfs if options.detector == "silero" else options.min_rms_dbfs
         self._is_voiced = classifier or (lambda pcm: vad.is_speech(pcm, MODEL_RATE))
         self._silero = (silero or default_model()).stream() if options.learned else None
         self._probs: deque[tuple[int, float]] = deque()  # (end sample, probability) of windows not yet used
@@ -204,6 +224,11 @@ class VadGate:
     def position(self) -> int:
         """Samples consumed into whole frames so far."""
         return self._position
+
+    @property
+    def talker_level(self) -> float | None:
+        """The talker's level in dBFS (:class:`TalkerLevel`; None until enough speech was heard)."""
+        return self._talker.level
 
     def feed(self, audio: np.ndarray) -> list[VadFrame]:
         if self._silero is not None:
@@ -229,9 +254,10 @@ class VadGate:
     def _classify(self, samples: np.ndarray) -> VadFrame:
         pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
         rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
+        db = 20 * float(np.log10(max(rms, 1e-10)))
         learned = self._silero is None or self._learned(self._position + FRAME_SAMPLES)  # always: hysteresis
-        voiced = rms >= self._floor and learned and (self.options.detector == "silero" or self._is_voiced(pcm))
-        voiced = self._talker.hears(self._position // FRAME_SAMPLES, 20 * float(np.log10(max(rms, 1e-10))), voiced)
+        voiced = db >= self._floor(self._position // FRAME_SAMPLES) and learned and (self.options.detector == "silero" or self._is_voiced(pcm))
+        voiced = self._talker.hears(self._position // FRAME_SAMPLES, db, voiced)
         start = self._position
         self._position += FRAME_SAMPLES
         self._votes.append((start, voiced))
@@ -241,6 +267,14 @@ class VadGate:
             onset = next(s for s, v in self._votes if v)
         self._speaking = speech
         return VadFrame(start, samples, speech, onset, rms, learned if self._silero is not None else None)
+
+    def _floor(self, index: int) -> float:
+        """The energy floor for frame ``index`` (dBFS): the detector's own, or ``talker_silence_db``
+        under the talker's level where that is higher."""
+        level = self._talker.level_at(index)
+        if level is None or not self.options.talker_silence_db:
+            return self._floor_db
+        return max(self._floor_db, level - self.options.talker_silence_db)
 
     def _learned(self, end: int) -> bool:
         """Silero's call for the frame ending at ``end``: its latest window that ended by then

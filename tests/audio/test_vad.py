@@ -144,3 +144,26 @@ def test_sentences_end_under_other_voices_20_db_down():
     for i, (_, end) in enumerate(spans):
         following = spans[i + 1][0] if i + 1 < len(spans) else float("inf")
         assert any(end - 0.3 <= t < following for t in ends), f"sentence {i} (ends {end} s) got no endpoint of its own: {ends}"
+
+
+def test_a_quiet_talker_is_heard_sentence_by_sentence():
+    # Read sentences 35 dB quieter than recorded, in 16-bit samples: speech at about -59 dBFS, as a
+    # laptop's microphone at low gain or a far talker delivers it. Every sentence is speech and ends
+    # an utterance of its own near its end, its last word not cut off (a -50 dBFS floor lost most of them).
+    name = "librivox_16k.s16le"
+    audio, spans = load_mono(name), MANIFEST[name]["spans"][0]
+    quiet = (np.round(audio * 10 ** (-35 / 20) * 32767) / 32767).astype(np.float32)
+    chunker = Chunker()
+    ends = [e.end / 16000 for e in chunker.feed(VadGate().feed(quiet)) if isinstance(e, UtteranceEnded) and e.reason is EndReason.ENDPOINT]
+    for i, (_, end) in enumerate(spans):
+        following = spans[i + 1][0] if i + 1 < len(spans) else float("inf")
+        assert any(end - 0.1 <= t < following for t in ends), f"sentence {i} (ends {end} s) got no endpoint of its own: {ends}"
+
+
+def test_frames_far_below_the_talker_are_silence_even_within_the_hold():
+    # The talker's level sets an energy floor talker_silence_db (30 dB) under it, with no hold: a
+    # room's reverberant tail or room tone ends the utterance there, whatever a detector says.
+    options = replace(EVERY_FRAME, talker_hold_ms=150)
+    dip = np.concatenate([tone(1.0, -12), tone(0.15, -46), tone(0.5, -12)])
+    assert "." in voiced_flags(options, dip)[33:40]
+    assert "." not in voiced_flags(replace(options, talker_silence_db=0), dip)[3:]  # the floor off: held
