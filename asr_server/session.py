@@ -33,6 +33,7 @@ from .decoding.context import ContextOptions
 from .decoding.incremental import ChannelDecoder
 from .errors import AsrError, DecodeFailed, ServerError, wire_info
 from .events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from .inference.level import talker_gain_db
 from .inference.types import DecodeKind, Hypothesis
 from .options import Limits, StreamOptions
 from .protocol.messages import MessageWriter
@@ -163,6 +164,7 @@ class Session:
         out: list[SessionOutput] = []
         for c in range(self.options.channels):
             frames = self._vads[c].feed(planar[c])
+            self._decoders[c].gain_db = talker_gain_db(self._vads[c].talker_level)
             out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].feed(frames))))
             out.extend(self._pipeline(self._decoders[c].advance(self._received)))
         return out

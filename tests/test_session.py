@@ -63,6 +63,32 @@ def test_silence_is_never_sent_to_the_model():
     assert [m["type"] for m in d.messages] == ["session", "closed"]
 
 
+def test_a_quiet_talkers_decodes_carry_the_gain_that_brings_them_to_speaking_level():
+    """Every decode of a channel (interims, finals, context passes) carries the talker's gain, from
+    the level its VAD heard: a reader 30 dB quieter than recorded reaches the model at about the
+    target level, and at the recording's own level (above the target) nothing is raised, beyond a
+    fraction of a dB while the first syllables set the level (inference/level.py)."""
+    from asr_server.inference.level import TARGET_DBFS
+    from asr_server.inference.types import DecodeKind
+
+    def speaking_level(audio: np.ndarray) -> float:  # the loud tenth of its 30 ms frames
+        n = len(audio) // 480
+        return 20 * np.log10(np.percentile(np.sqrt(np.mean(audio[: n * 480].reshape(n, 480) ** 2, axis=1)), 90))
+
+    for turned in (0.0, -30.0):
+        d = driver()
+        d.feed((load_mono("librivox_16k.s16le") * 10 ** (turned / 20)).reshape(1, -1).astype(np.float32))
+        d.apply(d.session.end_of_stream())
+        d.run_jobs()
+        requests = d.runner.requests
+        assert {r.kind for r in requests} == set(DecodeKind)
+        if not turned:
+            assert all(r.gain_db < 1.0 for r in requests), sorted({round(r.gain_db, 1) for r in requests})
+            continue
+        heard = [speaking_level(r.audio) + r.gain_db for r in requests if r.duration >= 1.0]
+        assert heard and all(abs(h - TARGET_DBFS) <= 4.0 for h in heard), sorted(round(h, 1) for h in heard)
+
+
 def test_no_interims_when_disabled():
     d = driver(interim_results=False)
     d.feed(speech())

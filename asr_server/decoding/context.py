@@ -270,10 +270,10 @@ def settle_window(done: Sequence[Finalized], decided_to: int, options: ContextOp
 
 
 def window_request(
-    records: Sequence[Finalized], options: ContextOptions, language: str, prompt: str, lean: bool = False
+    records: Sequence[Finalized], options: ContextOptions, language: str, prompt: str, lean: bool = False, gain_db: float = 0.0
 ) -> tuple[DecodeRequest, list[Span]]:
     """The records' audio, each :func:`joint` to the next, and each one's span in it (``lean``:
-    a pass under load, on the runner's lean window, the audio plus a pad)."""
+    a pass under load, on the runner's lean window, the audio plus a pad; ``gain_db``: the talker's)."""
     pieces: list[np.ndarray] = []
     spans: list[Span] = []
     position = 0
@@ -286,7 +286,8 @@ def window_request(
         pieces.append(record.audio)
         position += len(record.audio)
     audio = np.concatenate(pieces).astype(np.float32, copy=False)
-    return DecodeRequest(audio, DecodeKind.CONTEXT, language=language, prompt=prompt, word_timestamps=True, short_window=lean, pack=False), spans
+    request = DecodeRequest(audio, DecodeKind.CONTEXT, language=language, prompt=prompt, word_timestamps=True, short_window=lean, pack=False, gain_db=gain_db)
+    return request, spans
 
 
 def joint(before: Finalized, after: Finalized, options: ContextOptions) -> np.ndarray:

@@ -225,6 +225,8 @@ class ChannelDecoder:
         # Settle decodes run only while the server has time to spare (LoadSettings.settle): not under
         # load, nor at the close then. A decoder no server told otherwise (a replay) has it.
         self.spare_time = True
+        # The talker's gain (inference/level.py): the session sets it from the channel's VAD as audio comes.
+        self.gain_db = 0.0
 
     # -- state the session looks at -------------------------------------------------
 
@@ -535,6 +537,7 @@ class ChannelDecoder:
             short_window=self.quick_finals if final else self.interim_short_window,
             busy=final and not utt.careful and self.quick_finals and self.lean_context and self.context.busy_finals,
             careful=final and utt.careful,
+            gain_db=self.gain_db,
         )
         job = DecodeJob(self.channel, utt.index, request, speculative, end)
         self._in_flight = job
@@ -813,7 +816,7 @@ class ChannelDecoder:
         # All the text before, as offline transcription conditions a window on its text before.
         before = " ".join([self._history, *(r.text for r in self._done[: self._done.index(records[0])])])
         prompt = _with_vocabulary(self.options.prompt, _tail_words(before, SETTLE_PROMPT_CHARS))
-        request, self._context_spans = window_request(records, self.context, self.options.language, prompt)
+        request, self._context_spans = window_request(records, self.context, self.options.language, prompt, gain_db=self.gain_db)
         request = replace(request, long_prompt=True)
         self._context_ahead, self._settling = None, True
         # Its last record is heard with nothing after it, so it is left to the next window, which
@@ -872,7 +875,7 @@ class ChannelDecoder:
         before = _trusted_tail(self._done[: len(self._done) - len(records)])
         prompt = _with_vocabulary(self.options.prompt, _tail_words(" ".join(r.text for r in before), PROMPT_CHARS))
         window = records if ahead is None else [*records, ahead]
-        request, spans = window_request(window, self.context, self.options.language, prompt, lean)
+        request, spans = window_request(window, self.context, self.options.language, prompt, lean, self.gain_db)
         self._context_spans = spans[: len(records)]
         self._context_ahead = None if ahead is None else spans[-1]
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1

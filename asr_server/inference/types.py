@@ -60,6 +60,8 @@ class DecodeRequest:
     needed_s: float | None = None
     # A settle decode (ContextOptions.settle_window_s): the prompt's last 128 tokens, not 32.
     long_prompt: bool = False
+    # The talker's gain: the audio is raised this much (dB) before the model (see level.py).
+    gain_db: float = 0.0
 
     @property
     def duration(self) -> float:

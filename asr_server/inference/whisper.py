@@ -30,6 +30,7 @@ import numpy as np
 
 from . import fw
 from .fallback import FINAL_TEMPERATURES, Attempt, best_attempt, compression_ratio, needs_fallback, nothing_said
+from .level import raised
 from .models import DEFAULT_MODEL, ModelNotFound, resolve_model
 from .packing import PACK_CONTENT_S, PACK_GAP_S, PACK_MAX_ITEM_S, packed_frames, plan_packs, split_pack, text_tokens, usable_pack
 from .priority import call_lowered
@@ -431,7 +432,7 @@ class WhisperRunner(Runner):
                 pieces.append(gap)
                 position += len(gap)
             spans.append((position / SAMPLE_RATE, position / SAMPLE_RATE + r.duration))
-            pieces.append(r.audio)
+            pieces.append(raised(r.audio, r.gain_db))  # each at its own talker's gain
             position += len(r.audio)
         audio = np.concatenate(pieces).astype(np.float32, copy=False)
         item = self._item(tokenizer, DecodeRequest(audio, DecodeKind.FINAL, language=pack[0].language), FULL_WINDOW_FRAMES)
@@ -488,7 +489,7 @@ class WhisperRunner(Runner):
         return tokens
 
     def _item(self, tokenizer: Any, request: DecodeRequest, frames: int) -> _Item:
-        feats = self.model.feature_extractor(request.audio)
+        feats = self.model.feature_extractor(raised(request.audio, request.gain_db))
         content = min(frames, feats.shape[-1] - 1)
         window = np.zeros((feats.shape[0], frames), np.float32)
         window[:, :content] = feats[:, :content]

@@ -468,3 +468,28 @@ def test_a_language_two_workers_meet_first_at_once_gives_each_a_tokenizer_it_can
     mine = runner._tokenizer("en")
     assert mine is meanwhile[1]  # the first entry stored stays
     assert runner._suppress(mine) and runner._suppress(meanwhile[1])
+
+
+def test_a_quiet_talkers_decodes_reach_the_model_raised_by_the_talkers_gain(whisper_runner, monkeypatch):
+    """A request's ``gain_db`` (the talker's, set by the session from its VAD) raises its audio before
+    the features, alone and in a pack: the quiet sentence is heard as the one at the usual level."""
+    from ..harness import MANIFEST, load_mono
+    from ..wer import wer
+
+    start, end = MANIFEST["espeak_16k.wav"]["spans"][0][1]
+    audio = load_mono("espeak_16k.wav")[int((start - 0.3) * 16000) : int((end + 0.2) * 16000)]
+    quiet = (audio * 10 ** (-35 / 20)).astype(np.float32)
+    heard: list[np.ndarray] = []  # the audio each feature extraction was given
+    extract = whisper_runner.model.feature_extractor
+    monkeypatch.setattr(whisper_runner.model, "feature_extractor", lambda a, *args, **kw: (heard.append(np.array(a)), extract(a, *args, **kw))[1])
+    loud_hyp = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.FINAL, word_timestamps=True))
+    quiet_hyp = whisper_runner.transcribe(DecodeRequest(quiet, DecodeKind.FINAL, word_timestamps=True, gain_db=35.0))
+    assert np.allclose(heard[1], heard[0], atol=1e-5)
+    assert quiet_hyp.text == loud_hyp.text
+    reference = MANIFEST["espeak_16k.wav"]["references"][0][1]
+    heard.clear()
+    packed = whisper_runner.transcribe_batch([DecodeRequest(a, DecodeKind.FINAL, word_timestamps=True, gain_db=g) for a, g in ((quiet, 35.0), (audio, 0.0))])
+    assert len(heard) == 1 and all(h.packed for h in packed)  # one window for both, the quiet one raised in it
+    assert np.allclose(heard[0][: len(audio)], audio, atol=1e-5) and np.allclose(heard[0][-len(audio) :], audio, atol=1e-5)
+    for hyp in packed:
+        assert wer(reference, hyp.text) <= 0.2, hyp.text  # as in the first test
