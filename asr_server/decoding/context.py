@@ -58,7 +58,7 @@ _HYPHENATED = re.compile(r"[^\w'-]+")
 
 __all__ = [
     "ContextOptions", "before_ahead", "Finalized", "Span", "joint", "plan_window", "settle_window", "window_request", "split_words",
-    "revised_texts", "window_words", "word_times", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "respaced",
+    "revised_texts", "window_words", "word_times", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "looped", "respaced",
 ]
 
 
@@ -186,10 +186,10 @@ class Finalized:
     @property
     def garbled(self) -> bool:
         """Whether its first pass was sampled, or is a loop that passed Whisper's checks
-        (:func:`repeats_itself`; seen in the fresh-clone CI under a busy machine: "I'll be back
+        (:func:`looped`; seen in the fresh-clone CI under a busy machine: "I'll be back
         around, and" three times and a half for "The quick brown fox jumps over the lazy dog",
         kept for good since the pass's 9 words were too few against 17)."""
-        return self.sampled or repeats_itself(self.text)
+        return self.sampled or looped(self.text)
 
     @property
     def stopped_short(self) -> bool:
@@ -588,16 +588,26 @@ def _neighbours(groups: Sequence[Sequence[Word]]) -> list[list[Word]]:
     return [[*(groups[k - 1] if k > 0 else ()), *(groups[k + 1] if k + 1 < len(groups) else ())] for k in range(len(groups))]
 
 
-def repeats_itself(text: str, times: int = 3) -> bool:
-    """Whether a run of two or more words comes ``times`` times back to back: a decoding loop
+def repeats_itself(text: str, times: int = 3, shortest: int = 2) -> bool:
+    """Whether a run of ``shortest`` or more words comes ``times`` times back to back: a decoding loop
     (speech seldom says one phrase three times over; a single word repeated is not counted)."""
     words = _words(text)
-    for size in range(2, len(words) // times + 1):
+    for size in range(shortest, len(words) // times + 1):
         for start in range(len(words) - size * times + 1):
             run = words[start : start + size]
             if all(words[start + k * size : start + (k + 1) * size] == run for k in range(1, times)):
                 return True
     return False
+
+
+def looped(text: str) -> bool:
+    """Whether ``text`` is a decoding loop: a run of two words or more three times back to back
+    (:func:`repeats_itself`), or one of three or more twice. Whisper also writes a whole sentence
+    twice for one said once: a first pass of the long-form reading gave "It was about 2250 BC. It was
+    about 2250 BC." for 2.3 s of "It was about 2250 BC", and since every pass heard half its words,
+    too few against it, the transcript kept it for good (forty-fifth session; the reading raised to
+    -10 dBFS). Speech seldom says a phrase of three words twice in a row."""
+    return repeats_itself(text) or repeats_itself(text, times=2, shortest=3)
 
 
 def word_key(text: str) -> tuple[str, ...]:
