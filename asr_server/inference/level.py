@@ -14,8 +14,9 @@ the frames it heard as the talker (:class:`asr_server.audio.vad.TalkerLevel`, th
 percentile of the last 10 s of them), and a channel's decodes are raised by what brings
 that level to ``TARGET_DBFS`` (never lowered; at most ``MAX_GAIN_DB``). So a cough or a
 breath between a talker's sentences is raised no more than the talker's own speech (a
-decode's own level would raise a faint noise to the level of speech, and noise is where
-Whisper is apt to write words nobody said), and every recording the benches replay is above the target and reaches
+decode's own level would raise a faint noise to the level of speech, where Whisper writes
+words nobody said: 2 s of noise at -54 dBFS gave no word in 24 finals as it came, and
+"You" in 21 of them raised 32 dB), and every recording the benches replay is above the target and reaches
 the model unchanged. Noise rises with the speech: what Whisper hears is the same
 recording, at a level it knows.
 """
