@@ -10,7 +10,8 @@ people talking 20 and 15 dB below it (``--voices-db``; the conditions of
 ``--phone``, every condition as a telephone line delivers it (``stream_bench.py
 --phone``: 300-3400 Hz, 8 kHz mu-law). ``--gain-db`` turns every condition down (or up)
 that much, as a quiet microphone or a far talker delivers it (the fixtures' speech is at
--19 to -25 dBFS), carried in 16-bit samples.
+-19 to -25 dBFS), carried in 16-bit samples at 16 kHz as ``stream_bench.py --gain-db``
+sends it (so an 8 kHz recording takes the wideband thresholds there).
 Per detector and condition it reports:
 
 * endpoint delay: when the endpoint fired (the moment the final can be sent)
@@ -120,7 +121,7 @@ def main() -> None:
                 plain = snr is None and not room and voices_db is None and not args.phone
                 heard = load_channels(name) if plain else noisy_pcm(name, snr, room, args.phone, voices_db)[1]
                 dry = load_channels(name)
-                as_sent = options.for_rate(wire_rate(name, snr, room, args.phone, voices_db))  # as the server takes the stream
+                as_sent = options.for_rate(wire_rate(name, snr, room, args.phone, voices_db, args.gain_db))  # as the server takes the stream
                 for ch, audio in enumerate(heard):
                     spans = MANIFEST[name]["spans"][ch]
                     utts, spent = utterances(with_gain(audio, args.gain_db), as_sent, args.endpoint_ms, model)

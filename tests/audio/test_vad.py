@@ -139,11 +139,17 @@ def test_sentences_end_under_other_voices_20_db_down():
     other = np.resize(load_mono("ljspeech_babylon_16k.s16le")[::-1], len(audio))
     level = np.sqrt(np.mean(np.concatenate([audio[int(a * 16000) : int(b * 16000)] for a, b in spans]) ** 2))
     heard = (audio + other / np.sqrt(np.mean(other**2)) * level * 10 ** (-20 / 20)).astype(np.float32)
+    assert_each_sentence_ends_an_utterance(heard, spans, early_s=0.3)
+
+
+def assert_each_sentence_ends_an_utterance(audio: np.ndarray, spans: list[list[float]], early_s: float) -> None:
+    """Through the default gate and chunker, each sentence (``spans``, s) has an endpoint of its own:
+    one from ``early_s`` before its end to the start of the next sentence."""
     chunker = Chunker()
-    ends = [e.end / 16000 for e in chunker.feed(VadGate().feed(heard)) if isinstance(e, UtteranceEnded) and e.reason is EndReason.ENDPOINT]
+    ends = [e.end / 16000 for e in chunker.feed(VadGate().feed(audio)) if isinstance(e, UtteranceEnded) and e.reason is EndReason.ENDPOINT]
     for i, (_, end) in enumerate(spans):
         following = spans[i + 1][0] if i + 1 < len(spans) else float("inf")
-        assert any(end - 0.3 <= t < following for t in ends), f"sentence {i} (ends {end} s) got no endpoint of its own: {ends}"
+        assert any(end - early_s <= t < following for t in ends), f"sentence {i} (ends {end} s) got no endpoint of its own: {ends}"
 
 
 def test_a_quiet_talker_is_heard_sentence_by_sentence():
@@ -153,11 +159,7 @@ def test_a_quiet_talker_is_heard_sentence_by_sentence():
     name = "librivox_16k.s16le"
     audio, spans = load_mono(name), MANIFEST[name]["spans"][0]
     quiet = (np.round(audio * 10 ** (-35 / 20) * 32767) / 32767).astype(np.float32)
-    chunker = Chunker()
-    ends = [e.end / 16000 for e in chunker.feed(VadGate().feed(quiet)) if isinstance(e, UtteranceEnded) and e.reason is EndReason.ENDPOINT]
-    for i, (_, end) in enumerate(spans):
-        following = spans[i + 1][0] if i + 1 < len(spans) else float("inf")
-        assert any(end - 0.1 <= t < following for t in ends), f"sentence {i} (ends {end} s) got no endpoint of its own: {ends}"
+    assert_each_sentence_ends_an_utterance(quiet, spans, early_s=0.1)
 
 
 def test_frames_far_below_the_talker_are_silence_even_within_the_hold():
