@@ -1,6 +1,6 @@
 """Load benchmark: N concurrent real-time streams against one server.
 
-    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--sync] [--noise-db 20] [--voices-db 20] [--max-channels N] [--server-arg=--max-batch=4] [--fixture-dir DIR]
+    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--sync] [--noise-db 20] [--voices-db 20] [--gain-db -30] [--max-channels N] [--server-arg=--max-batch=4] [--fixture-dir DIR]
 
 For each N, starts N clients at once (start times spread over one second,
 seeded), each replaying a real fixture at real-time pace (fixtures are dealt
@@ -19,7 +19,8 @@ server's load level to return to 0. ``--metrics FILE`` keeps the server's
 metrics after each level (where finals waited, how long their calls took).
 With ``--noise-db N`` every stream carries continuous pink noise N dB below its
 speech (sent as raw 16 kHz), so pauses are not digital silence; with
-``--voices-db N``, three other people talking N dB below it (``stream_bench.voices``).
+``--voices-db N``, three other people talking N dB below it (``stream_bench.voices``);
+with ``--gain-db -30`` every stream is turned down 30 dB (16-bit, 16 kHz), as quiet microphones send it.
 With ``--sync`` every stream starts at the same instant with the same recording
 (LibriVox, not rotated), so their finals come due together: the burst case.
 With ``--fixture-dir DIR`` (repeatable; ``bench/heldout.py`` writes one) the streams replay
@@ -56,6 +57,7 @@ REVISIONS = ["true"]  # the streams' option, set from the command line
 EXTRA_OPTIONS: dict[str, str] = {}  # more stream options from the command line (--split-after-s)
 NOISE_DB: list[float | None] = [None]  # continuous pink noise this far below the speech (None: as recorded)
 VOICES_DB: list[float | None] = [None]  # other people talking this far below the speech (None: nobody)
+GAIN_DB: list[float] = [0.0]  # every stream turned down (negative) or up this much
 MESSAGES_TO: list[str | None] = [None]  # a file for every stream's messages as received (JSON lines; None: not kept)
 METRICS_TO: list[str | None] = [None]  # a file for the server's metrics after each level (None: not kept)
 FIXTURES = ["librivox_16k.s16le", "espeak_8k.mulaw", "cards_44k.f32le", "call_8k_stereo.s16le"]
@@ -72,12 +74,12 @@ def rss_mib(pid: int) -> float:
 @functools.lru_cache(maxsize=None)
 def source(name: str) -> tuple[bytes, dict, float]:
     """What a client streams: the fixture's bytes, the stream options, and bytes per second.
-    With noise or voices, the recording decoded to 16 kHz with them mixed in (raw s16le); so is a
+    With noise, voices or a gain, the recording decoded to 16 kHz with them mixed in (raw s16le); so is a
     recording in a container (a held-out WAV), which could not be cut at a pause as it is."""
     entry = MANIFEST[name]
-    if NOISE_DB[0] is None and VOICES_DB[0] is None and entry["encoding"] in RAW:
+    if NOISE_DB[0] is None and VOICES_DB[0] is None and not GAIN_DB[0] and entry["encoding"] in RAW:
         return fixture_path(name).read_bytes(), entry, bytes_per_second(name)
-    data, _ = noisy_pcm(name, NOISE_DB[0], voices_db=VOICES_DB[0])
+    data, _ = noisy_pcm(name, NOISE_DB[0], voices_db=VOICES_DB[0], gain_db=GAIN_DB[0])
     return data, dict(entry, encoding="pcm_s16le", sample_rate=16000), 16000 * 2 * entry["channels"]
 
 
@@ -337,6 +339,7 @@ def main() -> None:
     ap.add_argument("--revisions", default="true", help="the streams' revisions option (true/false)")
     ap.add_argument("--split-after-s", default=None, help="the streams' split_after_s option (default: the server's)")
     ap.add_argument("--noise-db", type=float, default=None, help="mix continuous pink noise this many dB below the speech into every stream (sent as raw 16 kHz)")
+    ap.add_argument("--gain-db", type=float, default=0.0, help="turn every stream down (negative) or up this much, as quiet microphones send it (raw 16 kHz)")
     ap.add_argument("--voices-db", type=float, default=None, help="mix three other people talking (backwards: no words) this many dB below the speech into every stream")
     ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control; auto: the server's measured capacity")
@@ -356,6 +359,7 @@ def main() -> None:
         EXTRA_OPTIONS["split_after_s"] = args.split_after_s
     NOISE_DB[0] = args.noise_db
     VOICES_DB[0] = args.voices_db
+    GAIN_DB[0] = args.gain_db
     admission = [] if args.max_channels in ("", "auto") else ["--max-channels", args.max_channels]
     proc, port = start_server(args.compute_type, *admission, *args.server_arg)
     url = f"ws://127.0.0.1:{port}"
