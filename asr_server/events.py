@@ -58,6 +58,8 @@ class Revision:
     that range whose text it changed, in order (``first``, then those of the
     later ones whose text differs), so that a client can mark them and a
     bench can tell an utterance's first revision from a later one.
+    ``settle``: it comes from a settle decode (a stretch decoded once more, whole,
+    while the server has time to spare), not from a context pass.
     """
 
     channel: int
@@ -67,6 +69,7 @@ class Revision:
     text: str
     words: tuple[Word, ...]
     changed: tuple[int, ...] = ()
+    settle: bool = False
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,8 @@ class Metrics:
             "asr_guard_drops_total", "Finals from which a guard removed text, by guard", ["guard"], registry=r
         )
         self.revisions = Counter(
-            "asr_revisions_total", "Revisions sent: the context pass changed finals the client held", registry=r
+            "asr_revisions_total", "Revisions sent: a context pass or a settle decode changed finals the client held",
+            ["pass"], registry=r
         )
         self.context_lag = Histogram(
             "asr_context_lag_seconds",

@@ -14,7 +14,10 @@ the finals, server CPU (cores busy), the share of the run the server spent at lo
 level 1 or higher (where context passes are lean), peak memory, refused streams and how
 long the slowest refusal took from connecting; on stderr, by recording and channel, the WER of
 the first pass and after revisions and the final latency p50 / p95 / max, and the settled delay (from each
-final to the ``settled`` message covering it; finals only ``closed`` made final). Between levels it waits for the
+final to the ``settled`` message covering it; finals only ``closed`` made final). The revision delay
+(per utterance, from its final to the first revision that changed it) is given as well for the first
+changes context passes sent alone (each revision names its ``pass``): settle decodes, which run
+only while the server has time to spare, come later by design. Between levels it waits for the
 server's load level to return to 0. ``--metrics FILE`` keeps the server's
 metrics after each level (where finals waited, how long their calls took).
 With ``--noise-db N`` every stream carries continuous pink noise N dB below its
@@ -244,6 +247,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     delays: list[float] = []  # per utterance a revision changed: from its final to the first such revision
     per_revision: list[float] = []  # per revision, from its first utterance's final (the measure before 2026-11-27)
     redone: list[float] = []  # revisions of one a revision had changed (an earlier pass outvoted)
+    by_passes: list[float] = []  # per utterance, as ``delays`` but only first changes a context pass sent (not a settle decode)
     settled: list[float] = []  # per final: from it to the settled message that covered it
     closed_only = 0  # finals no settled message covered before closed
     refusal_s: list[float] = []
@@ -281,7 +285,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
             errors, refined_errors, words = errors + e1, refined_errors + e2, words + len(ref)
             tally = per_fixture.setdefault(f"{r.fixture} ch{ch}", [0, 0, 0])
             tally[0], tally[1], tally[2] = tally[0] + e1, tally[1] + e2, tally[2] + len(ref)
-            first_delays, again, revision_firsts = revision_delays(r, ch)
+            first_delays, again, revision_firsts, pass_delays = revision_delays(r, ch)
+            by_passes += pass_delays
             settle_delays, unsettled = settled_delays(r, ch)
             settled, closed_only = settled + settle_delays, closed_only + unsettled
             delays += first_delays
@@ -300,6 +305,9 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
           + ", ".join(f"{k} {pct(v, 0.5):.2f} / {pct(v, 0.95):.2f} / {max(v):.2f} ({len(v)})" for k, v in sorted(per_fixture_latency.items()) if v), file=sys.stderr, flush=True)
     print(f"N={n} revision delay p50 / p95 / max (s) by fixture: "
           + ", ".join(f"{k} {pct(v, 0.5):.1f} / {pct(v, 0.95):.1f} / {max(v):.1f} ({len(v)})" for k, v in sorted(per_fixture_revision.items()) if v), file=sys.stderr, flush=True)
+    if by_passes:
+        print(f"N={n} revision delay, first changes sent by context passes (not settle decodes), p50 / p95 (s): "
+              f"{pct(by_passes, 0.5):.1f} / {pct(by_passes, 0.95):.1f} ({len(by_passes)} of {len(delays)})", file=sys.stderr, flush=True)
     slowest = sorted(per_sentence.items(), key=lambda kv: -max(kv[1]))[:3]
     print(f"N={n} sentences with the latest finals, median / max over streams and rounds (s): "
           + "; ".join(f"{f} ch{ch} \"{ref[:40]}\" {pct(v, 0.5):.2f} / {max(v):.2f} ({len(v)})" for (f, ch, ref), v in slowest), file=sys.stderr, flush=True)
@@ -307,6 +315,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         "refined_wer": refined_errors / words if words else float("nan"),
         "revision_p95": pct(delays, 0.95) if delays else float("nan"), "revisions": len(delays),
         "per_revision_p95": pct(per_revision, 0.95) if per_revision else float("nan"),
+        "passes_p95": pct(by_passes, 0.95) if by_passes else float("nan"),
         "redone": len(redone), "redone_p50": pct(redone, 0.5) if redone else float("nan"),
         # From a final to the pass that decided it, changed or not (the server's histogram).
         "context_lag50": bucket_quantile(lag0, lag1, 0.5), "context_lag95": bucket_quantile(lag0, lag1, 0.95),
@@ -378,12 +387,12 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revised utterances (delay p95, s; per revision as before), again (delay p50, s) | context lag p50 / p95 (s) | server CPU (cores) | time at load level 1+ | model s/audio s (interim + final + context) | final decodes per final | decodes per call (interim / final / context) | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
+    print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revised utterances (delay p95, s; per revision as before; by context passes alone), again (delay p50, s) | context lag p50 / p95 (s) | server CPU (cores) | time at load level 1+ | model s/audio s (interim + final + context) | final decodes per final | decodes per call (interim / final / context) | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         refusal = f"{r['refusal']:.3f}" if r["refused"] else "-"
         broken = f" ({r['broken']} broken)" if r["broken"] else ""
-        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}; {r['per_revision_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['context_lag50']:.1f} / {r['context_lag95']:.1f} | {r['cpu']:.2f} | {r['degraded']:.0%} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['per_call']['interim']:.1f} / {r['per_call']['final']:.1f} / {r['per_call']['context']:.1f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
+        print(f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['first']:.2f} | {r['lag50']:.2f} / {r['lag95']:.2f} | {r['interim_rate']:.2f} | {r['wer']:.3f} | {r['refined_wer']:.3f} | {r['revisions']} ({r['revision_p95']:.1f}; {r['per_revision_p95']:.1f}; passes {r['passes_p95']:.1f}), {r['redone']} ({r['redone_p50']:.1f}) | {r['context_lag50']:.1f} / {r['context_lag95']:.1f} | {r['cpu']:.2f} | {r['degraded']:.0%} | {r['model_interim']:.2f} + {r['model_final']:.2f} + {r['model_context']:.2f} | {r['final_decodes']:.2f} | {r['per_call']['interim']:.1f} / {r['per_call']['final']:.1f} / {r['per_call']['context']:.1f} | {r['packed']:.0%} | {r['rss']:.0f} | {r['refused']}{broken} | {refusal} |")
     print(f"\nlargest N holding p95 final latency <= {args.limit:g} s: {best}")
 
 

@@ -1,6 +1,6 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
-    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
+    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--gain-db -30] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--interims]
                                  [--split-after-s 3] [--fast-reader] [--load-streams] [--speed 1.1]
                                  [--offline] [--chunked-offline] [--json out.json]
@@ -171,16 +171,16 @@ def streams(args: argparse.Namespace):
     sample rate on the wire) per stream to replay."""
     if not args.load_streams:
         for name in fixture_names(args.fixtures):
-            channels = [faster(a, args.speed) for a in noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db)[1]]
-            yield name, channels, MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db)
+            channels = [faster(a, args.speed) for a in noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)[1]]
+            yield name, channels, MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)
         return
     rounds = 2
     for name in LOAD_FIXTURES:
-        channels = [faster(a, args.speed) for a in noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db)[1]]
+        channels = [faster(a, args.speed) for a in noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)[1]]
         for turn in (0, 1):  # as load_bench.py deals the first two copies of a recording
             cuts = [int(rotation_cut(MANIFEST[name], t) / args.speed * 16000) for t in round_turns(turn, rounds)]
             audio = [np.concatenate([np.concatenate([a[at:], a[:at]]) for at in cuts]) for a in channels]
-            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db)
+            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)
 
 
 
@@ -192,6 +192,7 @@ def main() -> None:
     ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
     ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the VAD gate's option (0: off)")
     ap.add_argument("--voices-db", type=float, default=None, help="three other people talking (backwards: no words) this many dB below the speech")
+    ap.add_argument("--gain-db", type=float, default=0.0, help="turn the audio down (negative) or up this much, in 16-bit steps, as a quiet microphone delivers it")
     ap.add_argument("--phone", action="store_true", help="as a phone line carries it: 300-3400 Hz, 8 kHz mu-law, decoded as the server does")
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
     ap.add_argument("--context-ahead-s", type=float, default=ContextOptions().ahead_s, help="a pass may decide the newest final once the next utterance holds this much (0: once the next final came)")

@@ -359,18 +359,21 @@ def sentence_latencies(finals: list[tuple[float, float, float]], ends: list[floa
     return out
 
 
-def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float], list[float]]:
+def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float], list[float], list[float]]:
     """How long finals showed words a revision then changed: per utterance, from its final to
-    the first revision that changed it (how far the context pass lags); apart, from its final to
+    the first revision that changed it (how far the second pass lags); apart, from its final to
     each later revision that changed it again (a later pass outvoted an earlier one). The
     revision's ``changed`` names the utterances it changed. Third, as measured before the
     server named them (2026-11-27): per revision, from the final of its first utterance, counted
     as "again" only where that was another revision's first (so a later change of an utterance
-    an earlier revision had changed in its middle counted as a first revision)."""
+    an earlier revision had changed in its middle counted as a first revision). Fourth, the
+    first of those (per utterance) that a context pass sent (``pass``: not a settle decode, which
+    by design comes up to 35 s later, and only while the server has time to spare)."""
     shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
     first: list[float] = []
     again: list[float] = []
     per_revision: list[float] = []
+    by_passes: list[float] = []
     revised: set[int] = set()
     firsts: set[int] = set()
     for t in r.of_type("revision"):
@@ -381,9 +384,11 @@ def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float], list[
             per_revision.append(t.at - shown[lo])
         firsts.add(lo)
         for u in t.message.get("changed", [lo]):
+            if u not in revised and t.message.get("pass", "context") == "context":
+                by_passes.append(t.at - shown[u])
             (again if u in revised else first).append(t.at - shown[u])
             revised.add(u)
-    return first, again, per_revision
+    return first, again, per_revision, by_passes
 
 
 def settled_delays(r: Replay, ch: int) -> tuple[list[float], int]:
@@ -478,7 +483,7 @@ def main() -> None:
         proc.wait(10)
         raise
     url = f"ws://127.0.0.1:{port}"
-    rows, latencies, first_interims, delays, again, per_revision = [], [], [], [], [], []
+    rows, latencies, first_interims, delays, again, per_revision, by_passes = [], [], [], [], [], [], []
     settled: tuple[list[float], list[int]] = ([], [])  # delays to each final's settled message; finals only the close made final
     slow: list[tuple[float, str]] = []  # per sentence a final covered: (latency, which)
     text_lag: list[float] = []  # per utterance begun with speech: to its first text (see text_lags)
@@ -506,7 +511,8 @@ def main() -> None:
                     slow.extend((lat, f"{name} ch{ch} #{k + 1}: {sentence}")
                                 for k, (lat, sentence) in enumerate(zip(per_sentence, entry["references"][ch])) if lat is not None)
                     by_fixture.setdefault(f"{name} ch{ch}", []).extend(found)
-                    first_delays, again_delays, revision_firsts = revision_delays(r, ch)
+                    first_delays, again_delays, revision_firsts, pass_delays = revision_delays(r, ch)
+                    by_passes.extend(pass_delays)
                     delays.extend(first_delays)
                     again.extend(again_delays)
                     per_revision.extend(revision_firsts)
@@ -536,12 +542,12 @@ def main() -> None:
         proc.wait(10)
     rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
     lag = (bucket_quantile(lag0, lag1, 0.5), bucket_quantile(lag0, lag1, 0.95))
-    report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again, per_revision, settled), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts, slow)
+    report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again, per_revision, by_passes, settled), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts, slow)
 
 
 def report(args, rows, totals, latencies, interim_figures, revision_delays, context_lag, cpu, audio_s, model, texts, slow) -> None:
     first_interims, text_lag = interim_figures
-    delays, again, per_revision, (settle_delays, unsettled) = revision_delays
+    delays, again, per_revision, by_passes, (settle_delays, unsettled) = revision_delays
     noise = f", pink noise {args.noise_db:g} dB below speech" if args.noise_db is not None else ""
     noise += ", reverberant room (RT60 0.5 s) with room tone 35 dB below speech" if args.room else ""
     noise += f", three voices talking backwards {args.voices_db:g} dB below speech" if args.voices_db is not None else ""
@@ -563,7 +569,8 @@ def report(args, rows, totals, latencies, interim_figures, revision_delays, cont
         print(f"first text of each utterance, from where its speech began (s): p50 {pct(text_lag, 0.5):.2f}, p95 {pct(text_lag, 0.95):.2f}, max {max(text_lag):.2f} (n={len(text_lag)})")
     print(f"revisions: {totals['revisions']} for {totals['finals']} finals; revision delay, from a final to the first revision that changed it (s): "
           f"p50 {pct(delays, 0.5):.2f}, p95 {pct(delays, 0.95):.2f} (n={len(delays)}); changed again (outvoted): p50 {pct(again, 0.5):.2f} (n={len(again)}); "
-          f"per revision from its first utterance's final (the measure before 2026-11-27's changed): p95 {pct(per_revision, 0.95):.2f} (n={len(per_revision)})")
+          f"per revision from its first utterance's final (the measure before 2026-11-27's changed): p95 {pct(per_revision, 0.95):.2f} (n={len(per_revision)}); "
+          f"first changes sent by context passes (not settle decodes): p50 {pct(by_passes, 0.5):.2f}, p95 {pct(by_passes, 0.95):.2f} (n={len(by_passes)})")
     if settle_delays or sum(unsettled):
         print(f"settled, from a final to the settled message that covered it (s): p50 {pct(settle_delays, 0.5) if settle_delays else float('nan'):.1f}, "
               f"p95 {pct(settle_delays, 0.95) if settle_delays else float('nan'):.1f} (n={len(settle_delays)}); made final only by the close: {sum(unsettled)}")

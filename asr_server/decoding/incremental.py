@@ -846,7 +846,7 @@ class ChannelDecoder:
                 if trusted(covered, groups, first, decide_to):
                     texts = _mended_seams(covered, groups, spans, surer_texts(covered, groups, revised_texts(covered, groups, spans, first, decide_to)))
             if texts is not None:
-                out.extend(self._revise(covered, spans, texts))
+                out.extend(self._revise(covered, spans, texts, settle=True))
             for record in covered:
                 record.settled = record.settled or record.index <= decide_to
         self._trim()
@@ -975,7 +975,7 @@ class ChannelDecoder:
             words = before_ahead(words, self._context_ahead.start)
         return split_words(words, spans, [r.text for r in covered])
 
-    def _revise(self, covered: list[Finalized], spans: list[Span], texts: list[tuple[str, tuple[Word, ...]]]) -> list[PipelineEvent]:
+    def _revise(self, covered: list[Finalized], spans: list[Span], texts: list[tuple[str, tuple[Word, ...]]], settle: bool = False) -> list[PipelineEvent]:
         placed, starts = self._placed(covered, texts)
         # A settled record keeps its text (a seam mend or a capital could touch it): the client was told it is final.
         changed = next((k for k, (r, t) in enumerate(zip(covered, placed)) if t != r.text and not r.settled), None)
@@ -1002,7 +1002,7 @@ class ChannelDecoder:
         self._prompt = _tail_words(self._done[-1].text, PROMPT_CHARS)
         revised = self._done[first:]
         words = tuple(w for r in revised for w in r.words) if self.options.word_timestamps else ()
-        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, tuple(differ))]
+        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, tuple(differ), settle)]
         return out + self._moved_interim()
 
     def _placed(self, covered: list[Finalized], texts: list[tuple[str, tuple[Word, ...]]]) -> tuple[list[str], list[bool]]:

@@ -85,6 +85,7 @@ class MessageWriter:
                         "channel": event.channel,
                         "utterances": [event.first, event.last],
                         "changed": list(event.changed),
+                        "pass": "settle" if event.settle else "context",
                         "offset": event.offset,
                         "text": event.text,
                         "words": _words(event.words),

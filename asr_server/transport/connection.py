@@ -718,8 +718,9 @@ class Connection:
             self._first_interim_seen = True
             self.metrics.first_interim.observe(now - self._first_audio_at)
         elif isinstance(event, Revision):
-            self.metrics.revisions.inc()
-            log.info("session=%s event=revision channel=%d utterances=%d-%d chars=%d", self.sid, event.channel, event.first, event.last, len(event.text))
+            kind = "settle" if event.settle else "context"
+            self.metrics.revisions.labels(kind).inc()
+            log.info("session=%s event=revision pass=%s channel=%d utterances=%d-%d chars=%d", self.sid, kind, event.channel, event.first, event.last, len(event.text))
         elif isinstance(event, Final):
             self.metrics.audio_transcribed.inc(max(0.0, event.end - event.start))
             arrived = self._arrival_of(int(event.speech_end * MODEL_RATE))

@@ -107,6 +107,24 @@ def test_a_settled_sentence_is_not_changed_by_later_passes():
     assert d.client.final_text() == " ".join(ALONE) == server_transcript(d)
 
 
+def test_each_revision_names_the_decode_that_sent_it():
+    """A pass hears sentence 0 otherwise (a revision with ``pass: context``); the settle decode
+    then hears every sentence otherwise again (revisions with ``pass: settle``, each followed by
+    the ``settled`` message for its stretch), so that a client or a bench can tell the late
+    settle revisions from the passes'."""
+    model = SettleModel(lambda n: RIGHT if n == 0 else ALONE[n], lambda n: ALONE[n] + " too")
+    d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
+    kinds = [m["type"] for m in d.messages]
+    passes = [m for m in d.of_type("revision") if m["pass"] == "context"]
+    settles = [m for m in d.of_type("revision") if m["pass"] == "settle"]
+    assert len(passes) + len(settles) == len(d.of_type("revision"))
+    assert passes and RIGHT in passes[0]["text"] and all("too" not in m["text"] for m in passes)
+    assert [m["utterances"][0] for m in settles] == [0, 1, 2, 3]  # one per settle window, each changing its first sentence
+    for m in settles:
+        assert "settled" in kinds[d.messages.index(m) :][:3]  # its stretch settled with it (an interim may be sent again between)
+    assert d.client.final_text() == " ".join(t + " too" for t in ALONE) == server_transcript(d)
+
+
 def test_a_server_with_no_time_to_spare_runs_no_settle_decode_not_even_at_the_close():
     """While the server has no time to spare (its background workers busy, or it is loaded), no
     settle decode runs, and the close waits for none: ``closed`` comes with the passes' transcript."""

@@ -25,6 +25,13 @@ def _context_lags_counted(server) -> float:
     return float(next(line for line in text.splitlines() if line.startswith("asr_context_lag_seconds_count")).split()[-1])
 
 
+def _revisions_counted(server) -> dict[str, float]:
+    """``asr_revisions_total`` by the decode that sent them (``pass``)."""
+    text = urllib.request.urlopen(server.http + "/metrics", timeout=10).read().decode()
+    lines = [line for line in text.splitlines() if line.startswith("asr_revisions_total{")]
+    return {kind: sum(float(line.split()[-1]) for line in lines if f'pass="{kind}"' in line) for kind in ("context", "settle")}
+
+
 def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(full_pass_server):
     lags_before = _context_lags_counted(full_pass_server)
     r = asyncio.run(replay(full_pass_server.url, NAME))
@@ -107,8 +114,13 @@ def test_with_settle_decodes_a_long_reading_is_refined_and_closed_with_the_rule_
     message, is the server's), come before ``closed``, and leave the transcript closer to the
     reference than the first pass."""
     name = "ljspeech_babylon_16k.s16le"
+    counted = _revisions_counted(settling_server)
     r = asyncio.run(replay(settling_server.url, name))
     assert r.messages[-1].message["type"] == "closed"
+    # Each revision names the decode that sent it, as the server's metric counts them.
+    sent = {kind: sum(1 for m in r.of_type("revision") if m.message["pass"] == kind) for kind in ("context", "settle")}
+    assert sum(sent.values()) == len(r.of_type("revision"))
+    assert {k: v - counted[k] for k, v in _revisions_counted(settling_server).items()} == sent
     seqs = [m.message["seq"] for m in r.messages]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     assert r.of_type("revision")
