@@ -368,7 +368,7 @@ def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float], list[
     as "again" only where that was another revision's first (so a later change of an utterance
     an earlier revision had changed in its middle counted as a first revision). Fourth, the
     first of those (per utterance) that a context pass sent (``pass``: not a settle decode, which
-    by design comes up to 35 s later, and only while the server has time to spare)."""
+    by design comes 15-40 s later, and only while the server has time to spare)."""
     shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
     first: list[float] = []
     again: list[float] = []
