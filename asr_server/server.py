@@ -47,7 +47,6 @@ from .decoding.incremental import context_kept_s
 from .resume import ResumeTable, new_token, parse_resume_request
 from .session import Session
 from .tracing import Tracing
-from .transcript import build_transcript
 from .webhooks import WebhookOptions, WebhookSender
 from .transport.connection import Connection, Dialect
 from .transport.fanout import EndedSessions, follow, parse_follow_path
@@ -149,6 +148,7 @@ class AsrServer:
         # The context pass keeps a window of finalized audio (and its prompt's) per channel.
         context_s = context_kept_s(self.context) if options.revisions else 0.0
         buffered += self.limits.max_replay_bytes  # messages kept for a resume and for followers
+        buffered += self.limits.max_transcript_bytes  # ... and those the whole transcript is built from
         return stream_bytes(options.channels, options.max_utterance_s, self.limits.max_pending_finals, buffered, context_s)
 
     async def start(self) -> None:
@@ -429,10 +429,10 @@ class AsrServer:
     def keep_ended(self, conn: Connection) -> None:
         """A session ended: its log stays readable for ``ended_session_ttl_s``; its transcript goes to the webhooks."""
         summary = conn.summary()
-        self.ended.keep(conn.sid, conn.log, conn.session.key, summary, time.monotonic())
+        self.ended.keep(conn.sid, conn.log, conn.transcript, conn.session.key, summary, time.monotonic())
         urls = self._webhook_urls(conn)
         if urls:
-            transcript = build_transcript(conn.log.held()[1])
+            transcript = conn.transcript.transcript()
             for url in urls:
                 self.webhooks.send(url, {"event": "transcript", "session_id": conn.sid, "session": summary, "transcript": transcript})
 

@@ -10,10 +10,58 @@ has them (a phone call: caller, agent), else ``channel N``.
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["build_transcript", "to_srt", "to_vtt"]
+__all__ = ["TranscriptLog", "build_transcript", "to_srt", "to_vtt"]
+
+
+class TranscriptLog:
+    """The messages a session's transcript is built from, kept apart from the replay log.
+
+    The replay log (:class:`asr_server.resume.ReplayLog`) holds every message, interims
+    included, for a resume and for followers, and only its last ``max_replay_bytes``: about
+    45 minutes of a meeting, less of a busy two-channel call. The whole transcript (``GET
+    /v1/sessions/{id}/transcript``, the webhook's at the end) needs only the session message
+    and the finals, revisions, settled messages and ``closed``, about half of the bytes and
+    none of the interims. They are kept here up to ``max_bytes`` (the oldest after the session
+    message dropped past it; then :attr:`truncated`)."""
+
+    KINDS = frozenset({"session", "final", "revision", "settled", "closed"})
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._session: str | None = None  # the session message (channel names): never dropped
+        self._items: deque[str] = deque()
+        self._bytes = 0
+        self.truncated = False  # some of the session's transcript messages were dropped
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def add(self, message: dict[str, Any], text: str) -> None:
+        """``message`` was sent as ``text``: kept if a transcript is built from it."""
+        kind = message["type"]
+        if kind not in self.KINDS or (kind == "final" and not message["text"]):
+            return
+        self._bytes += len(text)
+        if kind == "session" and self._session is None:
+            self._session = text
+            return
+        self._items.append(text)
+        while self._bytes > self.max_bytes and self._items:
+            self._bytes -= len(self._items.popleft())
+            self.truncated = True
+
+    def texts(self) -> list[str]:
+        """The messages kept, in the order they were sent."""
+        return ([self._session] if self._session is not None else []) + list(self._items)
+
+    def transcript(self) -> dict[str, Any]:
+        """:func:`build_transcript` of what is kept, with ``truncated``."""
+        return {**build_transcript(self.texts()), "truncated": self.truncated}
 
 
 def build_transcript(texts: Iterable[str]) -> dict[str, Any]:

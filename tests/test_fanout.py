@@ -6,6 +6,7 @@ import asyncio
 
 from asr_server.transport.fanout import FOLLOWER_QUEUE, EndedSessions, Follower, parse_follow_path
 from asr_server.resume import ReplayLog
+from asr_server.transcript import TranscriptLog
 
 
 def test_a_follower_that_falls_behind_is_cut_off_and_never_blocks_the_stream():
@@ -36,16 +37,18 @@ def test_a_follower_gets_everything_then_the_end():
 def test_ended_sessions_are_kept_for_their_time_and_bounded():
     ended = EndedSessions(ttl_s=10.0, limit=2)
     for i, now in enumerate((0.0, 1.0, 2.0)):
-        ended.keep(f"s{i}", ReplayLog(100), None, {}, now)
+        ended.keep(f"s{i}", ReplayLog(100), TranscriptLog(100), None, {}, now)
     assert ended.get("s0", 2.0) is None  # the oldest went when a third came
     assert ended.get("s1", 5.0) is not None and ended.get("s1", 11.5) is None  # and each one after its time
     assert EndedSessions(ttl_s=0).get("x", 0.0) is None
-    small = EndedSessions(ttl_s=10.0, max_bytes=10)
+    small = EndedSessions(ttl_s=10.0, max_bytes=14)
     for i in range(3):
-        log = ReplayLog(100)
+        log, kept = ReplayLog(100), TranscriptLog(100)
         log.add(1, "x" * 6)
-        small.keep(f"s{i}", log, None, {}, 0.0)
-    assert small.get("s1", 0.0) is None and small.get("s2", 0.0) is not None and small.bytes == 6  # bounded in bytes too
+        kept.add({"type": "session"}, "y" * 3)
+        small.keep(f"s{i}", log, kept, None, {}, 0.0)
+    # bounded in bytes too, the transcript's messages counted with the replay log's
+    assert small.get("s1", 0.0) is None and small.get("s2", 0.0) is not None and small.bytes == 9
 
 
 def test_only_a_sessions_events_path_names_it():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from asr_server.transcript import build_transcript, to_srt, to_vtt
+from asr_server.transcript import TranscriptLog, build_transcript, to_srt, to_vtt
 
 
 def messages() -> list[str]:
@@ -63,6 +63,42 @@ def test_settled_counts_in_the_text_given_when_the_log_lost_the_first_messages()
     assert channel["text"] == "Then we flew home. It rained." and channel["settled"] == len("Then we flew home.")
     [early] = build_transcript(tail[:2] + [json.dumps({"type": "settled", "channel": 0, "utterance": 5, "offset": 90})])["channels"]
     assert early["settled"] == 0  # settled text that the log no longer holds
+
+
+def _interim(seq: int) -> dict:
+    return {"type": "interim", "channel": 0, "utterance": 9, "seq": seq, "offset": 26, "text": "and then " * 20}
+
+
+def test_the_transcript_log_keeps_what_a_transcript_is_built_from_and_no_interims():
+    """Interims (half of a session's bytes and none of its transcript) and empty finals are not
+    kept; the transcript built from what is kept is the one built from every message."""
+    every = [json.loads(m) for m in messages()]
+    every[3:3] = [_interim(seq) for seq in range(100, 140)]
+    log = TranscriptLog(1 << 20)
+    for m in every:
+        log.add(m, json.dumps(m))
+    kinds = [json.loads(t)["type"] for t in log.texts()]
+    assert "interim" not in kinds and kinds.count("final") == 3  # the empty final left out
+    assert log.bytes == sum(len(t) for t in log.texts())
+    assert log.transcript() == {**build_transcript(json.dumps(m) for m in every), "truncated": False}
+
+
+def test_the_transcript_log_is_bounded_keeps_the_session_message_and_says_when_it_dropped_any():
+    """Past its bound the oldest messages go, never the session message (the speakers' names), and
+    the transcript says ``truncated``."""
+    first = [json.loads(m) for m in messages()][:4]  # session and three finals
+    later = {"type": "final", "channel": 0, "utterance": 3, "offset": 26, "text": "Call me.", "start": 8.0, "end": 9.0, "words": []}
+    size = sum(len(json.dumps(m)) for m in first)  # room for these, then "Call me." only without the caller's first final
+    assert len(json.dumps(later)) <= len(json.dumps(first[1]))
+    log = TranscriptLog(size)
+    for m in first:
+        log.add(m, json.dumps(m))
+    assert not log.truncated
+    log.add(later, json.dumps(later))
+    t = log.transcript()
+    assert t["truncated"] and log.bytes <= size
+    assert [c["speaker"] for c in t["channels"]] == ["caller", "agent"]
+    assert t["channels"][0]["text"] == "Yet today. Call me."
 
 
 def test_srt_and_vtt_cues_in_time_order_with_speakers():

@@ -52,6 +52,7 @@ from ..scheduler.governor import LoadSettings
 from ..scheduler.policy import WEIGHTS, Priority
 from ..session import Close, Send, Session, SessionOutput, SessionState
 from ..tracing import StreamTrace
+from ..transcript import TranscriptLog
 from .fanout import Follower
 from .ingest import ContainerPump, LiveBacklog
 from .webrtc import RtcIngest
@@ -124,6 +125,8 @@ class Connection:
         self._weight = WEIGHTS[Priority(self.options.priority)]
         # Every message sent, bounded: for a resume, and for the session's followers (transport.fanout).
         self.log = ReplayLog(self.limits.max_replay_bytes)
+        # What the whole transcript is built from, kept longer than the replay log (no interims).
+        self.transcript = TranscriptLog(self.limits.max_transcript_bytes)
         self.followers: set[Follower] = set()
         self.bytes_received = 0  # of binary frames read: where a resumed client's audio goes on from
         self.commands_received = 0  # text frames read
@@ -617,6 +620,7 @@ class Connection:
                     self._observe(output)
                     text = json.dumps(output.message, separators=(",", ":"))
                     self.log.add(output.message["seq"], text)
+                    self.transcript.add(output.message, text)
                     for follower in list(self.followers):
                         follower.push(text)
                     if output.message["type"] == "final" and output.message["text"]:

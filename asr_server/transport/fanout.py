@@ -36,7 +36,7 @@ from ..access import Principal
 from ..errors import AsrError, FollowerTooSlow, SessionNotFound
 from ..protocol.messages import MessageWriter
 from ..resume import ReplayLog
-from ..transcript import build_transcript, to_srt, to_vtt
+from ..transcript import TranscriptLog, to_srt, to_vtt
 
 if TYPE_CHECKING:
     from ..server import AsrServer
@@ -82,25 +82,26 @@ class Follower:
 @dataclass
 class _Ended:
     log: ReplayLog
+    transcript: TranscriptLog
     key: str | None
     info: dict[str, Any]
     ended_at: float
 
 
 class EndedSessions:
-    """The logs of sessions that ended, readable for ``ttl_s``: at most ``limit`` of them and
-    ``max_bytes`` of messages in all (the oldest go first)."""
+    """The logs of sessions that ended (the replay log and the transcript's), readable for
+    ``ttl_s``: at most ``limit`` of them and ``max_bytes`` of messages in all (the oldest go first)."""
 
     def __init__(self, ttl_s: float, limit: int = 1000, max_bytes: int = ENDED_BYTES) -> None:
         self.ttl_s, self.limit, self.max_bytes = ttl_s, limit, max_bytes
         self._sessions: OrderedDict[str, _Ended] = OrderedDict()
         self._bytes = 0
 
-    def keep(self, session_id: str, log: ReplayLog, key: str | None, info: dict[str, Any], now: float) -> None:
+    def keep(self, session_id: str, log: ReplayLog, transcript: TranscriptLog, key: str | None, info: dict[str, Any], now: float) -> None:
         if self.ttl_s <= 0:
             return
-        self._sessions[session_id] = _Ended(log, key, info, now)
-        self._bytes += log.bytes
+        self._sessions[session_id] = _Ended(log, transcript, key, info, now)
+        self._bytes += log.bytes + transcript.bytes
         self.expire(now)
 
     @property
@@ -111,7 +112,7 @@ class EndedSessions:
         while self._sessions and (len(self._sessions) > self.limit or self._bytes > self.max_bytes
                                   or now - next(iter(self._sessions.values())).ended_at > self.ttl_s):
             _, oldest = self._sessions.popitem(last=False)
-            self._bytes -= oldest.log.bytes
+            self._bytes -= oldest.log.bytes + oldest.transcript.bytes
 
     def get(self, session_id: str, now: float) -> _Ended | None:
         self.expire(now)
@@ -131,12 +132,10 @@ def transcript_response(server: "AsrServer", principal: Principal, session_id: s
     from .http import error_response, response
 
     try:
-        _, log = _find(server, principal, session_id)
+        _, _, kept = _find(server, principal, session_id)
     except AsrError as error:
         return error_response(error)
-    oldest, texts = log.held()
-    transcript = build_transcript(texts)
-    transcript["truncated"] = oldest > 1  # the log no longer holds the session's first messages
+    transcript = kept.transcript()  # from the messages kept for it, longer than the replay log
     fmt = query.get("format", ["json"])[0]
     if fmt == "srt":
         return response(http.HTTPStatus.OK, to_srt(transcript).encode(), "application/x-subrip; charset=utf-8")
@@ -150,14 +149,14 @@ def _from_seq(request_headers: Any, query: dict[str, list[str]]) -> int:
     return int(raw) if raw.isdigit() and len(raw) < 12 else 0
 
 
-def _find(server: "AsrServer", principal: Principal, session_id: str) -> tuple["Connection | None", ReplayLog]:
-    """The live session (None once ended) and its log; SessionNotFound for neither, or another key's."""
+def _find(server: "AsrServer", principal: Principal, session_id: str) -> tuple["Connection | None", ReplayLog, TranscriptLog]:
+    """The live session (None once ended), its log and its transcript's; SessionNotFound for neither, or another key's."""
     conn = server.session_by_id(session_id)
     if conn is not None and conn.session.key == principal.name:
-        return conn, conn.log
+        return conn, conn.log, conn.transcript
     ended = server.ended.get(session_id, time.monotonic())
     if ended is not None and ended.key == principal.name:
-        return None, ended.log
+        return None, ended.log, ended.transcript
     raise SessionNotFound(f"no session {session_id[:40]!r} to follow (unknown, ended too long ago, or another key's)")
 
 
@@ -169,7 +168,7 @@ def session_list(server: "AsrServer", principal: Principal) -> list[dict[str, An
 async def follow(server: "AsrServer", ws: ServerConnection, principal: Principal, session_id: str, query: dict[str, list[str]]) -> None:
     """A WebSocket follower: the log from ``from_seq``, then live, then close 1000 at the session's end."""
     try:
-        conn, log = _find(server, principal, session_id)
+        conn, log, _ = _find(server, principal, session_id)
         backlog = log.after(min(_from_seq(ws.request.headers if ws.request else {}, query), log.last_seq))
     except AsrError as error:
         await server.refuse(ws, MessageWriter(uuid.uuid4().hex[:16]), error, session_id, event="follow_refused")
@@ -202,7 +201,7 @@ async def sse_events(server: "AsrServer", principal: Principal, session_id: str,
     from .http import error_response, response
 
     try:
-        conn, log = _find(server, principal, session_id)
+        conn, log, _ = _find(server, principal, session_id)
         after = min(_from_seq(request.headers, query), log.last_seq)
         entries = log.entries_after(after)
         if not entries and conn is not None and not conn.done.is_set():

@@ -8,11 +8,13 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
+from asr_server.options import Limits
 from asr_server.webhooks import WebhookOptions, verify
 
 from ..harness import ServerThread, replay
@@ -79,6 +81,34 @@ def test_finals_and_the_transcript_arrive_signed_in_order_after_retries(whisper_
     assert events[-1]["event"] == "transcript" and events[-1]["transcript"]["complete"]
     assert events[-1]["transcript"]["channels"][0]["text"] == r.transcript().final_text(0)
     assert 'asr_webhook_deliveries_total{outcome="retried"} 2.0' in metrics
+
+
+def test_the_whole_transcript_outlasts_the_replay_log(whisper_runner):
+    """A session longer than its replay log holds (here 1500 bytes, some seconds of messages; by
+    default 2 MiB, about 45 minutes of a meeting): the webhook's transcript at the end and ``GET
+    .../transcript`` after it still hold the whole of it, from the first final, and say it is
+    not truncated; the replay log itself (for a resume and for followers) kept only its tail."""
+    with Receiver(failures=0) as receiver:
+        options = WebhookOptions(url=receiver.url, secret=SECRET, initial_backoff_s=0.05, max_backoff_s=0.2, timeout_s=10.0)
+        server = ServerThread(whisper_runner, Limits(max_replay_bytes=1500), webhooks=options).start()
+        try:
+            r = asyncio.run(replay(server.url, "cards_16k.wav"))
+            sid = r.messages[0].message["session_id"]
+            for _ in range(3000):  # polls, bounded (60 s): until the transcript was delivered
+                if any(json.loads(q["body"])["event"] == "transcript" for q in receiver.requests):
+                    break
+                time.sleep(0.02)
+            with urllib.request.urlopen(f"{server.http}/v1/sessions/{sid}/transcript", timeout=30) as answer:
+                got = json.loads(answer.read())
+            replay_log = server.server.ended.get(sid, time.monotonic()).log
+        finally:
+            server.stop()
+    hooked = next(json.loads(q["body"])["transcript"] for q in receiver.requests if json.loads(q["body"])["event"] == "transcript")
+    whole = r.transcript().final_text(0)
+    assert replay_log.oldest > 1 and sum(len(m.message["text"]) for m in r.of_type("final")) > 0
+    for t in (hooked, got):
+        assert t["complete"] and not t["truncated"]
+        assert t["channels"][0]["text"] == whole and t["channels"][0]["segments"][0]["start"] < 2.0
 
 
 def test_a_receiver_that_never_answers_does_not_slow_the_stream(whisper_runner):
