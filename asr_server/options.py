@@ -111,9 +111,9 @@ class Limits:
     # Messages kept per session for a resume to replay and for its followers (oldest dropped past this many bytes).
     max_replay_bytes: int = 2 << 20
     # The messages a session's whole transcript is built from (its finals, revisions and settled
-    # messages; no interims), kept apart for GET .../transcript and the webhook's: at the rate of a
-    # busy two-channel call (about 1 KB a second) 8 MiB is over two hours; past it the oldest go and
-    # the transcript says ``truncated``.
+    # messages; no interims), kept apart for GET .../transcript and the webhook's. Continuous reading
+    # sends 0.6 KB of them a second (0.9 KB of messages in all), so 8 MiB is about four hours (the
+    # replay log's 2 MiB, 40 minutes); past it the oldest go and the transcript says ``truncated``.
     max_transcript_bytes: int = 8 << 20
     # An ended session's messages stay readable by followers this long (0: not kept).
     ended_session_ttl_s: float = 300.0

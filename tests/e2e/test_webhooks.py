@@ -85,7 +85,7 @@ def test_finals_and_the_transcript_arrive_signed_in_order_after_retries(whisper_
 
 def test_the_whole_transcript_outlasts_the_replay_log(whisper_runner):
     """A session longer than its replay log holds (here 1500 bytes, some seconds of messages; by
-    default 2 MiB, about 45 minutes of a meeting): the webhook's transcript at the end and ``GET
+    default 2 MiB, about 40 minutes of continuous speech): the webhook's transcript at the end and ``GET
     .../transcript`` after it still hold the whole of it, from the first final, and say it is
     not truncated; the replay log itself (for a resume and for followers) kept only its tail."""
     with Receiver(failures=0) as receiver:
