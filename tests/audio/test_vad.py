@@ -169,3 +169,35 @@ def test_frames_far_below_the_talker_are_silence_even_within_the_hold():
     dip = np.concatenate([tone(1.0, -12), tone(0.15, -46), tone(0.5, -12)])
     assert "." in voiced_flags(options, dip)[33:40]
     assert "." not in voiced_flags(replace(options, talker_silence_db=0), dip)[3:]  # the floor off: held
+
+
+def test_a_loud_burst_inside_speech_does_not_shut_the_talker_out():
+    # A talker at -45 dBFS with a 0.3 s burst at -6 dBFS (a cough, a knock near the microphone) every
+    # 1.5 s, which the detector hears as part of the speech. The bursts are a fifth of the frames: the
+    # level must stay the talker's, or the floors under it shut the talker out after the first burst.
+    talk = [tone(1.0, -45)]
+    for _ in range(4):
+        talk += [tone(0.3, -6), tone(1.2, -45)]
+    flags = voiced_flags(EVERY_FRAME, np.concatenate(talk))
+    for k in range(4):
+        after = 33 + k * 50 + 10  # the talker's 1.2 s after the k-th burst
+        assert flags[after + 5 : after + 40] == "S" * 35, f"the talker after burst {k}: {flags}"
+    # A talker who gets louder and stays so still sets the level: a burst is loud for a moment only.
+    level = TalkerLevel(window=333, floor_db=20)
+    for i in range(133):
+        level.hears(i, -45.0 if i < 33 else -20.0, True)
+    assert level.level is not None and abs(level.level - -20.0) < 0.5
+
+
+def test_a_quiet_talker_with_loud_coughs_is_heard_sentence_by_sentence():
+    # Read sentences 30 dB quieter than recorded (about -52 dBFS) with a 0.3 s noise burst at -12 dBFS,
+    # 40 dB over the speech, every 5.3 s, several inside sentences (to Silero, part of the speech):
+    # every sentence still ends an utterance of its own. (When the bursts set the talker's level,
+    # the floors under it left about 3 s of the 21 s of speech.)
+    name = "librivox_16k.s16le"
+    audio, spans = load_mono(name), MANIFEST[name]["spans"][0]
+    quiet = np.round(audio * 10 ** (-30 / 20) * 32767) / 32767
+    burst, rng = int(0.3 * 16000), np.random.default_rng(3)
+    for at in range(int(2.5 * 16000), len(audio) - burst, int(5.3 * 16000)):
+        quiet[at : at + burst] += rng.standard_normal(burst) * np.hanning(burst) * 10 ** (-12 / 20) * 2
+    assert_each_sentence_ends_an_utterance(np.clip(quiet, -1, 1).astype(np.float32), spans, early_s=0.3)
