@@ -25,8 +25,8 @@ class TranscriptLog:
     40 minutes of continuous speech (0.9 KB a second). The whole transcript (``GET
     /v1/sessions/{id}/transcript``, the webhook's at the end) needs only the session message
     and the finals, revisions, settled messages and ``closed``, about two thirds of the bytes
-    (0.6 KB a second) and none of the interims. They are kept here up to ``max_bytes`` (the oldest after the session
-    message dropped past it; then :attr:`truncated`)."""
+    (0.6 KB a second) and none of the interims. They are kept here up to ``max_bytes``: past
+    it the oldest go (never the session message), and :attr:`truncated` says so."""
 
     KINDS = frozenset({"session", "final", "revision", "settled", "closed"})
 

@@ -1,7 +1,8 @@
 """Following a session's results from elsewhere: ``/v1/sessions`` and ``/v1/sessions/{id}/events``.
 
 Every session keeps the messages it sent in a bounded log (the one a resume
-replays). A follower (a supervisor's dashboard, an agent-assist service)
+replays), and apart, for ``/v1/sessions/{id}/transcript``, the messages its
+whole transcript is built from (:class:`asr_server.transcript.TranscriptLog`). A follower (a supervisor's dashboard, an agent-assist service)
 gets that log from ``from_seq`` on, then every new message live, the same
 JSON the sender gets, until the session ends:
 
