@@ -1,6 +1,6 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
-    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--gain-db -30] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
+    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--gain-db -30 [--bursts-dbfs -6]] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--interims]
                                  [--split-after-s 3] [--fast-reader] [--load-streams] [--speed 1.1]
                                  [--offline] [--chunked-offline] [--json out.json]
@@ -32,6 +32,10 @@ training's speed perturbation does: the recordings of real people among the fixt
 (LibriVox, LJSpeech, the card names) become other recordings the rules were never measured
 on, and a change to a rule can be judged on more than one take of each (a single word that a
 rule flips on one take by chance need not flip on the next).
+
+``--bursts-dbfs X`` adds, after the gain, a 0.3 s burst of pink noise at X dBFS (a cough,
+a knock near the microphone) every 5.3 s from 2.5 s on, several inside sentences: with
+``--gain-db -30`` they are far louder than the talker (``-6``: about 40 dB over the speech).
 
 ``--offline`` adds a column: faster-whisper's own transcription of each channel (beam 5, its
 VAD filter). ``--chunked-offline`` adds another: the same transcription, without the VAD filter,
@@ -68,7 +72,7 @@ import ctranslate2  # noqa: E402
 import numpy as np  # noqa: E402
 from asr_client import Transcript  # noqa: E402
 from load_bench import FIXTURES as LOAD_FIXTURES, replayed, rotation_cut, round_turns  # noqa: E402
-from stream_bench import DEFAULT_FIXTURES, covering_latencies, fixture_names, load_channels, noisy_pcm, offline_text, pct, speech_ends, use_fast_reader, use_fixture_dir, wire_rate  # noqa: E402
+from stream_bench import DEFAULT_FIXTURES, covering_latencies, fixture_names, load_channels, noisy_pcm, offline_text, pct, pink_noise, speech_ends, use_fast_reader, use_fixture_dir, wire_rate  # noqa: E402
 
 from asr_server.audio.vad import VadOptions  # noqa: E402
 from asr_server.decoding.context import ContextOptions, Finalized, window_request  # noqa: E402
@@ -166,12 +170,24 @@ def faster(audio: np.ndarray, speed: float) -> np.ndarray:
     return np.interp(at, np.arange(len(audio)), audio).astype(np.float32)
 
 
+def with_bursts(audio: np.ndarray, dbfs: float | None, seed: int) -> np.ndarray:
+    """``audio`` (16 kHz) with a 0.3 s burst of pink noise at ``dbfs`` (its RMS, under a Hann
+    window) every 5.3 s from 2.5 s on, clipped to full scale (None: as it is)."""
+    if dbfs is None:
+        return audio
+    out, burst, rng = audio.astype(np.float32).copy(), int(0.3 * 16000), np.random.default_rng(seed)
+    for at in range(int(2.5 * 16000), len(out) - burst, int(5.3 * 16000)):
+        out[at : at + burst] += pink_noise(burst, int(rng.integers(1 << 30))) * np.hanning(burst).astype(np.float32) * np.float32(10 ** (dbfs / 20))
+    return np.clip(out, -1, 1)
+
+
 def streams(args: argparse.Namespace):
     """(label, each channel's 16 kHz audio, each channel's reference sentences, the stream's
     sample rate on the wire) per stream to replay."""
     if not args.load_streams:
         for name in fixture_names(args.fixtures):
-            channels = [faster(a, args.speed) for a in noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)[1]]
+            channels = [with_bursts(faster(a, args.speed), args.bursts_dbfs, 7 + ch)
+                        for ch, a in enumerate(noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)[1])]
             yield name, channels, MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)
         return
     rounds = 2
@@ -193,6 +209,7 @@ def main() -> None:
     ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the VAD gate's option (0: off)")
     ap.add_argument("--voices-db", type=float, default=None, help="three other people talking (backwards: no words) this many dB below the speech")
     ap.add_argument("--gain-db", type=float, default=0.0, help="turn the audio down (negative) or up this much, in 16-bit steps, as a quiet microphone delivers it")
+    ap.add_argument("--bursts-dbfs", type=float, default=None, help="after the gain, a 0.3 s pink-noise burst at this level (dBFS) every 5.3 s: a cough or a knock near the microphone")
     ap.add_argument("--phone", action="store_true", help="as a phone line carries it: 300-3400 Hz, 8 kHz mu-law, decoded as the server does")
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
     ap.add_argument("--context-ahead-s", type=float, default=ContextOptions().ahead_s, help="a pass may decide the newest final once the next utterance holds this much (0: once the next final came)")
