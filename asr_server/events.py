@@ -71,6 +71,11 @@ class Revision:
     changed: tuple[int, ...] = ()
     settle: bool = False
 
+    @property
+    def pass_name(self) -> str:
+        """The decode that sent it, as the wire and the metrics name it: ``settle`` or ``context``."""
+        return "settle" if self.settle else "context"
+
 
 @dataclass(frozen=True)
 class Settled:

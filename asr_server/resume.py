@@ -53,10 +53,6 @@ class ReplayLog:
         """The seq of the oldest message still held (last_seq + 1 if none)."""
         return self._items[0][0] if self._items else self.last_seq + 1
 
-    def held(self) -> tuple[int, list[str]]:
-        """:attr:`oldest`, and every message held."""
-        return self.oldest, [text for _, text in self._items]
-
     def after(self, seq: int) -> list[str]:
         """The messages after ``seq``, in order; ResumeFailed if the client claims more than was
         sent, or if some of them were already dropped from the log."""

@@ -85,7 +85,7 @@ class MessageWriter:
                         "channel": event.channel,
                         "utterances": [event.first, event.last],
                         "changed": list(event.changed),
-                        "pass": "settle" if event.settle else "context",
+                        "pass": event.pass_name,
                         "offset": event.offset,
                         "text": event.text,
                         "words": _words(event.words),

@@ -722,9 +722,8 @@ class Connection:
             self._first_interim_seen = True
             self.metrics.first_interim.observe(now - self._first_audio_at)
         elif isinstance(event, Revision):
-            kind = "settle" if event.settle else "context"
-            self.metrics.revisions.labels(kind).inc()
-            log.info("session=%s event=revision pass=%s channel=%d utterances=%d-%d chars=%d", self.sid, kind, event.channel, event.first, event.last, len(event.text))
+            self.metrics.revisions.labels(event.pass_name).inc()
+            log.info("session=%s event=revision pass=%s channel=%d utterances=%d-%d chars=%d", self.sid, event.pass_name, event.channel, event.first, event.last, len(event.text))
         elif isinstance(event, Final):
             self.metrics.audio_transcribed.inc(max(0.0, event.end - event.start))
             arrived = self._arrival_of(int(event.speech_end * MODEL_RATE))

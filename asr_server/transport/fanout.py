@@ -2,8 +2,8 @@
 
 Every session keeps the messages it sent in a bounded log (the one a resume
 replays), and apart, for ``/v1/sessions/{id}/transcript``, the messages its
-whole transcript is built from (:class:`asr_server.transcript.TranscriptLog`). A follower (a supervisor's dashboard, an agent-assist service)
-gets that log from ``from_seq`` on, then every new message live, the same
+whole transcript is built from (:class:`asr_server.transcript.TranscriptLog`).
+A follower (a supervisor's dashboard, an agent-assist service) gets that log from ``from_seq`` on, then every new message live, the same
 JSON the sender gets, until the session ends:
 
 * as a WebSocket: text frames, then close 1000 at the session's end;
