@@ -123,7 +123,7 @@ function render() {
     span.textContent = text;
     p.append(span);
   };
-  // A revision (the server's second pass, with more context) is marked briefly.
+  // The words a revision (the server's second pass, with more context) changed are marked briefly.
   const revised = app.client?.transcript.revised();
   const fresh = revised && performance.now() - (app.revisedAt ?? 0) < REVISION_MARK_MS;
   if (fresh && revised.end <= view.final.length) {

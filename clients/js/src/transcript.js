@@ -25,7 +25,7 @@ class ChannelTranscript {
     this.lastFinalUtterance = -1;
     /** @type {{utterance: number, offset: number, text: string, stable: number} | null} */
     this.interim = null;
-    /** The part of `final` the latest revision replaced: {start, end} character positions, or null. */
+    /** The words of `final` the latest revision changed: {start, end} character positions, or null. */
     this.revised = null;
     /** The length of the start of `final` that no revision will change (a `settled` message). */
     this.settled = 0;
@@ -42,7 +42,7 @@ class ChannelTranscript {
       const before = this.final;
       this.final = offset > 0 ? this.final.slice(0, offset - 1) + " " + text : text;
       if (this.interim) this.interim = { ...this.interim, offset: this.final.length + 1 }; // stays after the finals
-      this.revised = { start: offset, end: this.final.length };
+      this.revised = changedWords(before, this.final);
       return this.final !== before;
     }
     if (utterance <= this.lastFinalUtterance) return false; // late interim of a closed utterance
@@ -76,6 +76,33 @@ class ChannelTranscript {
     const open = v.stable + v.unstable;
     return v.final && open ? v.final + " " + open : v.final + open;
   }
+}
+
+/**
+ * Where `after` differs from `before`, widened to whole words: {start, end} in `after`,
+ * or null when the text is the same. A revision replaces every final from its first
+ * revised utterance to the latest, often 20-30 s of text to change one word or comma;
+ * this is the part a reader should look at again.
+ */
+export function changedWords(before, after) {
+  if (before === after) return null;
+  const most = Math.min(before.length, after.length);
+  let head = 0;
+  while (head < most && before[head] === after[head]) head++;
+  let tail = 0;
+  while (tail < most - head && before[before.length - 1 - tail] === after[after.length - 1 - tail]) tail++;
+  let start = head;
+  if (after[start] === " ") start++; // the change starts with the next word
+  else while (start > 0 && after[start - 1] !== " ") start--;
+  let end = after.length - tail;
+  if (end > start && after[end - 1] === " ") end--; // the change ends where a word does
+  else while (end < after.length && after[end] !== " ") end++;
+  // A change that only removed text (end <= start) marks the word it joined, if any.
+  if (end <= start) {
+    end = start;
+    while (end < after.length && after[end] !== " ") end++;
+  }
+  return end > start ? { start, end } : null;
 }
 
 function clamp(x, lo, hi) {
@@ -119,7 +146,7 @@ export class Transcript extends EventTarget {
     return ch ? ch.text() : "";
   }
 
-  /** Where the latest revision landed in a channel's finalized text ({start, end}), or null. */
+  /** The words the latest revision changed in a channel's finalized text ({start, end}), or null. */
   revised(channel = 0) {
     return this.channels.get(channel)?.revised ?? null;
   }

@@ -127,7 +127,8 @@ test("a revision replaces the finals from its offset to their end, and a live in
     assert.equal(t.finalText(), "And so it began. " + replacement + " Unless to be cold.");
     // The live interim is still shown, after the revised finals.
     assert.equal(t.text(), t.finalText() + " Had he married");
-    assert.deepEqual(t.revised(), { start: 17, end: t.finalText().length });
+    // What the revision changed: its first utterance's words; the last final came back the same.
+    assert.deepEqual(t.revised(), { start: 17, end: 17 + replacement.length });
     // The server sends the interim again at its new offset: nothing moves.
     t.apply(interim(3, t.finalText().length + 1, "Had he married", 6));
     assert.equal(t.text(), t.finalText() + " Had he married");
@@ -135,6 +136,28 @@ test("a revision replaces the finals from its offset to their end, and a live in
     t.apply(final(3, t.finalText().length + 1, "Had he married a kinder woman."));
     assert.equal(t.finalText(), "And so it began. " + replacement + " Unless to be cold. Had he married a kinder woman.");
   }
+});
+
+test("a revision marks only the words it changed, not the whole stretch it sent again", () => {
+  const t = new Transcript();
+  t.apply(final(0, 0, "Good morning everyone and welcome to the review."));
+  t.apply(final(1, 49, "Before we begin, please mute your microphones."));
+  const before = t.finalText();
+  // A late decode writes a comma into the first sentence and sends both again.
+  t.apply(revision(0, 1, 0, "Good morning everyone, and welcome to the review. Before we begin, please mute your microphones."));
+  const { start, end } = t.revised();
+  assert.equal(t.finalText().slice(start, end), "everyone,");
+  // Sent again unchanged: the text is the same, and nothing is marked.
+  assert.equal(t.apply(revision(0, 1, 0, t.finalText())), false);
+  assert.equal(t.revised(), null);
+  // A word put in, one taken out, and a word changed at the very start.
+  t.apply(revision(1, 1, 50, "Before we begin, please do mute your microphones."));
+  assert.equal(t.finalText().slice(t.revised().start, t.revised().end), "do");
+  t.apply(revision(1, 1, 50, "Before we begin, please mute your microphones."));
+  assert.equal(t.finalText().slice(t.revised().start, t.revised().end), "mute"); // the word after the gap
+  t.apply(revision(0, 1, 0, "good" + t.finalText().slice(4)));
+  assert.deepEqual(t.revised(), { start: 0, end: 4 });
+  assert.notEqual(t.finalText(), before);
 });
 
 test("a revision from offset 0 replaces every final", () => {
