@@ -78,7 +78,7 @@ from asr_server.audio.vad import VadOptions  # noqa: E402
 from asr_server.decoding.context import ContextOptions, Finalized, window_request  # noqa: E402
 from asr_server.events import SubmitJob  # noqa: E402
 from asr_server.inference.types import DecodeKind  # noqa: E402
-from asr_server.inference.whisper import DEFAULT_MODEL, WhisperRunner, resolve_model  # noqa: E402
+from asr_server.inference.whisper import DEFAULT_MODEL, SETTLE_BEAM_SIZE, WhisperRunner, resolve_model  # noqa: E402
 from asr_server.inference.windows import LEAN_CONTEXT_PAD_S  # noqa: E402
 from asr_server.options import StreamOptions  # noqa: E402
 from asr_server.scheduler.governor import LoadSettings  # noqa: E402
@@ -214,6 +214,7 @@ def main() -> None:
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
     ap.add_argument("--context-ahead-s", type=float, default=ContextOptions().ahead_s, help="a pass may decide the newest final once the next utterance holds this much (0: once the next final came)")
     ap.add_argument("--context-settle-window-s", type=float, default=ContextOptions().settle_window_s, help="the settle decodes' window (0: none)")
+    ap.add_argument("--settle-beam-size", type=int, default=SETTLE_BEAM_SIZE, help="the settle decodes' beam (the server's --settle-beam-size)")
     ap.add_argument("--lean", action="store_true", help="passes as under load: only the utterances they decide, on the lean window")
     ap.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S, help="the lean window: the audio plus this (30: the full window)")
     ap.add_argument("--interims", action="store_true", help="decode every interim too (without it, only long utterances are, for sentence splits)")
@@ -237,7 +238,8 @@ def main() -> None:
             use_fast_reader(name)
     # Whisper's fallback samples when a decode fails its checks: a fixed seed keeps the replay the same on every run.
     ctranslate2.set_random_seed(1)
-    runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type, lean_context_pad_s=args.lean_context_encoder_pad_s)
+    runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type, lean_context_pad_s=args.lean_context_encoder_pad_s,
+                           settle_beam_size=args.settle_beam_size)
     runner.warm_up()
     context = ContextOptions(back_s=args.context_back_s, ahead_s=args.context_ahead_s, settle_window_s=args.context_settle_window_s)
     errors = [0, 0]
