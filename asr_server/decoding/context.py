@@ -442,7 +442,8 @@ def surer_texts(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], 
     """``texts`` (a settle decode's :func:`revised_texts`), less each change to a record whose
     present words the decode heard less surely (the mean probability of its words there is more
     than :data:`SURER_MARGIN` under that of the words the record holds), and each change back to
-    a wording the passes voted out that it heard no more surely than that (:func:`_voted_out`)."""
+    a wording the passes voted out, unless it heard that more surely by the same margin
+    (:func:`_voted_out`)."""
     return [
         (record.text, ()) if text != record.text and (_less_sure(record, group) or _voted_out(record, group, text)) else (text, words)
         for record, group, (text, words) in zip(records, groups, texts, strict=True)

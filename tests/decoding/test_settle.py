@@ -231,7 +231,7 @@ def test_with_no_settle_decodes_an_utterance_is_settled_once_the_channel_no_long
 
 
 class UnsureSettle(SettleModel):
-    """As :class:`SettleModel`, but a settle decode (``passes``: a pass) hears ``unsure`` (a word) at probability 0.3."""
+    """As :class:`SettleModel`, but a settle decode hears ``unsure`` (a word) at probability 0.3 (``in_passes``: each pass does instead)."""
 
     def __init__(self, passes, settles, unsure: str, in_passes: bool = False) -> None:
         super().__init__(passes, settles)
