@@ -474,7 +474,7 @@ def test_a_quiet_talkers_decodes_reach_the_model_raised_by_the_talkers_gain(whis
     """A request's ``gain_db`` (the talker's, set by the session from its VAD) raises its audio before
     the features, alone and in a pack: the quiet sentence is heard as the one at the usual level."""
     from ..harness import MANIFEST, load_mono
-    from ..wer import wer
+    from ..wer import edit_distance, normalize, wer
 
     start, end = MANIFEST["espeak_16k.wav"]["spans"][0][1]
     audio = load_mono("espeak_16k.wav")[int((start - 0.3) * 16000) : int((end + 0.2) * 16000)]
@@ -485,8 +485,11 @@ def test_a_quiet_talkers_decodes_reach_the_model_raised_by_the_talkers_gain(whis
     loud_hyp = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.FINAL, word_timestamps=True))
     quiet_hyp = whisper_runner.transcribe(DecodeRequest(quiet, DecodeKind.FINAL, word_timestamps=True, gain_db=35.0))
     assert np.allclose(heard[1], heard[0], atol=1e-5)
-    assert quiet_hyp.text == loud_hyp.text
+    # The same features within 1e-5: the same words, but for one that int8 kernels without AVX-512 may
+    # flip on so small a difference ("call me Mac" / "call me back", as between machines).
     reference = MANIFEST["espeak_16k.wav"]["references"][0][1]
+    assert edit_distance(normalize(loud_hyp.text), normalize(quiet_hyp.text)) <= 1, (loud_hyp.text, quiet_hyp.text)
+    assert wer(reference, quiet_hyp.text) <= 0.2, quiet_hyp.text
     heard.clear()
     packed = whisper_runner.transcribe_batch([DecodeRequest(a, DecodeKind.FINAL, word_timestamps=True, gain_db=g) for a, g in ((quiet, 35.0), (audio, 0.0))])
     assert len(heard) == 1 and all(h.packed for h in packed)  # one window for both, the quiet one raised in it
