@@ -440,32 +440,12 @@ def revised_texts(
 
 def surer_texts(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], texts: Sequence[tuple[str, tuple[Word, ...]]]) -> list[tuple[str, tuple[Word, ...]]]:
     """``texts`` (a settle decode's :func:`revised_texts`), less each change to a record whose
-    present words the decode heard less surely (the mean probability of its words there is more
-    than :data:`SURER_MARGIN` under that of the words the record holds), and each change back to
-    a wording the passes voted out, unless it heard that more surely by the same margin
-    (:func:`_voted_out`)."""
+    present words the decode heard less surely: the mean probability of its words there is more
+    than :data:`SURER_MARGIN` under that of the words the record holds."""
     return [
-        (record.text, ()) if text != record.text and (_less_sure(record, group) or _voted_out(record, group, text)) else (text, words)
+        (record.text, ()) if text != record.text and _less_sure(record, group) else (text, words)
         for record, group, (text, words) in zip(records, groups, texts, strict=True)
     ]
-
-
-def _voted_out(record: Finalized, group: Sequence[Word], text: str) -> bool:
-    """Whether ``text``, a settle decode's hearing of ``record`` (its words there: ``group``), is a
-    wording the record was heard as before (:attr:`Finalized.votes`) that passes heard less often
-    than the one it holds, and the decode heard it no more surely than the held words (mean
-    word probability at most :data:`SURER_MARGIN` over theirs). Less often: the present wording
-    heard by passes at least twice, and more often than ``text``'s with the settle decode counted
-    as one more hearing of it; the first pass's hearing counts for neither (it was made without
-    context). A wording no decode heard before is not held back so."""
-    held, heard = _hearing(record, word_key(record.text)), _hearing(record, word_key(text))
-    if heard == held or heard not in record.votes:
-        return False
-    passes_held = record.votes.get(held, 0) - (held == record.first_pass)
-    passes_heard = record.votes[heard] - (heard == record.first_pass) + 1
-    if passes_held < 2 or passes_held <= passes_heard:
-        return False
-    return not (group and record.words and _mean_probability(group) > _mean_probability(record.words) + SURER_MARGIN)
 
 
 def _less_sure(record: Finalized, group: Sequence[Word]) -> bool:
