@@ -84,7 +84,7 @@ class ChannelTranscript {
  * revised utterance to the latest, often 20-30 s of text to change one word or comma;
  * this is the part a reader should look at again.
  */
-export function changedWords(before, after) {
+function changedWords(before, after) {
   if (before === after) return null;
   const most = Math.min(before.length, after.length);
   let head = 0;
