@@ -14,8 +14,9 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.protocol import State
 
-__all__ = ["AsrStream", "connect", "Transcript", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
+__all__ = ["AsrStream", "connect", "Keepalive", "Transcript", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
 
 MODEL_RATE = 16000
 
@@ -67,6 +68,36 @@ def listen_url(url: str, **options: Any) -> str:
 CONTINUING_ERRORS = frozenset({"invalid_message", "unknown_message_type", "decode_failed"})
 
 Opener = Callable[[str], Awaitable[ClientConnection]]
+
+
+class _Connection(ClientConnection):
+    """A client connection that notes when it last heard from the server: any frame (a
+    message, a ping, a pong). The keepalive judges the server by it, not by its own pongs."""
+
+    heard_at = 0.0
+
+    def process_event(self, event: Any) -> None:
+        super().process_event(event)
+        self.heard_at = self.loop.time()
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    """The client's keepalive. It pings after ``ping_interval`` s without a frame from the
+    server, and gives the connection up (then resumes, if it can) after ``ping_interval +
+    ping_timeout`` s without one, or the server's own ``keepalive_interval_s +
+    keepalive_timeout_s`` if longer (the server pings that often, whether or not it is
+    reading). A pong is not awaited as such: while the server holds back reading (a fast
+    upload to a busy server), a pong waits behind the audio sent before the ping, but the
+    server's pings and results still arrive."""
+
+    ping_interval: float = 20.0
+    ping_timeout: float = 20.0
+
+    def limit(self, session: dict[str, Any] | None) -> float:
+        limits = (session or {}).get("limits", {})
+        server = float(limits.get("keepalive_interval_s", 0)) + float(limits.get("keepalive_timeout_s", 0))
+        return max(self.ping_interval + self.ping_timeout, server if limits.get("keepalive_interval_s") else 0.0)
 MAX_FRUITLESS_RESUMES = 5  # resumes in a row that got no audio further: give up (something cuts the connection each time)
 
 
@@ -86,7 +117,10 @@ class AsrStream:
     Nothing is transcribed twice and ``seq`` has no gap.
     """
 
-    def __init__(self, ws: ClientConnection, opener: Opener | None = None, url: str = "", *, resume_buffer_bytes: int = 8 << 20) -> None:
+    def __init__(
+        self, ws: ClientConnection, opener: Opener | None = None, url: str = "", *, resume_buffer_bytes: int = 8 << 20,
+        keepalive: Keepalive | None = Keepalive(),
+    ) -> None:
         self._ws = ws
         self._open = opener  # None: no resume
         self._url = url
@@ -106,6 +140,8 @@ class AsrStream:
         self._buffer_limit = resume_buffer_bytes
         self._audio_bytes = 0
         self._texts = 0
+        self._keepalive = keepalive
+        self._watch = asyncio.get_running_loop().create_task(self._watch_server()) if keepalive and isinstance(ws, _Connection) else None
 
     @property
     def session_id(self) -> str | None:
@@ -233,6 +269,31 @@ class AsrStream:
                 elif kind == "text" and position >= commands:
                     await self._send(payload)
 
+    async def _watch_server(self) -> None:
+        """The keepalive (:class:`Keepalive`): ping when the server has been quiet for
+        ``ping_interval``; cut a connection it has been quiet on for the limit (``recv`` then
+        resumes, as after any lost connection)."""
+        assert self._keepalive is not None
+        pinged_at = -1.0  # the heard_at we pinged after
+        while not self._ended:
+            ws = self._ws
+            assert isinstance(ws, _Connection)
+            quiet, limit = ws.loop.time() - ws.heard_at, self._keepalive.limit(self.session)
+            if ws.state is not State.OPEN:
+                wait = self._keepalive.ping_interval  # lost: recv() resumes, or ends the stream
+            elif quiet >= limit:
+                ws.transport.abort()  # heard nothing for too long: the server or the path is gone
+                await ws.wait_closed()
+                continue
+            elif quiet >= self._keepalive.ping_interval and pinged_at != ws.heard_at:
+                pinged_at = ws.heard_at
+                if not ws.transport.get_write_buffer_size():  # else it would wait behind our audio
+                    await asyncio.gather(ws.ping(), return_exceptions=True)  # its pong is heard, as is any frame
+                continue
+            else:
+                wait = (limit if pinged_at == ws.heard_at else self._keepalive.ping_interval) - quiet
+            await asyncio.sleep(max(0.01, wait))  # a timer, not synchronisation
+
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         while True:
             message = await self.recv()
@@ -242,6 +303,9 @@ class AsrStream:
 
     async def aclose(self) -> None:
         self._ended = True
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
         await self._ws.close()
         if self.close_code is None and self._ws.close_code is not None:
             self.close_code = self._ws.close_code
@@ -260,12 +324,13 @@ class connect:
     :class:`ServerError` with its code. ``resume``: reconnect and resume
     after a dropped connection (see :class:`AsrStream`). ``headers``: more
     handshake headers (a W3C ``traceparent`` puts the stream in your trace).
+    ``ping_interval``, ``ping_timeout``: the keepalive (:class:`Keepalive`; ``None``: none).
     """
 
     def __init__(
         self, url: str, *, open_timeout: float = 10.0, api_key: str | None = None,
         token: str | Callable[[], Awaitable[str]] | None = None, resume: bool = True, resume_buffer_bytes: int = 8 << 20,
-        headers: dict[str, str] | None = None, **options: Any,
+        headers: dict[str, str] | None = None, ping_interval: float | None = 20.0, ping_timeout: float = 20.0, **options: Any,
     ) -> None:
         self.url = listen_url(url, **options)
         self.base_url = listen_url(url)
@@ -274,13 +339,17 @@ class connect:
         self.token = token
         self.resume = resume
         self.resume_buffer_bytes = resume_buffer_bytes
+        self.keepalive = Keepalive(ping_interval, ping_timeout) if ping_interval is not None else None
         self._stream: AsrStream | None = None
 
     async def _open(self, url: str) -> ClientConnection:
         token = self.token if isinstance(self.token, str) or self.token is None else await self.token()
         if token is not None:
             url = _with_query(url, token=token)
-        return await ws_connect(url, open_timeout=self.open_timeout, max_size=None, additional_headers=self.headers)
+        # Not the library's keepalive: it judges its own pongs, which wait behind audio the server holds back.
+        return await ws_connect(
+            url, open_timeout=self.open_timeout, max_size=None, additional_headers=self.headers, ping_interval=None, create_connection=_Connection,
+        )
 
     async def __aenter__(self) -> AsrStream:
         try:
@@ -288,7 +357,9 @@ class connect:
         except InvalidStatus as exc:
             raise refused(exc.response.status_code, exc.response.body) from None
         resumable = self.resume and (self.token is None or callable(self.token))
-        self._stream = AsrStream(ws, self._open if resumable else None, self.base_url, resume_buffer_bytes=self.resume_buffer_bytes)
+        self._stream = AsrStream(
+            ws, self._open if resumable else None, self.base_url, resume_buffer_bytes=self.resume_buffer_bytes, keepalive=self.keepalive,
+        )
         return self._stream
 
     async def __aexit__(self, *exc: object) -> None:
