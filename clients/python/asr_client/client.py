@@ -68,6 +68,7 @@ def listen_url(url: str, **options: Any) -> str:
 CONTINUING_ERRORS = frozenset({"invalid_message", "unknown_message_type", "decode_failed"})
 
 Opener = Callable[[str], Awaitable[ClientConnection]]
+MAX_FRUITLESS_RESUMES = 5  # resumes in a row that got no audio further: give up (something cuts the connection each time)
 
 
 class _Connection(ClientConnection):
@@ -98,7 +99,6 @@ class Keepalive:
         limits = (session or {}).get("limits", {})
         server = float(limits.get("keepalive_interval_s", 0)) + float(limits.get("keepalive_timeout_s", 0))
         return max(self.ping_interval + self.ping_timeout, server if limits.get("keepalive_interval_s") else 0.0)
-MAX_FRUITLESS_RESUMES = 5  # resumes in a row that got no audio further: give up (something cuts the connection each time)
 
 
 class AsrStream:
@@ -280,7 +280,9 @@ class AsrStream:
             assert isinstance(ws, _Connection)
             quiet, limit = ws.loop.time() - ws.heard_at, self._keepalive.limit(self.session)
             if ws.state is not State.OPEN:
-                wait = self._keepalive.ping_interval  # lost: recv() resumes, or ends the stream
+                if self.close_code is not None:
+                    return  # recv() ended the stream
+                wait = self._keepalive.ping_interval  # lost: recv() resumes it
             elif quiet >= limit:
                 ws.transport.abort()  # heard nothing for too long: the server or the path is gone
                 await ws.wait_closed()
