@@ -289,6 +289,10 @@ class Connection:
                 except TimeoutError:
                     await self._idle()
                     continue
+                if self.ws is not ws:
+                    # A resume took the session over (attach): the client sends again everything
+                    # after what we had read then, so what this connection still held is not read.
+                    return
                 if self._ending:
                     continue  # after close / a fatal error, input is ignored until we close
                 if isinstance(frame, bytes):

@@ -203,3 +203,56 @@ def test_resume_tokens_are_bound_to_their_key_and_a_live_connection_is_taken_ove
     assert out["replayed"]["type"] == "session" and out["replayed"]["seq"] == 1 and out["replayed"]["key"] == "alice"
     assert out["resumed"] == {**out["resumed"], "type": "resumed", "seq": 2, "replayed": 1, "audio_received_bytes": 0}
     assert out["end"][-1]["type"] == "closed" and out["end"][-1]["seq"] == 3
+
+
+def test_a_connection_taken_over_while_held_back_adds_none_of_the_audio_it_still_held(whisper_runner):
+    # A client that gave its connection up (its keepalive, a network change it noticed first)
+    # resumes while the server still reads the old one, held back (backpressure): frames the old
+    # connection had brought in but the server not yet read must not be transcribed, since the
+    # client sends everything from `audio_received_bytes` again. Seen on a 9-minute fast upload:
+    # 8 s of audio twice in the transcript after such a resume.
+    audio = (FIXTURES / FIXTURE).read_bytes()
+    frame = 3200
+    server = ServerThread(whisper_runner, Limits(max_pending_finals=1)).start()
+    listen = f"{server.url}/v1/listen?encoding=pcm_s16le&sample_rate=16000&channels=1"
+    try:
+        async def main() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+            sent = 0
+            async with websockets.connect(listen, ping_interval=None) as first:
+                token = json.loads(await first.recv())["resume_token"]
+
+                async def upload() -> None:
+                    nonlocal sent
+                    for i in range(0, len(audio), frame):
+                        await first.send(audio[i : i + frame])
+                        sent = i + frame
+
+                uploading = asyncio.create_task(upload())
+
+                def held_back() -> bool:
+                    (conn,) = server.server._connections
+                    return conn.session.backpressured and sent - conn.bytes_received >= 64 * frame
+
+                # The server holds back reading with frames of the old connection still unread.
+                await wait_for(lambda: server.call(held_back), "the server to hold back reading a fast upload")
+                async with websockets.connect(f"{server.url}/v1/listen?resume={token}&last_seq=1", ping_interval=None) as second:
+                    resumed = None
+                    while resumed is None:
+                        message = json.loads(await second.recv())
+                        resumed = message if message["type"] == "resumed" else None
+                    uploading.cancel()
+                    await asyncio.gather(uploading, return_exceptions=True)
+                    for i in range(resumed["audio_received_bytes"], len(audio), frame):
+                        await second.send(audio[i : i + frame])
+                    await second.send(json.dumps({"type": "close"}))
+                    return resumed, await drain(second)
+
+        resumed, messages = asyncio.run(main())
+    finally:
+        server.stop()
+    assert 0 < resumed["audio_received_bytes"] < len(audio)
+    closed = messages[-1]
+    assert closed["type"] == "closed"
+    assert closed["audio_received_s"] == round(len(audio) / 32000, 3)  # every byte once, none twice
+    text = " ".join(m["text"] for m in messages if m["type"] == "final" and m["text"])
+    assert wer(" ".join(MANIFEST[FIXTURE]["references"][0]), text) < 0.25
