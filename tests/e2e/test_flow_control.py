@@ -77,3 +77,32 @@ def test_keepalive_limits_are_announced_in_the_session_message(live_server):
 
     limits = asyncio.run(first())["limits"]
     assert limits["keepalive_interval_s"] == 20.0 and limits["keepalive_timeout_s"] == 20.0
+
+
+def test_a_file_sent_at_once_is_not_cut_off_as_idle_while_the_server_still_decodes_it(whisper_runner):
+    # A client sends a recording in one go and keeps the stream open (to send more later, or to
+    # close once it has its finals). Decoding it takes the server longer than the idle timeout
+    # (here 1 s, with one pending final allowed); that is the server behind, not the client idle.
+    # Seen in a fresh-clone CI on a busy machine: `idle_timeout` 10 s after a 14 s file was sent.
+    server = ServerThread(whisper_runner, Limits(idle_timeout_s=1.0, max_pending_finals=1)).start()
+    name = "librivox_16k.wav"
+    last_start = MANIFEST[name]["spans"][0][-1][0]
+    try:
+        async def send_then_wait() -> list[dict]:
+            messages: list[dict] = []
+            async with websockets.connect(f"{server.url}/v1/listen?encoding=wav", ping_interval=None) as ws:
+                await ws.send((FIXTURES / name).read_bytes())
+                async with asyncio.timeout(300):  # bounds the test, never reached when it passes
+                    async for raw in ws:
+                        messages.append(json.loads(raw))
+                        message = messages[-1]
+                        if message["type"] == "final" and message["text"] and message["end"] > last_start:
+                            await ws.send(json.dumps({"type": "close"}))  # the last sentence is in: done
+            return messages
+
+        messages = asyncio.run(send_then_wait())
+    finally:
+        server.stop()
+    assert not [m for m in messages if m["type"] == "error"]
+    assert messages[-1]["type"] == "closed"
+    assert_each_sentence_finalized([m for m in messages if m["type"] == "final" and m["text"]], MANIFEST[name]["spans"][0])
