@@ -97,8 +97,9 @@ class Keepalive:
 
     def limit(self, session: dict[str, Any] | None) -> float:
         limits = (session or {}).get("limits", {})
-        server = float(limits.get("keepalive_interval_s", 0)) + float(limits.get("keepalive_timeout_s", 0))
-        return max(self.ping_interval + self.ping_timeout, server if limits.get("keepalive_interval_s") else 0.0)
+        interval = float(limits.get("keepalive_interval_s") or 0)  # 0: the server does not ping
+        server = interval + float(limits.get("keepalive_timeout_s") or 0) if interval else 0.0
+        return max(self.ping_interval + self.ping_timeout, server)
 
 
 class AsrStream:
