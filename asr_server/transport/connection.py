@@ -284,11 +284,11 @@ class Connection:
         try:
             while True:
                 await self._wait_while(lambda: self.session.backpressured)
-                decoded = self.session.audio_received_s
+                received = self.session.audio_received_s  # for _idle: did a container's audio grow meanwhile
                 try:
                     frame = await asyncio.wait_for(ws.recv(), timeout=self.limits.idle_timeout_s)
                 except TimeoutError:
-                    await self._idle(decoded)
+                    await self._idle(received)
                     continue
                 if self.ws is not ws:
                     # A resume took the session over (attach): the client sends again everything
@@ -322,11 +322,11 @@ class Connection:
         finally:
             self._stalled = False
 
-    async def _idle(self, decoded: float) -> None:
-        """No frame for ``idle_timeout_s``; ``decoded``: the seconds of audio the session had then."""
+    async def _idle(self, received: float) -> None:
+        """No frame for ``idle_timeout_s``; ``received``: the session's audio (s) when the wait began."""
         if self._ending:
             return  # waiting for our own decodes, not for the client
-        if self._container is not None and (self.session.audio_received_s != decoded or self.session.backpressured):
+        if self._container is not None and (self.session.audio_received_s != received or self.session.backpressured):
             return  # still decoding what the client sent (a file sent at once, on a slow or busy server)
         if self._rtc_audio_recent():
             return  # the audio flows over WebRTC, not over this socket
