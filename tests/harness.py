@@ -46,9 +46,13 @@ class Replay:
     def of_type(self, kind: str) -> list[Timed]:
         return [m for m in self.messages if m.message["type"] == kind]
 
-    def transcript(self) -> Transcript:
+    def transcript(self, before_settle: bool = False) -> Transcript:
+        """The client's transcript after every message (``before_settle``: up to the first
+        revision a settle decode sent, what the context passes made of the finals)."""
         t = Transcript()
         for m in self.messages:
+            if before_settle and m.message["type"] == "revision" and m.message["pass"] == "settle":
+                break
             t.apply(m.message)
         return t
 
