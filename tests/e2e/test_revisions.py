@@ -34,8 +34,8 @@ def _revisions_counted(server) -> dict[str, float]:
 
 @pytest.mark.parametrize("server_fixture", ["full_pass_server", "settling_server"])
 def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(server_fixture, request):
-    """The passes' fix, and what a settle decode does with it: on a server with time to spare
-    (settling_server; the shared one at times), the settle decode at the close hears the whole
+    """The passes' fix, alone (full_pass_server runs no settle decodes), and on a server with time
+    to spare (settling_server), where the settle decode at the close hears the whole
     reading once more and decides it for good, and on a processor without AVX-512 it hears
     "old-sposed" again, as surely as the passes heard theirs (docs/benchmarks.md, forty-seventh
     session: a rule that held such a settle decode back was worse on held-out recordings)."""
