@@ -39,9 +39,9 @@ def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(server_fi
     reading once more and decides it for good, and on a processor without AVX-512 it hears
     "old-sposed" again, as surely as the passes heard theirs (docs/benchmarks.md, forty-seventh
     session: a rule that held such a settle decode back was worse on held-out recordings)."""
-    full_pass_server = request.getfixturevalue(server_fixture)
-    lags_before = _context_lags_counted(full_pass_server)
-    r = asyncio.run(replay(full_pass_server.url, NAME))
+    server = request.getfixturevalue(server_fixture)
+    lags_before = _context_lags_counted(server)
+    r = asyncio.run(replay(server.url, NAME))
     reference = " ".join(MANIFEST[NAME]["references"][0])
     first_pass = r.final_text()
     second = next(m.message["text"] for m in r.of_type("final") if m.message["utterance"] == 1)
@@ -66,7 +66,7 @@ def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(server_fi
         assert r.of_type("settled")[-1].message["utterance"] == r.of_type("final")[-1].message["utterance"]
     # The pass that fixed it decided that final: operators see how far passes lag.
     shown = sum(1 for m in r.of_type("final") if m.message["text"])
-    assert 1 <= _context_lags_counted(full_pass_server) - lags_before <= shown
+    assert 1 <= _context_lags_counted(server) - lags_before <= shown
 
 
 def test_revisions_false_never_sends_one(live_server):

@@ -195,9 +195,10 @@ def test_a_quiet_talker_is_transcribed_as_well_as_at_the_recordings_own_level(fu
 
     The card names, one human speaker: without the talker's gain they end with two words wrong in
     21 (first pass 4), with it none (1), against none offline, in 3 runs without and 5 with (one
-    idle, the others with one core kept busy). The LibriVox reading, used before, swung on one word both ways ("ill-disposed" and
-    "old-sposed" on processors without AVX-512, as the passes' votes or the settle decode fell),
-    four errors, more than the talker's gain is worth there (docs/benchmarks.md, fiftieth session).
+    idle, the others with one core kept busy). The LibriVox reading, used before, swung on one
+    word both ways ("ill-disposed" and "old-sposed" on processors without AVX-512, as the passes'
+    votes or the settle decode fell), four errors, more than the talker's gain is worth there
+    (docs/benchmarks.md, fiftieth session).
     On the full-pass server: passes at load level 0 and no settle decode (tests/conftest.py)."""
     name = "cards_16k.wav"
     quiet = np.round(load_channels(name)[0] * 10 ** (-40 / 20) * 32767).astype("<i2").tobytes()
