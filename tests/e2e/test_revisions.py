@@ -34,11 +34,12 @@ def _revisions_counted(server) -> dict[str, float]:
 
 @pytest.mark.parametrize("server_fixture", ["full_pass_server", "settling_server"])
 def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(server_fixture, request):
-    """The passes' fix, alone (full_pass_server runs no settle decodes), and on a server with time
-    to spare (settling_server), where the settle decode at the close hears the whole
-    reading once more and decides it for good, and on a processor without AVX-512 it hears
-    "old-sposed" again, as surely as the passes heard theirs (docs/benchmarks.md, forty-seventh
-    session: a rule that held such a settle decode back was worse on held-out recordings)."""
+    """The passes' fix: alone (full_pass_server runs no settle decodes), and on a server with time
+    to spare (settling_server), where the settle decode at the close hears the whole reading once
+    more and decides it for good. On a processor without AVX-512 that decode hears "old-sposed"
+    again, as surely as the passes heard theirs, so there the fix is judged before it
+    (docs/benchmarks.md, forty-seventh session: a rule that held such a settle decode back was
+    worse on held-out recordings)."""
     server = request.getfixturevalue(server_fixture)
     lags_before = _context_lags_counted(server)
     r = asyncio.run(replay(server.url, NAME))
