@@ -119,7 +119,7 @@ class AsrServer:
         # Times a burst final and a pass again, (final_s, pass_s), for the capacity model (set_runner).
         self.measure: Measure | None = None
         self._measuring: asyncio.Task[None] | None = None
-        self._measure_stop = threading.Event()  # set when a session starts: the re-measure gives way
+        self._measure_stop = threading.Event()  # set when a session starts or the server stops: the re-measure gives way
         self._restore_host_addresses: Callable[[], None] | None = None
 
     @property
@@ -236,7 +236,7 @@ class AsrServer:
 
     def _maybe_remeasure(self, now: float) -> None:
         """Time a burst final again if the capacity model asks for it (see :class:`CapacityModel`)."""
-        if self.capacity is None or self.measure is None or self._measuring is not None or self.scheduler is None:
+        if self.capacity is None or self.measure is None or self._measuring is not None or self.scheduler is None or self.stopping:
             return
         if self.capacity.remeasure_due(now, idle=not self._connections and self.scheduler.core.live == 0):
             self._measure_stop.clear()  # here, with the idle check: a session may start before the task does
@@ -245,13 +245,15 @@ class AsrServer:
     async def _remeasure(self, capacity: CapacityModel, measure: Measure) -> None:
         """Time a burst final and a pass on the idle server. A session that starts meanwhile stops it
         before its next model call (its decodes would wait for the measure's, and a measure taken
-        beside them says nothing); it is asked for again after the interval."""
+        beside them says nothing); it is asked for again after the interval. So does :meth:`stop`:
+        on a slow or busy host the rest of a measure can take ten seconds or more, which a process
+        manager's grace period may not give."""
         before = capacity.channels()
         try:
             final_s, pass_s = await asyncio.to_thread(measure, self._measure_stop.is_set)
             capacity.remeasured(asyncio.get_running_loop().time(), final_s, pass_s)
             if math.isnan(final_s) or math.isnan(pass_s):
-                server_log.info("capacity re-measure stopped: a session started")
+                server_log.info("capacity re-measure stopped: %s", "the server is stopping" if self.stopping else "a session started")
             else:
                 server_log.info("capacity measured again (burst final %.3f s, pass %.3f s): %d -> %d channels", final_s, pass_s, before, capacity.channels())
         except Exception:
@@ -289,6 +291,7 @@ class AsrServer:
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, tell every client, finish what they are owed, close."""
         self.stopping = True
+        self._measure_stop.set()  # a re-measure under way ends before its next model call
         if self._server is not None:
             self._server.close(close_connections=False)
         conns = list(self._connections)

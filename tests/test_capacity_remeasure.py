@@ -89,3 +89,39 @@ def test_a_session_that_starts_during_the_re_measure_stops_it_and_the_cost_stand
     before, after, final_s = asyncio.run(main())
     assert said == [False, True]
     assert (before, after, final_s) == (2, 2, 0.75)
+
+
+def test_stopping_the_server_stops_a_re_measure_before_its_next_model_call():
+    """A re-measure (three rounds of burst finals and a pass: seconds on a slow host) under way
+    when the server is asked to stop gives way, as it does to a session: ``stop()`` returns after
+    the model call in progress, not after the whole measure, and the cost measured before stands."""
+    measuring = threading.Event()
+    said: list[bool] = []
+
+    def measure(stop: Callable[[], bool]) -> tuple[float, float]:
+        said.append(stop())  # the server is idle and running: no
+        measuring.set()
+        # The model call in progress; the server's stop predicate is what the next one asks.
+        said.append(server._measure_stop.wait(30))
+        return (math.nan, math.nan) if stop() else (0.25, 0.66)
+
+    async def main() -> float:
+        capacity.remeasure_due(asyncio.get_running_loop().time() - 61.0, idle=True)
+        await server.start()
+        server.set_runner(FakeRunner(), capacity=capacity, measure=measure)
+        try:
+            await server.tick()
+            assert server._measuring is not None
+            assert await asyncio.to_thread(measuring.wait, 30)
+        finally:
+            await server.stop(grace_s=0)
+        assert server._measuring is None
+        await server.tick()  # a stopped server starts no other measure
+        assert server._measuring is None
+        return capacity.final_s
+
+    server = AsrServer("127.0.0.1", 0, tick_s=0)
+    capacity = CapacityModel(2, 0.75, CapacityOptions(remeasure_s=60.0), pass_s=0.9)
+    final_s = asyncio.run(main())
+    assert said == [False, True]
+    assert final_s == 0.75
