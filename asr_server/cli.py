@@ -7,8 +7,10 @@ import asyncio
 import logging
 import os
 import signal
+import math
 import ssl
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -386,10 +388,24 @@ def _plan(args: argparse.Namespace, model_path: str | None = None) -> _Plan:
     )
 
 
+class StartupStopped(Exception):
+    """The server was told to stop while it was still loading: the start-up steps left were not run."""
+
+
+def _unless_stopped(stop: Callable[[], bool], step: str) -> None:
+    if stop():
+        raise StartupStopped(f"stopped before {step}")
+
+
 def _load(
-    args: argparse.Namespace, plan: _Plan, model_path: str, interim_path: str | None,
+    args: argparse.Namespace, plan: _Plan, model_path: str, interim_path: str | None, stop: Callable[[], bool] = lambda: False,
 ) -> tuple[WhisperRunner, WhisperRunner | None, MemoryBudget | None, CapacityModel | None]:
-    """Load and warm the model(s), then measure the memory budget and the capacity (runs in a thread)."""
+    """Load and warm the model(s), then measure the memory budget and the capacity (runs in a thread).
+
+    ``stop`` is asked between the steps and between the capacity measure's decodes; once it says
+    yes the rest is not run (:class:`StartupStopped`), so a stop during start-up waits for the step
+    under way at most (the longest: one full batch, to size the memory budget)."""
+    _unless_stopped(stop, "loading the model")
     common = dict(device=args.device, compute_type=args.compute_type, cpu_threads=plan.threads, interim_encoder_pad_s=args.interim_encoder_pad_s,
                   short_interim_pad_s=args.busy_interim_encoder_pad_s, final_encoder_pad_s=args.final_encoder_pad_s, workers=plan.workers)
     baseline = process_rss()
@@ -399,22 +415,28 @@ def _load(
                            burst_final_pad_s=args.burst_final_encoder_pad_s, lean_context_pad_s=args.lean_context_encoder_pad_s, **common)
     interim = None
     if interim_path is not None:
+        _unless_stopped(stop, "loading the interim model")
         interim = WhisperRunner(interim_path, **common)
         interim.warm_up()
     loaded = process_rss()
+    _unless_stopped(stop, "warming the model up")
     runner.warm_up()
+    _unless_stopped(stop, "sizing the memory budget")
     # The largest batch the limits allow, in 30 s finals: its working memory is the most a call needs.
     budget = _measure_budget(args, runner, baseline, loaded, plan.max_windows)
     if budget is not None:
         log.info("memory budget %s", budget.to_wire())
-    return runner, interim, budget, _capacity(args, runner, plan)
+    _unless_stopped(stop, "measuring the capacity")
+    return runner, interim, budget, _capacity(args, runner, plan, stop)
 
 
-def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan) -> CapacityModel | None:
+def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan, stop: Callable[[], bool] = lambda: False) -> CapacityModel | None:
     """Admission from the measured cost of a final in a burst, unless --max-channels was given."""
     if args.max_channels is not None:
         return None
-    final_s, pass_s = _measure(runner, plan)()
+    final_s, pass_s = _measure(runner, plan)(stop)
+    if math.isnan(final_s) or math.isnan(pass_s):
+        raise StartupStopped("stopped while measuring the capacity")
     capacity = CapacityModel(plan.workers, final_s, pass_s=pass_s)
     log.info("capacity %s", capacity.to_wire())
     return capacity
@@ -463,26 +485,62 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop_signal, stop, sig)
     if args.api_keys_file:
         loop.add_signal_handler(signal.SIGHUP, _reload_keys, args, server)
-    loading = asyncio.ensure_future(asyncio.to_thread(_load, args, plan, model_path, interim_path))
+    halt = threading.Event()  # the load's stop predicate: set when a stop comes before it is done
+    loading = asyncio.ensure_future(asyncio.to_thread(_load, args, plan, model_path, interim_path, halt.is_set))
     waiting = asyncio.ensure_future(stop.wait())
     await asyncio.wait([loading, waiting], return_when=asyncio.FIRST_COMPLETED)
-    if loading.done():
-        try:
-            runner, interim, budget, capacity = loading.result()
-            server.set_runner(runner, interim, budget, capacity, measure=_measure(runner, plan) if capacity is not None else None)
-        except Exception as exc:
-            log.error("could not load model %s: %s", model_path, exc)
-            await server.stop(grace_s=0)
-            return 2
-        print(f"asr-server ready: model {args.model} on {args.device}", flush=True)
-        await stop.wait()
     waiting.cancel()
+    if not loading.done():
+        log.info("shutting down during start-up")
+        halt.set()
+        await server.stop()
+        await _load_ended(loading)
+        return 0
+    try:
+        runner, interim, budget, capacity = loading.result()
+        server.set_runner(runner, interim, budget, capacity, measure=_measure(runner, plan) if capacity is not None else None)
+    except Exception as exc:
+        log.error("could not load model %s: %s", model_path, exc)
+        await server.stop(grace_s=0)
+        return 2
+    print(f"asr-server ready: model {args.model} on {args.device}", flush=True)
+    await stop.wait()
     log.info("shutting down")
     await server.stop()
     return 0
+
+
+def on_stop_signal(stop: asyncio.Event, sig: int, die: Callable[[int], None] | None = None) -> None:
+    """SIGINT or SIGTERM: the first stops the server as it should (sessions are told and their
+    finals finished, a load under way ends after its current step); a second, while that is
+    under way, ends the process at once (:func:`die_by`)."""
+    if not stop.is_set():
+        stop.set()
+        return
+    log.warning("second %s while stopping: exiting at once", signal.Signals(sig).name)
+    (die or die_by)(sig)
+
+
+def die_by(sig: int) -> None:
+    """End the process by ``sig``, as if it had no handler for it: no clean-up, no waiting for
+    threads (a model call under way is not waited for), the exit status a process manager expects."""
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+
+
+async def _load_ended(loading: asyncio.Future) -> None:
+    """Wait for a load told to stop (it ends after the step under way), and say how it ended."""
+    try:
+        await loading
+    except StartupStopped as exc:
+        log.info("start-up %s", exc)
+    except Exception:
+        log.exception("loading failed while stopping")
+    else:
+        log.info("start-up ended before the stop reached it")
 
 
 def _reload_keys(args: argparse.Namespace, server: AsrServer) -> None:

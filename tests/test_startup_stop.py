@@ -1,0 +1,90 @@
+"""A stop during start-up: the load ends at its next step, and a second signal ends the process."""
+
+import asyncio
+import math
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from asr_server import cli
+from asr_server.cli import StartupStopped, build_parser, on_stop_signal
+
+# The start-up steps in order, as the stand-in runner records them.
+STEPS = ["load", "warm_up", "warm_up_batch", "burst_final", "pass"]
+
+
+class StandInRunner:
+    """Records which start-up steps ran; the capacity measure honours ``stop`` as the real one does."""
+
+    steps: list[str] = []
+
+    def __init__(self, path, **kwargs):
+        self.steps.append("load")
+
+    def warm_up(self):
+        self.steps.append("warm_up")
+
+    def warm_up_batch(self, size):
+        self.steps.append("warm_up_batch")
+
+    def measure_burst_final(self, concurrent=1, stop=lambda: False):
+        if stop():
+            return math.nan
+        self.steps.append("burst_final")
+        return 0.2
+
+    def measure_context_pass(self, stop=lambda: False):
+        if stop():
+            return math.nan
+        self.steps.append("pass")
+        return 0.5
+
+
+def _load(monkeypatch, stop_after: int | None):
+    """Run the start-up load with the stand-in runner; ``stop`` says yes from its ``stop_after``-th question on."""
+    monkeypatch.setattr(cli, "WhisperRunner", StandInRunner)
+    monkeypatch.setattr(StandInRunner, "steps", [])
+    asked = []
+
+    def stop() -> bool:
+        asked.append(len(StandInRunner.steps))
+        return stop_after is not None and len(asked) > stop_after
+
+    args = build_parser().parse_args([])
+    return cli._load(args, cli._plan(args, "model"), "model", None, stop), StandInRunner.steps
+
+
+def test_without_a_stop_every_start_up_step_runs_and_the_capacity_is_measured(monkeypatch):
+    (runner, interim, budget, capacity), steps = _load(monkeypatch, None)
+    assert steps == STEPS
+    assert isinstance(runner, StandInRunner) and interim is None and budget is not None
+    assert capacity is not None and capacity.channels() >= 1
+
+
+@pytest.mark.parametrize("stop_after", range(6))
+def test_a_stop_during_start_up_ends_the_load_before_its_next_step(monkeypatch, stop_after):
+    # The questions come before: loading, warming up, the budget's batch, the capacity measure,
+    # and then the measure's own two decodes.
+    ran = [[], ["load"], ["load", "warm_up"], ["load", "warm_up", "warm_up_batch"],
+           ["load", "warm_up", "warm_up_batch"], ["load", "warm_up", "warm_up_batch", "burst_final"]][stop_after]
+    with pytest.raises(StartupStopped):
+        _load(monkeypatch, stop_after)
+    assert StandInRunner.steps == ran
+
+
+def test_the_first_stop_signal_stops_the_server_and_a_second_ends_the_process():
+    stop = asyncio.Event()
+    died = []
+    on_stop_signal(stop, signal.SIGTERM, die=died.append)
+    assert stop.is_set() and died == []
+    on_stop_signal(stop, signal.SIGINT, die=died.append)
+    assert died == [signal.SIGINT]
+
+
+def test_dying_by_a_signal_ends_the_process_by_that_signal():
+    code = "import signal; from asr_server.cli import die_by; die_by(signal.SIGTERM); print('still running')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGTERM
+    assert "still running" not in done.stdout
