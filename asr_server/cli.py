@@ -170,6 +170,9 @@ def _context_options(p: argparse.ArgumentParser) -> None:
                         "while passes took less than --context-share of the recent model time of interims and passes")
     p.add_argument("--context-share", type=_fraction, default=CONTEXT_SHARE,
                    help=f"that share, 0 to 1 (default {CONTEXT_SHARE:g}): past it, overloaded streams get interims before overdue passes")
+    p.add_argument("--context-workers", type=_count_or_none, default=0, metavar="N",
+                   help="model calls of context passes running at once (default 0: as many as background work may take); 1 on a "
+                        "loaded 2-core server keeps a worker for interims: a sentence's first text comes sooner, revisions later")
     p.add_argument("--max-context-batch", type=_count, default=8,
                    help="context passes per model call (default 8: beam search over whole windows costs no less per pass in larger batches)")
     p.add_argument("--busy-finals", action=argparse.BooleanOptionalAction, default=True,
@@ -257,6 +260,13 @@ def _fraction(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError("a share is from 0 to 1")
+    return value
+
+
+def _count_or_none(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("0 (no limit) or more")
     return value
 
 
@@ -382,7 +392,7 @@ def _plan(args: argparse.Namespace, model_path: str | None = None) -> _Plan:
     return _Plan(
         limits, BatchLimits(max_batch=max_batch, max_frames=max_frames, final_frames=final_frames, context_max_wait_s=args.context_max_wait_s,
                             context_share=args.context_share, context_batch=args.max_context_batch,
-                            final_workers=final_workers, busy_side_by_side=side_by_side),
+                            final_workers=final_workers, busy_side_by_side=side_by_side, context_workers=args.context_workers),
         max(1, min(max_batch, max(max_frames, final_frames) // FULL_WINDOW_FRAMES)), workers, args.cpu_threads or max(1, cores // workers),
         burst_copy,
     )

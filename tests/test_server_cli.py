@@ -161,6 +161,16 @@ def test_context_passes_are_capped_per_model_call(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--max-context-batch", "0"])
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_the_workers_context_passes_may_hold_at_once_are_unlimited_unless_capped(capsys):
+    from asr_server.cli import _plan
+
+    assert _plan(build_parser().parse_args([])).batch.context_workers == 0
+    assert _plan(build_parser().parse_args(["--context-workers", "1"])).batch.context_workers == 1
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--context-workers", "-1"])
+    assert "0 (no limit) or more" in capsys.readouterr().err
 6
 
 

@@ -19,7 +19,8 @@ Policy (unchanged from the single-file scheduler it replaces):
   before interims, never before finals. Interims are refreshed with the newest
   audio when they run, so under load they come less often; a pass left
   waiting would only fall further behind. Like interims, passes never take
-  the workers kept for finals.
+  the workers kept for finals, nor more workers at once than
+  ``BatchLimits.context_workers`` allows (unlimited by default).
 * A waiting job is refreshed when it is picked (an interim takes the newest
   audio of its utterance) or skipped once it has gone stale; a session may
   also withdraw a stale job at once (:meth:`SchedulerCore.withdraw`).
@@ -278,11 +279,12 @@ class SchedulerCore:
         wake_at = self._hold(now)
         queues = [] if wake_at is not None else [(self._finals, self._final_limits)]
         if self._background_workers() < max(1, self.workers - self.limits.final_workers):
-            overdue = self._context_overdue(now)
+            passes = self._passes_may_start()
+            overdue = passes and self._context_overdue(now)
             if overdue:
                 queues.append((self._contexts, self._context_limits))
             queues.append((self._interims, self.limits))
-            if not overdue and not self._finals and not self._interims:
+            if passes and not overdue and not self._finals and not self._interims:
                 queues.append((self._contexts, self._context_limits))
         while True:
             tickets, dropped = form_batch(queues, inspect)
@@ -366,6 +368,11 @@ class SchedulerCore:
         if limit is None or not any(now - t.item.queued_at >= limit for t in self._contexts.waiting()):
             return False
         return self._background.share(DecodeKind.CONTEXT, now) < self.limits.context_share
+
+    def _passes_may_start(self) -> bool:
+        """Whether fewer model calls of context passes run than ``BatchLimits.context_workers`` allows."""
+        cap = self.limits.context_workers
+        return not cap or sum(1 for b in self._running.values() if b.kind is DecodeKind.CONTEXT) < cap
 
     def _background_workers(self) -> int:
         """Workers running interims or context passes (never those kept for finals)."""

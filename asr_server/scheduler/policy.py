@@ -236,10 +236,16 @@ class BatchLimits:
     # is a share of the workers background work may take (16 staggered streams on an H200 kept
     # some call running nearly all the time, and spare time off, with the GPU far from full).
     busy_side_by_side: int = 1
+    # Model calls of context passes running at once (0: on as many workers as background work may
+    # take). A pass holds its worker for seconds on a slow CPU; capped, the other background workers
+    # are left to interims, so a new sentence's first text does not wait behind passes, and the passes
+    # fall further behind instead (4 streams on 2 slow cores with 1: interim lag p50 2.1 -> 1.0 s,
+    # WER after revisions 1-3 points worse; docs/benchmarks.md, fifty-second session).
+    context_workers: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_frames < 1 or self.final_frames < 0 or (self.burst_backlog or 0) < 0 or (self.context_max_wait_s or 0) < 0 or self.context_batch < 0 \
-                or self.final_workers < 1 or self.busy_side_by_side < 1:
+                or self.final_workers < 1 or self.busy_side_by_side < 1 or self.context_workers < 0:
             raise ValueError("batch limits must be positive")
         if not 0.0 <= self.context_share <= 1.0:
             raise ValueError("context_share is a fraction")

@@ -209,6 +209,31 @@ def test_a_context_pass_leaves_interims_a_worker_when_one_more_is_kept_for_final
         assert [r.prompt for r in core.schedule(0.6, workers - 1).batch.requests] == ["f"]
 
 
+def prompts(core: SchedulerCore, now: float, worker: int) -> list[str]:
+    """What ``worker`` is given to run at ``now`` (left running)."""
+    batch = core.schedule(now, worker).batch
+    return [] if batch is None else [r.prompt for r in batch.requests]
+
+
+def test_passes_hold_no_more_workers_at_once_than_their_cap_even_when_overdue():
+    """Three workers, one kept for finals. Unlimited, two passes take both background workers and a new
+    sentence's first interim waits behind them; with ``context_workers`` 1 the second pass waits
+    (overdue or not) and the interim finds a worker, and the pass runs once the first is done."""
+    for cap in (0, 1):
+        core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1, context_max_wait_s=1.0, context_workers=cap), workers=3)
+        core.add("a", context("pass a"), 0.0)
+        core.add("b", context("pass b"), 0.0)
+        first = core.schedule(0.0, 0).batch
+        assert [r.prompt for r in first.requests] == ["pass a"]
+        second = prompts(core, 0.1, 1)
+        core.add("i", interim("i"), 2.0)  # pass b, if still waiting, is overdue by now
+        assert (second, prompts(core, 2.0, 2)) == ((["pass b"], []) if cap == 0 else ([], ["i"]))
+        core.update_from_output(first.id, [Hypothesis("pass a")], 3.0)
+        assert prompts(core, 3.0, 0) == (["i"] if cap == 0 else ["pass b"])  # unlimited: the interim only now
+    with pytest.raises(ValueError):
+        BatchLimits(context_workers=-1)
+
+
 def _hold_setup(hold: float) -> SchedulerCore:
     core = SchedulerCore(ThirdOfAWindow(), BatchLimits(max_batch=4, final_frames=3000), workers=2, pack_hold_s=hold)
     core.add("i", interim("busy"), 0.0)
