@@ -239,7 +239,7 @@ class BatchLimits:
     # Model calls of context passes running at once (0: on as many workers as background work may
     # take). A pass holds its worker for seconds on a slow CPU; capped, the other background workers
     # are left to interims, so a new sentence's first text does not wait behind passes, and the passes
-    # fall further behind instead (4 streams on 2 slow cores with 1: interim lag p50 2.1 -> 1.0 s,
+    # fall further behind instead (4 streams on 2 slow cores with 1: interim lag p50 1.3-2.2 -> 0.9-1.1 s,
     # WER after revisions 1-3 points worse; docs/benchmarks.md, fifty-second session).
     context_workers: int = 0
 
