@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
-import math
 import ssl
 import sys
 import threading
