@@ -484,6 +484,13 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
                        webhooks=WebhookOptions(args.webhook, args.webhook_secret, tuple(args.webhook_allow)))
     if server.tracing.enabled:
         log.info("tracing %g of streams with OpenTelemetry", args.trace_ratio)
+    # Before anything is printed: a stop sent as soon as the server says it listens is a stop, not a kill.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_stop_signal, stop, sig)
+    if args.api_keys_file:
+        loop.add_signal_handler(signal.SIGHUP, _reload_keys, args, server)
     await server.start()
     scheme = "https" if server.ssl else "http"
     print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
@@ -492,12 +499,6 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
         print(f"access: {len(access.keys)} API key(s): {', '.join(k.name for k in access.keys)}", flush=True)
     else:
         print("access: no API keys: anyone who can reach this address may stream to it", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_stop_signal, stop, sig)
-    if args.api_keys_file:
-        loop.add_signal_handler(signal.SIGHUP, _reload_keys, args, server)
     halt = threading.Event()  # the load's stop predicate: set when a stop comes before it is done
     loading = asyncio.ensure_future(asyncio.to_thread(_load, args, plan, model_path, interim_path, halt.is_set))
     waiting = asyncio.ensure_future(stop.wait())
