@@ -170,7 +170,7 @@ def _context_options(p: argparse.ArgumentParser) -> None:
                         "while passes took less than --context-share of the recent model time of interims and passes")
     p.add_argument("--context-share", type=_fraction, default=CONTEXT_SHARE,
                    help=f"that share, 0 to 1 (default {CONTEXT_SHARE:g}): past it, overloaded streams get interims before overdue passes")
-    p.add_argument("--context-workers", type=_count_or_none, default=0, metavar="N",
+    p.add_argument("--context-workers", type=_count_or_zero, default=0, metavar="N",
                    help="model calls of context passes running at once (default 0: as many as background work may take); 1 on a "
                         "loaded 2-core server keeps a worker for interims: a sentence's first text comes sooner, revisions later")
     p.add_argument("--max-context-batch", type=_count, default=8,
@@ -263,7 +263,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _count_or_none(text: str) -> int:
+def _count_or_zero(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError("0 (no limit) or more")
