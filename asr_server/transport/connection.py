@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection
@@ -152,7 +153,7 @@ class Connection:
         key = f" key={self.session.key}" if self.session.key is not None else ""
         log.info("session=%s event=start%s options=%s", self.sid, key, json.dumps(self.options.to_wire(), separators=(",", ":")))
         try:
-            await self._apply(self.session.start())
+            await self._apply(self.session.start)
             # Admitted under load: start degraded (the client is told if its interims change); and
             # settle decodes only if the server has time to spare.
             await self.set_load(self.server.load_settings())
@@ -167,13 +168,13 @@ class Connection:
         except Exception:
             log.exception("session=%s event=crash", self.sid)
             self.outcome = "server_error"
-            await self._apply_safely(self.session.fail(InternalError("internal error; the session was closed")))
+            await self._apply_safely(lambda: self.session.fail(InternalError("internal error; the session was closed")))
         finally:
             await self._cleanup()
 
     async def set_load(self, load: LoadSettings) -> None:
         try:
-            await self._apply(self.session.set_load(load))
+            await self._apply(lambda: self.session.set_load(load))
         except (ConnectionClosed, TimeoutError):
             self.done.set()
 
@@ -444,7 +445,7 @@ class Connection:
         self.session = Session(old.session_id, options, old.limits, old.model_name, self.server.vad, context=self.server.context, key=old.key,
                                extra=change.info, first_seq=old.seq)
         # Its `session` message only when asked (a call's start); else the first one stands.
-        await self._apply(self.session.start(announce=change.announce))
+        await self._apply(lambda: self.session.start(announce=change.announce))
         self.options = options
         self._pcm = _pcm_decoder(options)
         log.info("session=%s event=reconfigured options=%s", self.sid, json.dumps(options.to_wire(), separators=(",", ":")))
@@ -458,7 +459,7 @@ class Connection:
         match command:
             case Finalize():
                 log.info("session=%s event=finalize", self.sid)
-                await self._apply(self.session.finalize())
+                await self._apply(self.session.finalize)
             case CloseStream():
                 log.info("session=%s event=close_requested", self.sid)
                 self._ending = True
@@ -501,7 +502,7 @@ class Connection:
         except AsrError as error:
             await self._fail(error)
             return
-        await self._apply(self.session.webrtc_answer(answer))
+        await self._apply(lambda: self.session.webrtc_answer(answer))
 
     def _rtc_audio_recent(self) -> bool:
         """Whether a WebRTC session is still in progress: audio came recently, or the peer is still connecting."""
@@ -572,7 +573,7 @@ class Connection:
             tail = self._pcm.flush()
             if tail.shape[1]:
                 await self._audio(tail)
-        await self._apply(self.session.end_of_stream())
+        await self._apply(self.session.end_of_stream)
 
     async def _pump_container(self) -> None:
         assert self._container is not None
@@ -598,7 +599,7 @@ class Connection:
                 self.outcome = "shutdown"
             if self._container is not None:
                 self._container.close()
-        await self._apply(self.session.fail(error))
+        await self._apply(lambda: self.session.fail(error))
 
     async def _fail_safely(self, error: AsrError) -> None:
         try:
@@ -606,17 +607,21 @@ class Connection:
         except ConnectionClosed:
             self.done.set()
 
-    async def _apply(self, outputs: list[SessionOutput]) -> None:
+    async def _apply(self, produce: Callable[[], list[SessionOutput]]) -> None:
+        """Carry out what a call into the session returns; the call is made holding the lock, so
+        that messages go out (and into the replay log) in the order of their seq. (Made before
+        the lock, a message could wait behind a resume that replays the log and sends `resumed`
+        with the next seq: out of order, a client drops it as one it already had.)"""
         async with self._lock:
-            await self._carry_out(outputs)
+            await self._carry_out(produce())
         if self.session.draining and self._context_deadline is None and not self.done.is_set():
             # The context pass refines the last finals before `closed`, within a bound.
             self._context_deadline = asyncio.get_running_loop().call_later(
-                self.limits.context_close_s, lambda: self._spawn(self._apply_safely(self.session.close_context())))
+                self.limits.context_close_s, lambda: self._spawn(self._apply_safely(self.session.close_context)))
 
-    async def _apply_safely(self, outputs: list[SessionOutput]) -> None:
+    async def _apply_safely(self, produce: Callable[[], list[SessionOutput]]) -> None:
         try:
-            await self._apply(outputs)
+            await self._apply(produce)
         except ConnectionClosed:
             self.done.set()
 
@@ -700,10 +705,10 @@ class Connection:
                 outcome = "failed"
                 self.metrics.errors.labels(DecodeFailed.code).inc()
                 log.warning("session=%s event=decode_failed channel=%d utterance=%d", self.sid, failure.job.channel, failure.job.utterance)
-                await self._apply(self.session.job_failed(failure.job))
+                await self._apply(functools.partial(self.session.job_failed, failure.job))
             else:
                 outcome = "skipped" if hypothesis is None else "done"
-                outputs = self.session.job_skipped(job) if hypothesis is None else self.session.job_done(job, hypothesis)
+                outputs = functools.partial(self.session.job_skipped, job) if hypothesis is None else functools.partial(self.session.job_done, job, hypothesis)
                 if trace is None:
                     await self._apply(outputs)
                 else:

@@ -256,3 +256,36 @@ def test_a_connection_taken_over_while_held_back_adds_none_of_the_audio_it_still
     assert closed["audio_received_s"] == round(len(audio) / 32000, 3)  # every byte once, none twice
     text = " ".join(m["text"] for m in messages if m["type"] == "final" and m["text"])
     assert wer(" ".join(MANIFEST[FIXTURE]["references"][0]), text) < 0.25
+
+
+def test_a_message_made_while_a_resume_waits_goes_out_after_resumed_in_sequence(whisper_runner):
+    """The session's connection is busy (a send under way: its lock is held) when the client
+    comes back on a new connection, and then the load level changes. The resume replays the log
+    and sends ``resumed``; the load message goes out after it, with the next seq. (It was made
+    before the lock was free, so it went out after ``resumed`` with a lower seq, and a client
+    dropped it as one it already had.)"""
+    from asr_server.scheduler.governor import LoadSettings
+
+    server = ServerThread(whisper_runner).start()
+    listen = f"{server.url}/v1/listen"
+    try:
+        async def main() -> list[dict[str, Any]]:
+            async with websockets.connect(listen) as first:
+                token = json.loads(await first.recv())["resume_token"]
+                (conn,) = server.call(lambda: list(server.server._connections))
+                waiting = lambda: server.call(lambda: len(conn._lock._waiters or ()))  # noqa: E731
+                server.run(conn._lock.acquire)
+                async with websockets.connect(f"{listen}?resume={token}&last_seq=1") as second:
+                    await wait_for(lambda: waiting() == 1, "the resume to wait for the connection")
+                    server.call(lambda: asyncio.ensure_future(conn.set_load(LoadSettings(level=1, scale=2))))
+                    await wait_for(lambda: waiting() == 2, "the load change to wait behind it")
+                    server.call(conn._lock.release)
+                    out = [json.loads(await second.recv()) for _ in range(2)]
+                    await second.send(json.dumps({"type": "close"}))
+                    return out + await drain(second)
+
+        messages = asyncio.run(main())
+    finally:
+        server.stop()
+    assert [(m["type"], m["seq"]) for m in messages[:2]] == [("resumed", 2), ("load", 3)]
+    assert [m["seq"] for m in messages] == list(range(2, 2 + len(messages)))
