@@ -62,6 +62,10 @@ class StreamOptions:
     # where an interim hears a sentence end and the next sentence begin, instead of at the next
     # pause the endpoint sees. 0: never.
     split_after_s: float = 3.0
+    # While the server has sent nothing for this long (s), it sends a `heartbeat` message, so
+    # a client that cannot see WebSocket pings (a browser) can tell a dead connection from a
+    # quiet one. 0: never.
+    heartbeat_s: float = 0.0
 
     @property
     def is_container(self) -> bool:
@@ -221,6 +225,7 @@ _KNOWN = (
     "revisions",
     "prompt",
     "split_after_s",
+    "heartbeat_s",
 )
 MAX_PROMPT_CHARS = 200
 PRIORITIES = ("interactive", "standard", "batch")
@@ -271,13 +276,18 @@ def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str
         revisions=_bool("revisions", single.get("revisions", "true")),
         prompt=parse_prompt(single.get("prompt", "")),
         split_after_s=_split_after(single.get("split_after_s", "3")),
+        heartbeat_s=_zero_or_between("heartbeat_s", single.get("heartbeat_s", "0"), 1.0, 60.0, "never"),
     )
 
 
 def _split_after(raw: str) -> float:
-    value = _float("split_after_s", raw, 0.0, 30.0)
-    if 0 < value < 1.0:
-        raise InvalidOption(f"split_after_s must be 0 (never) or from 1 to 30, got {raw!r}")
+    return _zero_or_between("split_after_s", raw, 1.0, 30.0, "never")
+
+
+def _zero_or_between(name: str, raw: str, lo: float, hi: float, zero: str) -> float:
+    value = _float(name, raw, 0.0, hi)
+    if 0 < value < lo:
+        raise InvalidOption(f"{name} must be 0 ({zero}) or from {lo:g} to {hi:g}, got {raw!r}")
     return value
 
 

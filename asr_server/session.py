@@ -148,6 +148,13 @@ class Session:
             return []
         return [Send(self._writer.resumed(audio_received_s, audio_received_bytes, commands_received, replayed))]
 
+    def heartbeat(self) -> list[SessionOutput]:
+        """The shell has sent nothing for ``options.heartbeat_s``: a ``heartbeat`` message, while
+        the session streams or finishes its last decodes after the client's close."""
+        if self.state not in (SessionState.STREAMING, SessionState.DRAINING):
+            return []
+        return [Send(self._writer.heartbeat(self.audio_received_s))]
+
     def webrtc_answer(self, sdp: str) -> list[SessionOutput]:
         """The transport answered the client's WebRTC offer: send the answer."""
         if self.state is not SessionState.STREAMING:

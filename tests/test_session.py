@@ -47,6 +47,25 @@ def test_whole_stream_follows_the_protocol_rules():
     assert 0 < closed["audio_transcribed_s"] < closed["audio_received_s"]
 
 
+def test_heartbeats_go_in_sequence_while_the_session_streams_or_finishes_and_not_after():
+    d = driver(heartbeat_s=5.0)
+    d.apply(d.session.heartbeat())
+    d.feed(speech()[:, :16000])
+    d.apply(d.session.heartbeat())
+    beats = d.of_type("heartbeat")
+    assert [b["audio_received_s"] for b in beats] == [0.0, 1.0]
+    d.apply(d.session.finalize())  # a final decode owed: the session still streams
+    d.apply(d.session.end_of_stream())
+    assert d.session.draining
+    d.apply(d.session.heartbeat())
+    d.run_jobs()
+    assert d.messages[-1]["type"] == "closed"
+    d.apply(d.session.heartbeat())
+    assert len(d.of_type("heartbeat")) == 3
+    assert d.messages[-1]["type"] == "closed"
+    assert [m["seq"] for m in d.messages] == list(range(1, len(d.messages) + 1))
+
+
 def test_sentence_finals_arrive_at_endpoints_not_at_close():
     d = driver()
     d.feed(speech())

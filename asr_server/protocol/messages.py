@@ -127,6 +127,10 @@ class MessageWriter:
         }
         return self._message("resumed", body)
 
+    def heartbeat(self, audio_received_s: float) -> dict[str, Any]:
+        """Sent while nothing else was (``heartbeat_s``): the connection and the server are alive."""
+        return self._message("heartbeat", {"audio_received_s": round(audio_received_s, 3)})
+
     def closed(self, audio_received_s: float, audio_transcribed_s: float) -> dict[str, Any]:
         return self._message(
             "closed",

@@ -120,7 +120,7 @@ class Connection:
         # ping is only judged over a window with none (see _keepalive).
         self._stalled = False
         self._stalls = 0
-        self.started_at = time.monotonic()
+        self.started_at = self._sent_at = time.monotonic()  # _sent_at: the last message written (for heartbeats)
         self.reserved_bytes = server.stream_bytes(self.options)
         self.shedding = False
         self._weight = WEIGHTS[Priority(self.options.priority)]
@@ -160,8 +160,7 @@ class Connection:
             if self.options.is_container:
                 self._container = ContainerDecoder(self.options.encoding, self.options.channels, self.limits.max_container_buffer_bytes)
                 self._container_task = self._spawn(self._pump_container())
-            if self.limits.keepalive_interval_s > 0:
-                self._spawn(self._keepalive(self.ws))
+            self._watch(self.ws)
             await self._serve()
         except ConnectionClosed:
             pass
@@ -259,8 +258,7 @@ class Connection:
         log.info("session=%s event=resumed last_seq=%d replayed=%d received_bytes=%d", self.sid, last_seq, len(messages), self.bytes_received)
         self._reattached.set()
         self._progress.set()
-        if self.limits.keepalive_interval_s > 0:
-            self._spawn(self._keepalive(ws))
+        self._watch(ws)
 
     def _received_seconds(self) -> float:
         """Seconds of the client's audio the server holds (exact, to the sample, for raw encodings)."""
@@ -346,6 +344,29 @@ class Connection:
             return True
         except (TimeoutError, ConnectionClosed):
             return False
+
+    def _watch(self, ws: ServerConnection) -> None:
+        """Keepalive pings, and heartbeat messages if the client asked for them, on ``ws``."""
+        if self.limits.keepalive_interval_s > 0:
+            self._spawn(self._keepalive(ws))
+        if self.options.heartbeat_s > 0:
+            self._spawn(self._heartbeats(ws))
+
+    async def _heartbeats(self, ws: ServerConnection) -> None:
+        """A ``heartbeat`` message whenever nothing was sent for ``heartbeat_s``, for as long as
+        ``ws`` is the session's connection (none while the session is held for a resume)."""
+        interval = self.options.heartbeat_s
+        while not self.done.is_set() and self.ws is ws and not self._held:
+            due = self._sent_at + interval - time.monotonic()
+            if due > 0:
+                await asyncio.sleep(due)  # a timer, not synchronisation
+                continue
+            try:
+                await self._apply(self.session.heartbeat)
+            except ConnectionClosed:
+                return
+            if self._sent_at + interval <= time.monotonic():
+                return  # nothing went out (the session ended, or its connection dropped)
 
     async def _keepalive(self, ws: ServerConnection) -> None:
         """Ping every ``keepalive_interval_s``; a pong missing for ``keepalive_timeout_s`` over a
@@ -668,7 +689,8 @@ class Connection:
         started = time.monotonic()
         try:
             await asyncio.wait_for(self.ws.send(text), timeout=self.limits.send_timeout_s)
-            self.metrics.result_send.observe(time.monotonic() - started)
+            self._sent_at = time.monotonic()
+            self.metrics.result_send.observe(self._sent_at - started)
         except TimeoutError:
             await self._not_reading(f"no result read for {self.limits.send_timeout_s:g} s")
             if not self._may_hold():

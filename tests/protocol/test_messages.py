@@ -26,6 +26,8 @@ def test_defaults():
     assert parse_stream_options(q(priority="batch"), ["en"]).priority == "batch"
     assert parse_stream_options({}, ["en"]).split_after_s == 3.0
     assert [parse_stream_options(q(split_after_s=v), ["en"]).split_after_s for v in ("0", "1", "12.5")] == [0.0, 1.0, 12.5]
+    assert parse_stream_options({}, ["en"]).heartbeat_s == 0.0
+    assert [parse_stream_options(q(heartbeat_s=v), ["en"]).heartbeat_s for v in ("0", "1", "5", "60")] == [0.0, 1.0, 5.0, 60.0]
 
 
 @pytest.mark.parametrize(
@@ -35,6 +37,7 @@ def test_defaults():
         q(channels=9), q(interim_ms=10), q(endpoint_ms="x"), q(max_utterance_s=31), q(max_utterance_s="nan"),
         q(interim_results="maybe"), q(word_timestamps=2), q(bogus=1), {"channels": ["1", "2"]}, q(priority="urgent"),
         q(split_after_s=0.5), q(split_after_s=31), q(split_after_s=-1),
+        q(heartbeat_s=0.5), q(heartbeat_s=61), q(heartbeat_s=-1), q(heartbeat_s="often"),
     ],
 )
 def test_bad_options_are_refused(query):
