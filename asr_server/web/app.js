@@ -4,7 +4,7 @@
 // stream option of the protocol (interim_ms, endpoint_ms, language, ...).
 import { AsrClient } from "/client/client.js";
 
-const STREAM_OPTIONS = ["language", "interim_results", "interim_ms", "endpoint_ms", "max_utterance_s", "priority"];
+const STREAM_OPTIONS = ["language", "interim_results", "interim_ms", "endpoint_ms", "max_utterance_s", "priority", "heartbeat_s"];
 // Errors after which trying again later can work; the rest need the user.
 const RETRY_CODES = new Set([
   "overloaded", "not_ready", "shutting_down", "memory_pressure", "audio_overrun",

@@ -1,4 +1,5 @@
-"""A loopback TCP proxy that loses what the server sends and cuts connections, as a network does."""
+"""A loopback TCP proxy that loses what the server sends, cuts connections, and lets them go
+dead without a word, as a network does."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import threading
 
 class CutProxy:
     """A loopback TCP proxy in front of the server that can lose what the server sends
-    (``blackhole``) and then cut every connection through it (``cut``), as a network does.
+    (``blackhole``) and then cut every connection through it (``cut``), or let the connections
+through it go dead, open but carrying nothing either way, closes included (``freeze``; later
+connections pass), as a network does.
     (Frames are compressed: what was lost is read from the server's replay log.)
     ``target_port`` may be set after the proxy started, before the first connection."""
 
@@ -18,6 +21,7 @@ class CutProxy:
         self._links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._blackhole = False
+        self._frozen: set[asyncio.StreamWriter] = set()  # the client sides of dead connections
         self.connections = 0
 
     async def __aenter__(self) -> "CutProxy":
@@ -40,6 +44,9 @@ class CutProxy:
     def blackhole(self) -> None:
         self._blackhole = True
 
+    def freeze(self) -> None:
+        self._frozen.update(client for client, _ in self._links)
+
     def cut(self) -> None:
         for client, upstream in self._links:
             client.transport.abort()
@@ -51,22 +58,23 @@ class CutProxy:
         self.connections += 1
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         self._links.append((writer, up_writer))
-        for task in (self._copy(reader, up_writer, lose=False), self._copy(up_reader, writer, lose=True)):
+        for task in (self._copy(reader, up_writer, writer, lose=False), self._copy(up_reader, writer, writer, lose=True)):
             t = asyncio.ensure_future(task)
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
-    async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, lose: bool) -> None:
+    async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: asyncio.StreamWriter, *, lose: bool) -> None:
         try:
             while data := await reader.read(65536):
-                if lose and self._blackhole:
+                if (lose and self._blackhole) or client in self._frozen:
                     continue
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
             pass
         finally:
-            writer.transport.abort()
+            if client not in self._frozen:
+                writer.transport.abort()
 
 
 class ProxyThread:

@@ -249,12 +249,15 @@ def test_page_works_on_a_phone_screen(playwright, page_server):
         browser.close()
 
 
+@pytest.mark.parametrize("drop", ["cut", "dead"])
 @pytest.mark.parametrize("transport", ["websocket", "webrtc"])
-def test_page_resumes_after_its_connection_is_cut_and_loses_nothing(playwright, whisper_runner, transport):
+def test_page_resumes_after_its_connection_drops_and_loses_nothing(playwright, whisper_runner, transport, drop):
     """A proxy between the page and the server loses what the server sends, then cuts the
-    connection mid-sentence. The page reconnects and resumes: every message once, in order,
-    and a transcript as good as an uninterrupted one (WebSocket audio is sent again from the
-    client's buffer; WebRTC audio kept flowing on its own path)."""
+    connection mid-sentence (``cut``), or lets it go dead without a word, open but carrying
+    nothing either way (``dead``: only the server's heartbeats missing tell the page). The
+    page reconnects and resumes: every message once, in order, and a transcript as good as an
+    uninterrupted one (WebSocket audio is sent again from the client's buffer; WebRTC audio
+    kept flowing on its own path)."""
     from .proxy import ProxyThread
 
     proxy = ProxyThread().start()
@@ -267,17 +270,18 @@ def test_page_resumes_after_its_connection_is_cut_and_loses_nothing(playwright, 
     browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
     try:
         page = browser.new_page()
-        page.goto(f"{page_origin}/?transport={transport}")
+        page.goto(f"{page_origin}/?transport={transport}" + ("&heartbeat_s=1" if drop == "dead" else ""))
         page.click("#start")
         page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
         seq = page.evaluate("window.asrApp.messages.at(-1).seq")
-        proxy.call(proxy.proxy.blackhole)
+        proxy.call(proxy.proxy.blackhole if drop == "cut" else proxy.proxy.freeze)
         for _ in range(600):  # polls a condition, bounded (60 s): the server sent a message the page will not get
             (conn,) = server.server._connections
             if server.call(lambda: len(conn.log.after(seq))):
                 break
             time.sleep(0.1)
-        proxy.call(proxy.proxy.cut)
+        if drop == "cut":
+            proxy.call(proxy.proxy.cut)
         page.wait_for_function("window.asrApp.messages.some(m => m.type === 'resumed')", timeout=30_000)
         assert page.evaluate("document.getElementById('status').textContent") == "Listening"
         played = max(e for _, e in MANIFEST[FIXTURE]["spans"][0])

@@ -20,6 +20,12 @@ export const TRANSPORTS = ["webrtc", "websocket"];
 /** Resumes in a row that got no audio further before the client gives up. */
 const MAX_FRUITLESS_RESUMES = 5;
 
+/** Seconds without any message after which a connection is taken as dead: two heartbeats
+ * missed, and a margin for a server (or a network) that is slow but alive. */
+export function quietLimitS(heartbeatS) {
+  return 2 * heartbeatS + 5;
+}
+
 /** Server errors after which the session goes on (docs/protocol.md, "Errors": no close code). */
 export const NON_FATAL_CODES = new Set(["invalid_message", "unknown_message_type", "decode_failed"]);
 
@@ -89,6 +95,9 @@ export class AsrClient extends EventTarget {
    *   resumes needs)
    * @param {boolean} [config.resume] reconnect and resume the session when the connection drops (default true)
    * @param {number} [config.resumeBufferBytes] audio kept to send again after a resume (websocket transport)
+   * @param {number} [config.heartbeatS] ask the server for a heartbeat message after this many seconds
+   *   without one (its heartbeat_s option; 0: none); a connection that brings nothing for
+   *   quietLimitS(heartbeatS) is taken as dropped (default 5: noticed within 15 s)
    */
   constructor(config = {}) {
     super();
@@ -102,6 +111,9 @@ export class AsrClient extends EventTarget {
     this._token = null;
     this.resume = config.resume ?? true;
     this.resumeBufferBytes = config.resumeBufferBytes ?? 8 << 20;
+    this.heartbeatS = config.heartbeatS ?? 5;
+    this._heardAt = 0; // performance.now() of the last message
+    this._watchTimer = null;
     this.reconnects = 0;
     this._lastSeq = 0;
     this._online = false; // false while a dropped connection is being resumed: sends only go to the buffer
@@ -143,6 +155,7 @@ export class AsrClient extends EventTarget {
       await this._openSocket(this._query());
       this._online = true;
       this.session = await this._next((m) => m.type === "session", "the server did not start a session");
+      this._watchQuiet();
       if (this.transport === "webrtc") await this._negotiate();
       else this._pipePcm();
       this._setState("streaming");
@@ -258,6 +271,7 @@ export class AsrClient extends EventTarget {
       q.set("encoding", "pcm_s16le");
       q.set("sample_rate", String(Math.round(this._audioContext.sampleRate)));
     }
+    if (this.heartbeatS > 0) q.set("heartbeat_s", String(this.heartbeatS));
     for (const [k, v] of Object.entries(this.options)) if (v !== undefined && v !== null && v !== "") q.set(k, String(v));
     return q.toString();
   }
@@ -335,6 +349,32 @@ export class AsrClient extends EventTarget {
     } finally {
       this._resuming = false;
     }
+  }
+
+  /** With the server's heartbeats (config.heartbeat_s), check that something keeps arriving. */
+  _watchQuiet() {
+    const beat = Number(this.session?.config?.heartbeat_s) || 0;
+    if (beat <= 0 || this._watchTimer !== null) return;
+    this._heardAt = performance.now();
+    this._watchTimer = setInterval(() => this._checkQuiet(quietLimitS(beat)), Math.min(1000, beat * 500));
+  }
+
+  /** A connection that brought nothing for `limitS` while streaming is dead, though still open:
+   * a network gone without a word (a laptop lid, a changed Wi-Fi, a NAT that forgot it). */
+  _checkQuiet(limitS) {
+    if (this.state !== "streaming" || !this._online || this._resuming) return;
+    if (performance.now() - this._heardAt < limitS * 1000) return;
+    const ws = this._ws;
+    const lost = new AsrError("connection_lost", `${CLIENT_ERRORS.connection_lost} (nothing from the server for ${limitS} s)`, { retryable: true });
+    if (!this._mayResume()) {
+      this._fail(lost);
+      return;
+    }
+    // Left open, not closed: a close frame would end the session if the server can still hear
+    // us. The resume takes the session over, and the server drops this connection then.
+    if (ws) ws.onmessage = ws.onclose = null;
+    for (const waiter of [...this._waiters]) waiter(lost);
+    this._resume();
   }
 
   /** Send again what the server had not read: audio after audio_received_bytes, commands after commands_received. */
@@ -448,6 +488,7 @@ export class AsrClient extends EventTarget {
 
   _onMessage(data) {
     if (typeof data !== "string") return;
+    this._heardAt = performance.now();
     let m;
     try {
       m = JSON.parse(data);
@@ -562,6 +603,8 @@ export class AsrClient extends EventTarget {
   }
 
   _release() {
+    clearInterval(this._watchTimer);
+    this._watchTimer = null;
     this._releaseMicrophone();
     this._worklet?.port.postMessage("stop");
     this._worklet?.disconnect();
