@@ -114,6 +114,7 @@ export class AsrClient extends EventTarget {
     this.heartbeatS = config.heartbeatS ?? 5;
     this._heardAt = 0; // performance.now() of the last message
     this._watchTimer = null;
+    this._abandoned = null; // a connection given up as dead, to close once the session is resumed
     this.reconnects = 0;
     this._lastSeq = 0;
     this._online = false; // false while a dropped connection is being resumed: sends only go to the buffer
@@ -332,6 +333,8 @@ export class AsrClient extends EventTarget {
           await this._openSocket(this._resumeQuery());
           const resumed = await this._next((m) => m.type === "resumed", "the server did not resume the session");
           this._resend(resumed);
+          this._abandoned?.close(1000);
+          this._abandoned = null;
           if (this.transport === "webrtc" && this._pc?.connectionState !== "connected") await this._renegotiate();
           this.reconnects += 1;
           this._emit("resumed", resumed);
@@ -371,8 +374,10 @@ export class AsrClient extends EventTarget {
       return;
     }
     // Left open, not closed: a close frame would end the session if the server can still hear
-    // us. The resume takes the session over, and the server drops this connection then.
+    // us. The resume takes the session over, and the server drops this connection then; we
+    // close it once resumed.
     if (ws) ws.onmessage = ws.onclose = null;
+    this._abandoned = ws;
     for (const waiter of [...this._waiters]) waiter(lost);
     this._resume();
   }
@@ -616,6 +621,8 @@ export class AsrClient extends EventTarget {
     this._pc?.close();
     this._pc = null;
     if (this._ws && this._ws.readyState <= WebSocket.OPEN) this._ws.close(1000);
+    this._abandoned?.close(1000);
+    this._abandoned = null;
   }
 
   _setState(state) {
