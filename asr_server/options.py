@@ -276,18 +276,18 @@ def parse_stream_options(query: Mapping[str, list[str]], languages: Iterable[str
         revisions=_bool("revisions", single.get("revisions", "true")),
         prompt=parse_prompt(single.get("prompt", "")),
         split_after_s=_split_after(single.get("split_after_s", "3")),
-        heartbeat_s=_zero_or_between("heartbeat_s", single.get("heartbeat_s", "0"), 1.0, 60.0, "never"),
+        heartbeat_s=_zero_or_between("heartbeat_s", single.get("heartbeat_s", "0"), 1.0, 60.0),
     )
 
 
 def _split_after(raw: str) -> float:
-    return _zero_or_between("split_after_s", raw, 1.0, 30.0, "never")
+    return _zero_or_between("split_after_s", raw, 1.0, 30.0)
 
 
-def _zero_or_between(name: str, raw: str, lo: float, hi: float, zero: str) -> float:
+def _zero_or_between(name: str, raw: str, lo: float, hi: float) -> float:
     value = _float(name, raw, 0.0, hi)
     if 0 < value < lo:
-        raise InvalidOption(f"{name} must be 0 ({zero}) or from {lo:g} to {hi:g}, got {raw!r}")
+        raise InvalidOption(f"{name} must be 0 (never) or from {lo:g} to {hi:g}, got {raw!r}")
     return value
 
 

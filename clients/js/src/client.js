@@ -22,7 +22,7 @@ const MAX_FRUITLESS_RESUMES = 5;
 
 /** Seconds without any message after which a connection is taken as dead: two heartbeats
  * missed, and a margin for a server (or a network) that is slow but alive. */
-export function quietLimitS(heartbeatS) {
+function quietLimitS(heartbeatS) {
   return 2 * heartbeatS + 5;
 }
 
@@ -97,7 +97,7 @@ export class AsrClient extends EventTarget {
    * @param {number} [config.resumeBufferBytes] audio kept to send again after a resume (websocket transport)
    * @param {number} [config.heartbeatS] ask the server for a heartbeat message after this many seconds
    *   without one (its heartbeat_s option; 0: none); a connection that brings nothing for
-   *   quietLimitS(heartbeatS) is taken as dropped (default 5: noticed within 15 s)
+   *   2 * heartbeatS + 5 s is taken as dropped (default 5: noticed within 15 s)
    */
   constructor(config = {}) {
     super();
