@@ -126,7 +126,7 @@ class Metrics:
         self.followers = Gauge("asr_followers", "Followers of sessions' results (/v1/sessions/{id}/events) connected now", registry=r)
         self.sessions_held = Gauge("asr_sessions_held", "Sessions whose connection dropped, waiting for their client to resume", registry=r)
         self.resumes = Counter(
-            "asr_resume_attempts_total", "Resume attempts, by outcome (resumed, or the error code that refused it)", ["outcome"], registry=r
+            "asr_resume_attempts_total", "Resume attempts, by outcome (resumed; ended: a session that ended while its client was away, replayed and closed; or the error code that refused it)", ["outcome"], registry=r
         )
         # Latency breakpoints: where the time between audio and result goes (docs/operations.md).
         self.audio_to_queue = Histogram(

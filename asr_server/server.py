@@ -48,7 +48,7 @@ from .resume import ResumeTable, new_token, parse_resume_request
 from .session import Session
 from .tracing import Tracing
 from .webhooks import WebhookOptions, WebhookSender
-from .transport.connection import Connection, Dialect
+from .transport.connection import Connection, Dialect, replay_ended
 from .transport.fanout import EndedSessions, follow, parse_follow_path
 from .transport.http import LISTEN_PATH, REALTIME_PATH, OneRequestConnection, route, select_subprotocol
 from .transport.static import load_static
@@ -394,20 +394,27 @@ class AsrServer:
             if self.stopping:
                 raise ShuttingDown("the server is shutting down; connect to another instance", retry_after=5.0)
             request = parse_resume_request(query)
+            ended = self.ended.concluded(request.token, principal.name, time.monotonic())
+            if ended is not None and ended.closed_with is not None:  # it ended while its client was away
+                messages = ended.log.after(request.last_seq)
+                self.metrics.resumes.labels("ended").inc()
+                log.info("session=%s event=resumed_ended last_seq=%d replayed=%d", ended.info["session_id"], request.last_seq, len(messages))
+                await replay_ended(ws, messages, ended.closed_with, self.limits.send_timeout_s)
+                return
             conn = self.resumes.claim(request.token, principal.name, self.clock())
         except AsrError as error:
             self.metrics.resumes.labels(error.code).inc()
             await self.refuse(ws, MessageWriter(uuid.uuid4().hex[:16]), error, "-", event="resume_refused")
             return
         try:
-            await conn.attach(ws, request.last_seq)
+            going_on = await conn.attach(ws, request.last_seq)
         except AsrError as error:
             self.resumes.release(request.token)
             self.metrics.resumes.labels(error.code).inc()
             await self.refuse(ws, MessageWriter(conn.sid), error, conn.sid, event="resume_refused")
             return
         self.resumes.attached(request.token)
-        self.metrics.resumes.labels("resumed").inc()
+        self.metrics.resumes.labels("resumed" if going_on else "ended").inc()
         await ws.wait_closed()
 
     def _connection(self, ws: ServerConnection, principal: Principal, options: StreamOptions, dialect: Dialect, session_id: str) -> Connection:
@@ -432,7 +439,8 @@ class AsrServer:
     def keep_ended(self, conn: Connection) -> None:
         """A session ended: its log stays readable for ``ended_session_ttl_s``; its transcript goes to the webhooks."""
         summary = conn.summary()
-        self.ended.keep(conn.sid, conn.log, conn.transcript, conn.session.key, summary, time.monotonic())
+        self.ended.keep(conn.sid, conn.log, conn.transcript, conn.session.key, summary, time.monotonic(),
+                        resume_token=conn.session.resume_token, closed_with=conn.closed_with)
         urls = self._webhook_urls(conn)
         if urls:
             transcript = conn.transcript.transcript()

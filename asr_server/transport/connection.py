@@ -73,7 +73,7 @@ class Dialect(Protocol):
 
     def outgoing(self, message: dict[str, Any]) -> list[dict[str, Any]]: ...
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "replay_ended"]
 
 log = logging.getLogger("asr_server.session")
 
@@ -114,12 +114,11 @@ class Connection:
         self._container_task: asyncio.Task[None] | None = None
         self._rtc: RtcIngest | None = None
         self._backlog = LiveBacklog(self.limits.max_live_backlog_s)  # WebRTC audio held under backpressure
-        self._ending = False
+        self._ending = self._closing = False  # input is over; _closing: by the client's wish (a drop is held)
         self._context_deadline: asyncio.TimerHandle | None = None
         # Reading stalls on our side (backpressure, a full decoder buffer): a keepalive
         # ping is only judged over a window with none (see _keepalive).
-        self._stalled = False
-        self._stalls = 0
+        self._stalled, self._stalls = False, 0
         self.started_at = self._sent_at = time.monotonic()  # _sent_at: the last message written (for heartbeats)
         self.reserved_bytes = server.stream_bytes(self.options)
         self.shedding = False
@@ -129,11 +128,12 @@ class Connection:
         # What the whole transcript is built from, kept longer than the replay log (no interims).
         self.transcript = TranscriptLog(self.limits.max_transcript_bytes)
         self.followers: set[Follower] = set()
-        self.bytes_received = 0  # of binary frames read: where a resumed client's audio goes on from
-        self.commands_received = 0  # text frames read
-        self.resumes = 0
-        self._held = False  # the connection dropped; the session waits for its client
-        self._dropped = False  # the last connection ended without a close frame (a lost network)
+        # Binary frames' bytes read (where a resumed client's audio goes on from), text frames read, resumes.
+        self.bytes_received = self.commands_received = self.resumes = 0
+        # _held: the connection dropped, the session waits for its client; _dropped: the last
+        # connection ended without a close frame (a lost network).
+        self._held = self._dropped = False
+        self.closed_with: tuple[int, str] | None = None  # the close the session ended with (code, reason)
         self._reattached = asyncio.Event()
 
     @property
@@ -189,8 +189,12 @@ class Connection:
     # -- resuming --------------------------------------------------------------------
 
     def _may_hold(self) -> bool:
-        """Whether a dropped connection leaves the session waiting for its client."""
-        return self.session.resume_token is not None and not self._ending and not self.done.is_set() and not self.server.stopping
+        """Whether a dropped connection leaves the session waiting for its client: while it streams,
+        and while it finishes after the client's close (its last finals and revisions to come)."""
+        return self.session.resume_token is not None and self._resumable_now() and not self.server.stopping
+
+    def _resumable_now(self) -> bool:
+        return not self.done.is_set() and (self._closing or not self._ending)
 
     async def _serve(self) -> None:
         """Read the client's frames; when its connection drops, hold the session for a resume."""
@@ -236,19 +240,24 @@ class Connection:
             return False
         return True
 
-    async def attach(self, ws: ServerConnection, last_seq: int) -> None:
+    async def attach(self, ws: ServerConnection, last_seq: int) -> bool:
         """A client resumed with this session's token: replay what it missed after ``last_seq``,
-        send ``resumed``, and go on reading from ``ws``. ResumeFailed if that cannot be done."""
-        if self.done.is_set() or self._ending:
+        send ``resumed``, and go on reading from ``ws`` (True). ResumeFailed if that cannot be done.
+        False if the session ended while the resume waited: the replay ends with its close."""
+        if self.closed_with is None and not self._resumable_now():
             raise ResumeFailed("the session has ended; start a new session")
         self.log.after(last_seq)  # refuse before touching the old connection
-        old = self.ws
-        if not self._held:
+        if not self._held and self.closed_with is None:
             # Its client is back before we saw the drop: the old connection is dead to it.
             log.info("session=%s event=taken_over", self.sid)
-            old.transport.abort()
+            self.ws.transport.abort()
         async with self._lock:  # no message goes out between the replay and `resumed`
             messages = self.log.after(last_seq)
+            if self.closed_with is not None:
+                # It ended (its last decodes after the client's close) before the resume got here.
+                log.info("session=%s event=resumed_ended last_seq=%d replayed=%d", self.sid, last_seq, len(messages))
+                await replay_ended(ws, messages, self.closed_with, self.limits.send_timeout_s)
+                return False
             self.ws, self._held = ws, False
             self.resumes += 1
             for text in messages:
@@ -259,6 +268,7 @@ class Connection:
         self._reattached.set()
         self._progress.set()
         self._watch(ws)
+        return True
 
     def _received_seconds(self) -> float:
         """Seconds of the client's audio the server holds (exact, to the sample, for raw encodings)."""
@@ -483,7 +493,7 @@ class Connection:
                 await self._apply(self.session.finalize)
             case CloseStream():
                 log.info("session=%s event=close_requested", self.sid)
-                self._ending = True
+                self._ending = self._closing = True
                 await self._end_of_input()
             case KeepAlive():
                 pass
@@ -576,7 +586,7 @@ class Connection:
             await self._fail_safely(error)
             return
         log.info("session=%s event=webrtc_ended reason=%s", self.sid, reason)
-        self._ending = True
+        self._ending = self._closing = True
         try:
             await self._end_of_input()
         except ConnectionClosed:
@@ -614,7 +624,7 @@ class Connection:
         self.metrics.errors.labels(error.code).inc()
         log.info("session=%s event=error code=%s message=%s", self.sid, error.code, error.message)
         if wire_info(error).close_code is not None:
-            self._ending = True
+            self._ending, self._closing = True, False
             self.outcome = "server_error" if error.code in ("internal_error", "inference_failed") else "client_error"
             if error.code == "shutting_down":
                 self.outcome = "shutdown"
@@ -676,6 +686,9 @@ class Connection:
                 case Close():
                     if output.code == 1000 and self.outcome == "disconnected":
                         self.outcome = "completed"
+                    # Kept with the ended session: a client whose connection dropped before this
+                    # reached it resumes, and gets what it missed and this close (AsrServer._resume).
+                    self.closed_with = (output.code, output.reason)
                     await self.ws.close(output.code, output.reason)
                     self.done.set()
 
@@ -843,6 +856,18 @@ class Connection:
                 await asyncio.wait_for(self.ws.close(1000 if self.outcome == "completed" else 1011), timeout=2)
             except (ConnectionClosed, TimeoutError):
                 pass
+
+
+async def replay_ended(ws: ServerConnection, messages: list[str], closed_with: tuple[int, str], send_timeout_s: float) -> None:
+    """A resume of a session that ended while its client was away (the connection dropped after
+    the client's ``close``, before ``closed`` reached it): the ``messages`` it missed, then the
+    close the session ended with; no ``resumed``, as there is nothing to go on with."""
+    try:
+        for text in messages:
+            await asyncio.wait_for(ws.send(text), timeout=send_timeout_s)
+        await ws.close(*closed_with)
+    except (ConnectionClosed, TimeoutError):
+        ws.transport.abort()
 
 
 def _pcm_decoder(options: StreamOptions) -> PcmDecoder | None:

@@ -87,6 +87,8 @@ class _Ended:
     key: str | None
     info: dict[str, Any]
     ended_at: float
+    resume_token: str | None = None
+    closed_with: tuple[int, str] | None = None  # the close it ended with; None: it never got that far (expired, dropped)
 
 
 class EndedSessions:
@@ -98,10 +100,11 @@ class EndedSessions:
         self._sessions: OrderedDict[str, _Ended] = OrderedDict()
         self._bytes = 0
 
-    def keep(self, session_id: str, log: ReplayLog, transcript: TranscriptLog, key: str | None, info: dict[str, Any], now: float) -> None:
+    def keep(self, session_id: str, log: ReplayLog, transcript: TranscriptLog, key: str | None, info: dict[str, Any], now: float, *,
+             resume_token: str | None = None, closed_with: tuple[int, str] | None = None) -> None:
         if self.ttl_s <= 0:
             return
-        self._sessions[session_id] = _Ended(log, transcript, key, info, now)
+        self._sessions[session_id] = _Ended(log, transcript, key, info, now, resume_token, closed_with)
         self._bytes += log.bytes + transcript.bytes
         self.expire(now)
 
@@ -118,6 +121,12 @@ class EndedSessions:
     def get(self, session_id: str, now: float) -> _Ended | None:
         self.expire(now)
         return self._sessions.get(session_id)
+
+    def concluded(self, resume_token: str, key: str | None, now: float) -> _Ended | None:
+        """The kept session of ``resume_token`` and ``key`` that ended with its close (a client that
+        missed its end resumes into it; see :meth:`AsrServer._resume`), if any."""
+        self.expire(now)
+        return next((e for e in self._sessions.values() if e.resume_token == resume_token and e.key == key and e.closed_with is not None), None)
 
 
 def parse_follow_path(path: str, what: str = "events") -> str | None:

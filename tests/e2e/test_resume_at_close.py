@@ -1,0 +1,158 @@
+"""End to end: a connection that drops after the client's ``close``, before ``closed`` reached
+it, resumes into the session's last results: while the session still finishes (it is held, or
+taken over), and after it finished (the messages the client missed, then the close)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+import websockets
+from asr_client import connect
+
+from ..harness import FIXTURES, ServerThread
+from .proxy import CutProxy
+from .test_resume import OPTIONS, drain, wait_for
+
+pytestmark = pytest.mark.e2e
+
+# The first 15 s of the reading: two sentences, and the close comes in the middle of the third,
+# so its final (and the passes at the close) come after the close.
+AUDIO_S = 15.0
+QUERY = "encoding=pcm_s16le&sample_rate=16000&channels=1"
+
+
+def audio() -> bytes:
+    return (FIXTURES / "librivox_16k.s16le").read_bytes()[: int(AUDIO_S * 32000)]
+
+
+async def open_and_send(url: str, server: ServerThread, messages: list[dict[str, Any]]) -> tuple[Any, str, Any, asyncio.Task[None]]:
+    """A session on ``url`` with all its audio read by the server, whose next call into the session
+    now waits (its lock is held), and the client's ``close`` read: the connection, its resume
+    token, the server's Connection, and a task putting the connection's messages in ``messages``
+    until it drops."""
+    ws = await websockets.connect(f"{url}/v1/listen?{QUERY}", ping_interval=None)
+    session = json.loads(await ws.recv())
+    messages.append(session)
+
+    async def read() -> None:
+        try:
+            while True:
+                messages.append(json.loads(await ws.recv()))
+        except websockets.ConnectionClosed:
+            return
+
+    reader = asyncio.create_task(read())
+    data = audio()
+    for i in range(0, len(data), 3200):
+        await ws.send(data[i : i + 3200])
+    (conn,) = server.call(lambda: list(server.server._connections))
+    await wait_for(lambda: server.call(lambda: conn.bytes_received) == len(data), "the server to read all the audio")
+    server.run(conn._lock.acquire)
+    await ws.send(json.dumps({"type": "close"}))
+    await wait_for(lambda: server.call(lambda: conn._ending), "the server to read the close")
+    return ws, session["resume_token"], conn, reader
+
+
+def sent(server: ServerThread, session_id: str) -> list[dict[str, Any]]:
+    """Every message the (ended) session sent, from the log the server keeps."""
+    ended = server.call(lambda: server.server.ended.get(session_id, time.monotonic()))
+    return [json.loads(text) for text in ended.log.after(0)]
+
+
+def test_a_drop_after_close_is_held_and_a_resume_after_the_end_gets_the_rest_and_the_close(whisper_runner):
+    server = ServerThread(whisper_runner).start()
+    try:
+        async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None, str]:
+            before: list[dict[str, Any]] = []
+            async with CutProxy(server.server.port) as proxy:
+                ws, token, conn, reader = await open_and_send(proxy.url, server, before)
+                proxy.cut()  # nothing of the close's results has gone out yet
+                await reader
+                server.call(conn._lock.release)
+                await wait_for(lambda: server.call(lambda: conn._held), "the session to be held")
+                await wait_for(lambda: not server.server._connections, "the session to finish while its client is away")
+                await ws.close()
+            last_seq = before[-1]["seq"]
+            async with websockets.connect(f"{server.url}/v1/listen?resume={token}&last_seq={last_seq}") as second:
+                rest = await drain(second)
+                return before, rest, second.close_code, conn.sid
+
+        before, rest, close_code, sid = asyncio.run(main())
+        everything = sent(server, sid)
+        metrics = server.server.metrics.render().decode()
+    finally:
+        server.stop()
+    assert before + rest == everything  # every message once, in order: none lost with the connection
+    assert [m["seq"] for m in everything] == list(range(1, len(everything) + 1))
+    assert [m for m in rest if m["type"] == "final" and m["text"]]  # the last sentence's final came while it was away
+    assert rest[-1]["type"] == "closed" and rest[-1]["audio_received_s"] == AUDIO_S and close_code == 1000
+    assert "resumed" not in [m["type"] for m in rest]  # nothing to go on with
+    assert 'asr_sessions_ended_total{outcome="completed"} 1.0' in metrics
+    assert 'asr_resume_attempts_total{outcome="ended"} 1.0' in metrics
+
+
+def test_a_client_back_while_the_session_finishes_after_its_close_takes_it_over(whisper_runner):
+    server = ServerThread(whisper_runner).start()
+    try:
+        async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None, str]:
+            before: list[dict[str, Any]] = []
+            ws, token, conn, reader = await open_and_send(server.url, server, before)
+            old = server.call(lambda: conn.ws)
+            # Its client is back on a new connection before the server saw the old one drop.
+            last_seq = before[-1]["seq"]
+            async with websockets.connect(f"{server.url}/v1/listen?resume={token}&last_seq={last_seq}") as second:
+                await wait_for(lambda: server.call(lambda: old.transport.is_closing()), "the resume to take the session over")
+                server.call(conn._lock.release)
+                rest = await drain(second)
+                await reader
+                await ws.close()
+                return [m for m in before if m["seq"] <= last_seq], rest, second.close_code, conn.sid
+
+        before, rest, close_code, sid = asyncio.run(main())
+        everything = sent(server, sid)
+        metrics = server.server.metrics.render().decode()
+    finally:
+        server.stop()
+    assert before + rest == everything
+    assert [m["seq"] for m in everything] == list(range(1, len(everything) + 1))
+    kinds = [m["type"] for m in rest]
+    assert kinds.count("resumed") == 1 and kinds.index("resumed") < kinds.index("closed") == len(kinds) - 1
+    after = rest[kinds.index("resumed") + 1 :]
+    assert [m for m in after if m["type"] == "final" and m["text"]]  # the session went on, and finished, on the new connection
+    assert rest[-1]["audio_received_s"] == AUDIO_S and close_code == 1000
+    assert 'asr_resume_attempts_total{outcome="resumed"} 1.0' in metrics
+    assert 'asr_sessions_ended_total{outcome="completed"} 1.0' in metrics
+
+
+
+def test_the_python_client_resumes_a_connection_lost_after_its_close_and_gets_every_message(whisper_runner):
+    server = ServerThread(whisper_runner).start()
+    try:
+        async def main() -> tuple[list[dict[str, Any]], str]:
+            async with CutProxy(server.server.port) as proxy:
+                async with connect(proxy.url, **OPTIONS) as stream:
+                    data = audio()
+                    for i in range(0, len(data), 3200):
+                        await stream.send_audio(data[i : i + 3200])
+                    (conn,) = server.call(lambda: list(server.server._connections))
+                    await wait_for(lambda: server.call(lambda: conn.bytes_received) == len(data), "the server to read all the audio")
+                    server.run(conn._lock.acquire)
+                    await stream.close_stream()
+                    await wait_for(lambda: server.call(lambda: conn._ending), "the server to read the close")
+                    proxy.cut()
+                    server.call(conn._lock.release)
+                    messages = [m async for m in stream]
+            await wait_for(lambda: not server.server._connections, "the session to end")
+            return messages, conn.sid
+
+        messages, sid = asyncio.run(main())
+        everything = sent(server, sid)
+    finally:
+        server.stop()
+    assert [m["type"] for m in messages].count("reconnecting") == 1
+    assert [m for m in messages if m["type"] != "reconnecting"] == everything  # every message once, in order
+    assert everything[-1]["type"] == "closed" and everything[-1]["audio_received_s"] == AUDIO_S
