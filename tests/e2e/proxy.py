@@ -46,6 +46,7 @@ connections pass), as a network does.
 
     def freeze(self) -> None:
         self._frozen.update(client for client, _ in self._links)
+        self._blackhole = False  # later connections pass
 
     def cut(self) -> None:
         for client, upstream in self._links:

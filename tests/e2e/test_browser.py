@@ -9,6 +9,7 @@ A screenshot of the page mid-sentence is saved under ``test-artifacts/`` (or
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -307,3 +308,54 @@ def test_page_resumes_after_its_connection_drops_and_loses_nothing(playwright, w
     reference = " ".join(MANIFEST[FIXTURE]["references"][0])
     offline = wer(reference, _offline_text(whisper_runner, FIXTURE))
     assert wer(reference, final) <= offline + WER_FILE_MARGIN, final
+
+
+@pytest.mark.parametrize(("transport", "drop"), [("websocket", "cut"), ("webrtc", "dead")])
+def test_page_stopped_as_its_connection_drops_resumes_for_its_last_results(playwright, whisper_runner, transport, drop):
+    """Stop is clicked and the connection drops before the last results (the final of the
+    sentence under way, the close's revisions, ``closed``) reach the page: what the server sends
+    is lost from the click on, and once the server has the page's close the connection is cut,
+    or goes dead without a word. The page resumes while stopping and ends with every message the
+    server sent, once and in order (the server held the finishing session, or let the page take
+    it over, or kept what it sent once it ended)."""
+    from .proxy import ProxyThread
+
+    proxy = ProxyThread().start()
+    page_origin = f"http://127.0.0.1:{proxy.proxy.port}"
+    from asr_server.access import AccessOptions
+
+    server = ServerThread(whisper_runner, rtc=RtcOptions(host_addresses=("127.0.0.1",)), access=AccessOptions(allowed_origins=(page_origin,))).start()
+    proxy.proxy.target_port = server.server.port
+    browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+    try:
+        page = browser.new_page()
+        page.goto(f"{page_origin}/?transport={transport}" + ("&heartbeat_s=1" if drop == "dead" else ""))
+        page.click("#start")
+        page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
+        (conn,) = server.server._connections
+        proxy.call(proxy.proxy.blackhole)
+        page.click("#start")
+        for _ in range(300):  # polls a condition, bounded (30 s): the server has the end of the page's input
+            if server.call(lambda: conn._ending):
+                break
+            time.sleep(0.1)
+        ending = server.call(lambda: conn._ending)
+        proxy.call(proxy.proxy.cut if drop == "cut" else proxy.proxy.freeze)
+        page.wait_for_function("window.asrApp.state === 'closed' || window.asrApp.state === 'failed'", timeout=60_000)
+        state = page.evaluate("window.asrApp.state")
+        messages = page.evaluate("window.asrApp.messages")
+        errors = page.evaluate("window.asrApp.errors")
+        for _ in range(300):  # polls, bounded: the session is counted as ended a moment after its close
+            if not server.server._connections:
+                break
+            time.sleep(0.1)
+        ended = server.call(lambda: server.server.ended.get(conn.sid, time.monotonic()))
+        sent = [json.loads(text) for text in ended.log.after(0)]
+    finally:
+        browser.close()
+        server.stop()
+        proxy.stop()
+    assert ending
+    assert state == "closed" and errors == []
+    assert messages == sent  # every message the server sent, once, in order
+    assert messages[-1]["type"] == "closed"

@@ -139,8 +139,8 @@ export class AsrClient extends EventTarget {
     this._worklet = null;
     this._audioStartedAt = null;
     this._closedMessage = null;
+    this._stopped = null; // stop() waiting for the end
     this._waiters = new Set();
-    this._wsClosed = null;
   }
 
   /** Open the microphone (unless `stream` is given), connect and start streaming. */
@@ -193,8 +193,12 @@ export class AsrClient extends EventTarget {
       });
     }
     this._send({ type: "close" });
-    const closed = await Promise.race([this._wsClosed, delay(this.stopTimeoutMs).then(() => false)]);
-    if (closed === false) this._ws?.close(1000, "client gave up waiting");
+    // The end: the server's close after `closed` (on a resumed connection, if this one drops
+    // meanwhile), or a failure.
+    const ended = new Promise((resolve) => (this._stopped = resolve));
+    const finished = await Promise.race([ended, delay(this.stopTimeoutMs).then(() => false)]);
+    this._stopped = null;
+    if (finished === false) this._ws?.close(1000, "client gave up waiting");
     this._release();
     if (this.state === "stopping") this._setState("closed");
   }
@@ -297,14 +301,11 @@ export class AsrClient extends EventTarget {
       ws.binaryType = "arraybuffer";
       this._ws = ws;
       const timer = setTimeout(() => reject(new AsrError("timeout", "the server did not accept the connection in time", { retryable: true })), this.connectTimeoutMs);
-      this._wsClosed = new Promise((closed) => {
-        ws.onclose = (e) => {
-          clearTimeout(timer);
-          reject(new AsrError("connect_failed", `could not connect to ${this.url}`, { retryable: true }));
-          this._onSocketClosed(e, ws);
-          closed(true);
-        };
-      });
+      ws.onclose = (e) => {
+        clearTimeout(timer);
+        reject(new AsrError("connect_failed", `could not connect to ${this.url}`, { retryable: true }));
+        this._onSocketClosed(e, ws);
+      };
       ws.onopen = () => {
         clearTimeout(timer);
         resolve();
@@ -316,7 +317,12 @@ export class AsrClient extends EventTarget {
   // -- resuming ---------------------------------------------------------------------
 
   _mayResume() {
-    return this.resume && this._stuck < MAX_FRUITLESS_RESUMES && this.state === "streaming" && Boolean(this.session?.resume_token) && !this._closedMessage && !this.lastError?.fromServer;
+    return this.resume && this._stuck < MAX_FRUITLESS_RESUMES && this._live() && Boolean(this.session?.resume_token) && !this._closedMessage && !this.lastError?.fromServer;
+  }
+
+  /** Streaming, or stopping: after stop()'s close the last finals and revisions are still to come. */
+  _live() {
+    return this.state === "streaming" || this.state === "stopping";
   }
 
   /** The connection dropped: reconnect with backoff and take the session up again, until the server's resume_ttl_s. */
@@ -326,16 +332,17 @@ export class AsrClient extends EventTarget {
     const deadline = performance.now() + (this.session.limits?.resume_ttl_s ?? 30) * 1000;
     let wait = 50;
     try {
-      for (let attempt = 1; this.state === "streaming" && performance.now() < deadline; attempt++) {
+      for (let attempt = 1; this._live() && performance.now() < deadline; attempt++) {
         this._emit("reconnecting", { attempt });
         try {
           if (typeof this.token === "function") this._token = await this._fetchToken();
           await this._openSocket(this._resumeQuery());
-          const resumed = await this._next((m) => m.type === "resumed", "the server did not resume the session");
-          this._resend(resumed);
+          const resumed = await this._next((m) => m.type === "resumed" || m.type === "closed", "the server did not resume the session");
           this._abandoned?.close(1000);
           this._abandoned = null;
-          if (this.transport === "webrtc" && this._pc?.connectionState !== "connected") await this._renegotiate();
+          if (resumed.type === "closed") return; // it finished while we were away: what we missed came, then the close
+          this._resend(resumed);
+          if (this.state === "streaming" && this.transport === "webrtc" && this._pc?.connectionState !== "connected") await this._renegotiate();
           this.reconnects += 1;
           this._emit("resumed", resumed);
           return;
@@ -348,7 +355,7 @@ export class AsrClient extends EventTarget {
         await delay(Math.min(wait, Math.max(0, deadline - performance.now())));
         wait = Math.min(2000, wait * 2);
       }
-      if (this.state === "streaming") this._fail(new AsrError("connection_lost", `${CLIENT_ERRORS.connection_lost}; it could not be resumed`, { retryable: true }));
+      if (this._live()) this._fail(new AsrError("connection_lost", `${CLIENT_ERRORS.connection_lost}; it could not be resumed`, { retryable: true }));
     } finally {
       this._resuming = false;
     }
@@ -362,10 +369,10 @@ export class AsrClient extends EventTarget {
     this._watchTimer = setInterval(() => this._checkQuiet(quietLimitS(beat)), Math.min(1000, beat * 500));
   }
 
-  /** A connection that brought nothing for `limitS` while streaming is dead, though still open:
-   * a network gone without a word (a laptop lid, a changed Wi-Fi, a NAT that forgot it). */
+  /** A connection that brought nothing for `limitS` while streaming (or stopping) is dead, though
+   * still open: a network gone without a word (a laptop lid, a changed Wi-Fi, a NAT that forgot it). */
   _checkQuiet(limitS) {
-    if (this.state !== "streaming" || !this._online || this._resuming) return;
+    if (!this._live() || !this._online || this._resuming) return;
     if (performance.now() - this._heardAt < limitS * 1000) return;
     const ws = this._ws;
     const lost = new AsrError("connection_lost", `${CLIENT_ERRORS.connection_lost} (nothing from the server for ${limitS} s)`, { retryable: true });
@@ -567,6 +574,7 @@ export class AsrClient extends EventTarget {
       this._resume();
       return;
     }
+    if (this.state === "stopping") this._stopped?.(true);
     if (this.state === "stopping" || this.state === "closed" || this.state === "failed") return;
     // The server ended the session: cleanly after our close or a track end, or with an error it sent.
     if (this._closedMessage && event.code === 1000) {
@@ -601,6 +609,7 @@ export class AsrClient extends EventTarget {
     }
     this._release();
     this._setState("failed");
+    this._stopped?.(false);
   }
 
   _releaseMicrophone() {
