@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from asr_client.cli import Outcome, build_parser, fit_tail
+from asr_client.cli import Outcome, _options, build_parser, fit_tail
 
 
 @pytest.mark.parametrize("argv", [
@@ -21,6 +21,11 @@ def test_global_options_work_before_or_after_the_command(argv):
 def test_defaults_hold_when_nothing_is_given():
     args = build_parser().parse_args(["mic"])
     assert args.url == "ws://127.0.0.1:8765" and not args.json and args.language == "en" and args.endpoint_ms == 500
+    assert _options(args)["heartbeat_s"] == 5.0  # the server's heartbeats tell a dead connection from a quiet one
+
+
+def test_heartbeats_can_be_turned_off():
+    assert "heartbeat_s" not in _options(build_parser().parse_args(["mic", "--heartbeat", "0"]))
 
 
 def _client(*argv):

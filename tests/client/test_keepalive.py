@@ -1,7 +1,9 @@
 """The Python client's keepalive against small servers on loopback that misbehave on purpose:
 one that holds back reading for many keepalive periods while it pings (a fast upload to a busy
 server) is kept; one that answers nothing is given up and resumed; one that does not ping
-itself is kept alive by the client's own pings."""
+itself is kept alive by the client's own pings; on a stream with heartbeats, pings and pongs
+without messages (a proxy answering for a server that is gone) are given up, and heartbeats
+keep a connection whose pongs never come."""
 
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from websockets.asyncio.server import ServerConnection, serve
 CHUNK = os.urandom(32000)  # one second of 16 kHz PCM that compression cannot shrink
 
 
-def session(keepalive_interval_s: float, keepalive_timeout_s: float) -> str:
+def session(keepalive_interval_s: float, keepalive_timeout_s: float, heartbeat_s: float = 0) -> str:
     limits = {"keepalive_interval_s": keepalive_interval_s, "keepalive_timeout_s": keepalive_timeout_s, "resume_ttl_s": 5}
-    return json.dumps({"type": "session", "session_id": "s1", "resume_token": "t" * 32, "limits": limits})
+    config = {"heartbeat_s": heartbeat_s}
+    return json.dumps({"type": "session", "session_id": "s1", "resume_token": "t" * 32, "config": config, "limits": limits})
 
 
 async def talk(handler: Callable[[ServerConnection], Awaitable[None]], server_ping: float | None, upload: int,
@@ -104,3 +107,28 @@ def test_a_server_without_a_keepalive_that_sends_nothing_is_kept_by_the_clients_
     messages = asyncio.run(talk(handler, None, upload=64000, ping_interval=0.5, ping_timeout=1.0))
     assert kinds(messages) == ["session", "closed"]
     assert messages[1]["audio_bytes"] == 64000
+
+
+def test_with_heartbeats_pings_and_pongs_without_a_message_are_given_up():
+    # Frames keep coming (the server's pings, its pongs) but no message, on a stream that asked
+    # for heartbeats: as behind a proxy that answers pings for a server that is gone.
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send(session(0.1, 0.1, heartbeat_s=0.2))  # given up 2 * 0.2 + 5 s after the last message
+        await ws.wait_closed()
+
+    messages = asyncio.run(talk(handler, 0.1, upload=0, ping_interval=0.3, ping_timeout=0.3))
+    assert kinds(messages) == ["session", "reconnecting"]
+
+
+def test_heartbeats_keep_a_connection_whose_pongs_never_come():
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send(session(0, 0, heartbeat_s=0.2))
+        ws.transport.pause_reading()  # the client's pings go unanswered ...
+        for _ in range(15):
+            await ws.send(json.dumps({"type": "heartbeat"}))  # ... but a heartbeat comes every 0.2 s
+            await asyncio.sleep(0.2)  # the server's cadence, not synchronisation
+        ws.transport.resume_reading()
+        await read_until_close(ws)
+
+    messages = asyncio.run(talk(handler, None, upload=64000, ping_interval=0.3, ping_timeout=0.3))
+    assert kinds(messages) == ["session", *["heartbeat"] * 15, "closed"]

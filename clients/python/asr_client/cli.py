@@ -148,6 +148,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         opts["api_key"] = args.api_key
     if args.no_interim:
         opts["interim_results"] = False
+    if args.heartbeat > 0:
+        opts["heartbeat_s"] = args.heartbeat
     return opts
 
 
@@ -288,6 +290,9 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
                    help="print the transcript as the server settles it: each stretch once it will not change again, "
                         "revisions applied, and the rest when the stream ends (the live captions go to stderr)")
     p.add_argument("--api-key", default=d(os.environ.get("ASR_API_KEY")), help="the server's API key (default: $ASR_API_KEY)")
+    p.add_argument("--heartbeat", type=float, default=d(5.0),
+                   help="ask the server for a heartbeat message after this many seconds without a message, and take a "
+                        "connection that brings none for twice that plus 5 s as dropped, and resume it (default 5; 0: none)")
 
 
 def build_parser() -> argparse.ArgumentParser:

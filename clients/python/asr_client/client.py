@@ -14,6 +14,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.frames import CTRL_OPCODES, Frame
 from websockets.protocol import State
 
 __all__ = ["AsrStream", "connect", "Keepalive", "Transcript", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
@@ -73,13 +74,22 @@ MAX_FRUITLESS_RESUMES = 5  # resumes in a row that got no audio further: give up
 
 class _Connection(ClientConnection):
     """A client connection that notes when it last heard from the server: any frame (a
-    message, a ping, a pong). The keepalive judges the server by it, not by its own pongs."""
+    message, a ping, a pong), and apart a message (or the handshake's answer). The keepalive
+    judges the server by them, not by its own pongs."""
 
     heard_at = 0.0
+    said_at = 0.0
 
     def process_event(self, event: Any) -> None:
         super().process_event(event)
         self.heard_at = self.loop.time()
+        if not isinstance(event, Frame) or event.opcode not in CTRL_OPCODES:
+            self.said_at = self.heard_at
+
+
+def heartbeat_s(session: dict[str, Any] | None) -> float:
+    """The ``heartbeat_s`` the session asked for (0: none)."""
+    return float((session or {}).get("config", {}).get("heartbeat_s") or 0)
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,12 @@ class Keepalive:
     ping_timeout: float = 20.0
 
     def limit(self, session: dict[str, Any] | None) -> float:
+        """How long the server may be quiet. With heartbeats (the ``heartbeat_s`` option) only its
+        messages count, and for ``2 * heartbeat_s + 5`` s (as the JS client judges): a pong can
+        come from a proxy that answers pings itself while the server behind it is gone."""
+        beat = heartbeat_s(session)
+        if beat > 0:
+            return 2 * beat + 5
         limits = (session or {}).get("limits", {})
         interval = float(limits.get("keepalive_interval_s") or 0)  # 0: the server does not ping
         server = interval + float(limits.get("keepalive_timeout_s") or 0) if interval else 0.0
@@ -279,7 +295,9 @@ class AsrStream:
         while not self._ended:
             ws = self._ws
             assert isinstance(ws, _Connection)
-            quiet, limit = ws.loop.time() - ws.heard_at, self._keepalive.limit(self.session)
+            silent = ws.loop.time() - ws.heard_at  # no frame at all: time to ping
+            quiet = ws.loop.time() - (ws.said_at if heartbeat_s(self.session) else ws.heard_at)  # what decides
+            limit = self._keepalive.limit(self.session)
             if ws.state is not State.OPEN:
                 if self.close_code is not None:
                     return  # recv() ended the stream
@@ -288,13 +306,13 @@ class AsrStream:
                 ws.transport.abort()  # heard nothing for too long: the server or the path is gone
                 await ws.wait_closed()
                 continue
-            elif quiet >= self._keepalive.ping_interval and pinged_at != ws.heard_at:
+            elif silent >= self._keepalive.ping_interval and pinged_at != ws.heard_at:
                 pinged_at = ws.heard_at
                 if not ws.transport.get_write_buffer_size():  # else it would wait behind our audio
                     await asyncio.gather(ws.ping(), return_exceptions=True)  # its pong is heard, as is any frame
                 continue
             else:
-                wait = (limit if pinged_at == ws.heard_at else self._keepalive.ping_interval) - quiet
+                wait = limit - quiet if pinged_at == ws.heard_at else min(limit - quiet, self._keepalive.ping_interval - silent)
             await asyncio.sleep(max(0.01, wait))  # a timer, not synchronisation
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
