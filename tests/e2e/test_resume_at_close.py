@@ -83,7 +83,7 @@ def test_a_drop_after_close_is_held_and_a_resume_after_the_end_gets_the_rest_and
 
         before, rest, close_code, sid = asyncio.run(main())
         everything = sent(server, sid)
-        metrics = server.server.metrics.render().decode()
+        metrics = server.call(lambda: server.server.metrics.render().decode())  # in its loop: after the session's end is counted
     finally:
         server.stop()
     assert before + rest == everything  # every message once, in order: none lost with the connection
@@ -110,11 +110,13 @@ def test_a_client_back_while_the_session_finishes_after_its_close_takes_it_over(
                 rest = await drain(second)
                 await reader
                 await ws.close()
-                return [m for m in before if m["seq"] <= last_seq], rest, second.close_code, conn.sid
+            # A session is counted as ended (and its log kept) a moment after its close.
+            await wait_for(lambda: not server.server._connections, "the session to end")
+            return [m for m in before if m["seq"] <= last_seq], rest, second.close_code, conn.sid
 
         before, rest, close_code, sid = asyncio.run(main())
         everything = sent(server, sid)
-        metrics = server.server.metrics.render().decode()
+        metrics = server.call(lambda: server.server.metrics.render().decode())  # in its loop: after the session's end is counted
     finally:
         server.stop()
     assert before + rest == everything
