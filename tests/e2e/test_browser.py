@@ -250,6 +250,31 @@ def test_page_works_on_a_phone_screen(playwright, page_server):
         browser.close()
 
 
+def _behind_proxy(playwright, whisper_runner, limits: Limits):
+    """A server that takes pages from the origin of a proxy in front of it (tests/e2e/proxy.py),
+    and a browser whose microphone plays the fixture: (proxy, server, browser)."""
+    from asr_server.access import AccessOptions
+
+    from .proxy import ProxyThread
+
+    proxy = ProxyThread().start()
+    page_origin = f"http://127.0.0.1:{proxy.proxy.port}"
+    server = ServerThread(whisper_runner, limits, rtc=RtcOptions(host_addresses=("127.0.0.1",)),
+                          access=AccessOptions(allowed_origins=(page_origin,))).start()
+    proxy.proxy.target_port = server.server.port
+    return proxy, server, launch(playwright, microphone_args(FIXTURES / FIXTURE))
+
+
+def _captioning(browser, proxy, transport: str, drop: str):
+    """The page, through the proxy, started and with its first final (heartbeats every second where
+    the connection is to go ``dead``)."""
+    page = browser.new_page()
+    page.goto(f"http://127.0.0.1:{proxy.proxy.port}/?transport={transport}" + ("&heartbeat_s=1" if drop == "dead" else ""))
+    page.click("#start")
+    page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
+    return page
+
+
 @pytest.mark.parametrize("drop", ["cut", "dead"])
 @pytest.mark.parametrize("transport", ["websocket", "webrtc"])
 def test_page_resumes_after_its_connection_drops_and_loses_nothing(playwright, whisper_runner, transport, drop):
@@ -259,21 +284,9 @@ def test_page_resumes_after_its_connection_drops_and_loses_nothing(playwright, w
     page reconnects and resumes: every message once, in order, and a transcript as good as an
     uninterrupted one (WebSocket audio is sent again from the client's buffer; WebRTC audio
     kept flowing on its own path)."""
-    from .proxy import ProxyThread
-
-    proxy = ProxyThread().start()
-    page_origin = f"http://127.0.0.1:{proxy.proxy.port}"
-    from asr_server.access import AccessOptions
-
-    server = ServerThread(whisper_runner, Limits(idle_timeout_s=10.0), rtc=RtcOptions(host_addresses=("127.0.0.1",)),
-                          access=AccessOptions(allowed_origins=(page_origin,))).start()
-    proxy.proxy.target_port = server.server.port
-    browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+    proxy, server, browser = _behind_proxy(playwright, whisper_runner, Limits(idle_timeout_s=10.0))
     try:
-        page = browser.new_page()
-        page.goto(f"{page_origin}/?transport={transport}" + ("&heartbeat_s=1" if drop == "dead" else ""))
-        page.click("#start")
-        page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
+        page = _captioning(browser, proxy, transport, drop)
         seq = page.evaluate("window.asrApp.messages.at(-1).seq")
         proxy.call(proxy.proxy.blackhole if drop == "cut" else proxy.proxy.freeze)
         for _ in range(600):  # polls a condition, bounded (60 s): the server sent a message the page will not get
@@ -318,20 +331,9 @@ def test_page_stopped_as_its_connection_drops_resumes_for_its_last_results(playw
     or goes dead without a word. The page resumes while stopping and ends with every message the
     server sent, once and in order (the server held the finishing session, or let the page take
     it over, or kept what it sent once it ended)."""
-    from .proxy import ProxyThread
-
-    proxy = ProxyThread().start()
-    page_origin = f"http://127.0.0.1:{proxy.proxy.port}"
-    from asr_server.access import AccessOptions
-
-    server = ServerThread(whisper_runner, rtc=RtcOptions(host_addresses=("127.0.0.1",)), access=AccessOptions(allowed_origins=(page_origin,))).start()
-    proxy.proxy.target_port = server.server.port
-    browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+    proxy, server, browser = _behind_proxy(playwright, whisper_runner, Limits())
     try:
-        page = browser.new_page()
-        page.goto(f"{page_origin}/?transport={transport}" + ("&heartbeat_s=1" if drop == "dead" else ""))
-        page.click("#start")
-        page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
+        page = _captioning(browser, proxy, transport, drop)
         (conn,) = server.server._connections
         proxy.call(proxy.proxy.blackhole)
         page.click("#start")

@@ -46,15 +46,22 @@ async def open_and_send(url: str, server: ServerThread, messages: list[dict[str,
             return
 
     reader = asyncio.create_task(read())
+    conn = await send_and_close(server, ws.send, lambda: ws.send(json.dumps({"type": "close"})))
+    return ws, session["resume_token"], conn, reader
+
+
+async def send_and_close(server: ServerThread, send_audio: Any, send_close: Any) -> Any:
+    """Send the audio; once the server has read it all, hold the session's lock (its next call
+    waits) and send ``close``; the server's Connection once it has read the close."""
     data = audio()
     for i in range(0, len(data), 3200):
-        await ws.send(data[i : i + 3200])
+        await send_audio(data[i : i + 3200])
     (conn,) = server.call(lambda: list(server.server._connections))
     await wait_for(lambda: server.call(lambda: conn.bytes_received) == len(data), "the server to read all the audio")
     server.run(conn._lock.acquire)
-    await ws.send(json.dumps({"type": "close"}))
+    await send_close()
     await wait_for(lambda: server.call(lambda: conn._ending), "the server to read the close")
-    return ws, session["resume_token"], conn, reader
+    return conn
 
 
 def sent(server: ServerThread, session_id: str) -> list[dict[str, Any]]:
@@ -130,21 +137,13 @@ def test_a_client_back_while_the_session_finishes_after_its_close_takes_it_over(
     assert 'asr_sessions_ended_total{outcome="completed"} 1.0' in metrics
 
 
-
 def test_the_python_client_resumes_a_connection_lost_after_its_close_and_gets_every_message(whisper_runner):
     server = ServerThread(whisper_runner).start()
     try:
         async def main() -> tuple[list[dict[str, Any]], str]:
             async with CutProxy(server.server.port) as proxy:
                 async with connect(proxy.url, **OPTIONS) as stream:
-                    data = audio()
-                    for i in range(0, len(data), 3200):
-                        await stream.send_audio(data[i : i + 3200])
-                    (conn,) = server.call(lambda: list(server.server._connections))
-                    await wait_for(lambda: server.call(lambda: conn.bytes_received) == len(data), "the server to read all the audio")
-                    server.run(conn._lock.acquire)
-                    await stream.close_stream()
-                    await wait_for(lambda: server.call(lambda: conn._ending), "the server to read the close")
+                    conn = await send_and_close(server, stream.send_audio, stream.close_stream)
                     proxy.cut()
                     server.call(conn._lock.release)
                     messages = [m async for m in stream]
