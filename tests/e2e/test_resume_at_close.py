@@ -13,6 +13,8 @@ import pytest
 import websockets
 from asr_client import connect
 
+from asr_server.access import AccessOptions, parse_keys
+
 from ..harness import FIXTURES, ServerThread
 from .proxy import CutProxy
 from .test_resume import OPTIONS, drain, wait_for
@@ -29,12 +31,13 @@ def audio() -> bytes:
     return (FIXTURES / "librivox_16k.s16le").read_bytes()[: int(AUDIO_S * 32000)]
 
 
-async def open_and_send(url: str, server: ServerThread, messages: list[dict[str, Any]]) -> tuple[Any, str, Any, asyncio.Task[None]]:
+async def open_and_send(url: str, server: ServerThread, messages: list[dict[str, Any]], headers: dict[str, str] | None = None,
+                        ) -> tuple[Any, str, Any, asyncio.Task[None]]:
     """A session on ``url`` with all its audio read by the server, whose next call into the session
     now waits (its lock is held), and the client's ``close`` read: the connection, its resume
     token, the server's Connection, and a task putting the connection's messages in ``messages``
     until it drops."""
-    ws = await websockets.connect(f"{url}/v1/listen?{QUERY}", ping_interval=None)
+    ws = await websockets.connect(f"{url}/v1/listen?{QUERY}", ping_interval=None, additional_headers=headers)
     session = json.loads(await ws.recv())
     messages.append(session)
 
@@ -71,12 +74,14 @@ def sent(server: ServerThread, session_id: str) -> list[dict[str, Any]]:
 
 
 def test_a_drop_after_close_is_held_and_a_resume_after_the_end_gets_the_rest_and_the_close(whisper_runner):
-    server = ServerThread(whisper_runner).start()
+    keys = AccessOptions(keys=parse_keys("alice:key-a\nbob:key-b"))
+    as_alice, as_bob = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    server = ServerThread(whisper_runner, access=keys).start()
     try:
-        async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None, str]:
+        async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None, str, dict[str, list[dict[str, Any]]]]:
             before: list[dict[str, Any]] = []
             async with CutProxy(server.server.port) as proxy:
-                ws, token, conn, reader = await open_and_send(proxy.url, server, before)
+                ws, token, conn, reader = await open_and_send(proxy.url, server, before, as_alice)
                 proxy.cut()  # nothing of the close's results has gone out yet
                 await reader
                 server.call(conn._lock.release)
@@ -84,11 +89,17 @@ def test_a_drop_after_close_is_held_and_a_resume_after_the_end_gets_the_rest_and
                 await wait_for(lambda: not server.server._connections, "the session to finish while its client is away")
                 await ws.close()
             last_seq = before[-1]["seq"]
-            async with websockets.connect(f"{server.url}/v1/listen?resume={token}&last_seq={last_seq}") as second:
+            refused = {}
+            # Refused as for a live session: another key's resume, and one past the last message sent.
+            async with websockets.connect(f"{server.url}/v1/listen?resume={token}&last_seq={last_seq}", additional_headers=as_bob) as ws:
+                refused["bob"] = await drain(ws)
+            async with websockets.connect(f"{server.url}/v1/listen?resume={token}&last_seq=999", additional_headers=as_alice) as ws:
+                refused["past"] = await drain(ws)
+            async with websockets.connect(f"{server.url}/v1/listen?resume={token}&last_seq={last_seq}", additional_headers=as_alice) as second:
                 rest = await drain(second)
-                return before, rest, second.close_code, conn.sid
+                return before, rest, second.close_code, conn.sid, refused
 
-        before, rest, close_code, sid = asyncio.run(main())
+        before, rest, close_code, sid, refused = asyncio.run(main())
         everything = sent(server, sid)
         metrics = server.call(lambda: server.server.metrics.render().decode())  # in its loop: after the session's end is counted
     finally:
@@ -98,6 +109,7 @@ def test_a_drop_after_close_is_held_and_a_resume_after_the_end_gets_the_rest_and
     assert [m for m in rest if m["type"] == "final" and m["text"]]  # the last sentence's final came while it was away
     assert rest[-1]["type"] == "closed" and rest[-1]["audio_received_s"] == AUDIO_S and close_code == 1000
     assert "resumed" not in [m["type"] for m in rest]  # nothing to go on with
+    assert [m["code"] for m in refused["bob"]] == [m["code"] for m in refused["past"]] == ["resume_failed"]
     assert 'asr_sessions_ended_total{outcome="completed"} 1.0' in metrics
     assert 'asr_resume_attempts_total{outcome="ended"} 1.0' in metrics
 
