@@ -21,6 +21,7 @@ import bisect
 import functools
 import json
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -212,21 +213,26 @@ class Connection:
                 return
 
     async def _hold(self, ws: ServerConnection) -> bool:
-        """Wait up to ``resume_ttl_s`` for :meth:`attach`; False (the session is over) if none came."""
+        """Wait up to ``resume_ttl_s`` for :meth:`attach`; False (the session is over) if none came.
+
+        A session its client closed is held until it has finished, however long that takes: its
+        last finals and the close's passes are what the client is owed, and a resume may still
+        come for them (after the end, from the ended sessions)."""
         if self.ws is not ws:
             return True
         assert self.session.resume_token is not None
         deadline = self.server.clock() + self.limits.resume_ttl_s
         self._held = True
-        self.server.resumes.hold(self.session.resume_token, deadline)
+        self.server.resumes.hold(self.session.resume_token, math.inf if self._closing else deadline)
         self.metrics.sessions_held.inc()
-        log.info("session=%s event=held ttl_s=%g received_bytes=%d last_seq=%d", self.sid, self.limits.resume_ttl_s,
-                 self.bytes_received, self.log.last_seq)
+        log.info("session=%s event=held ttl_s=%g received_bytes=%d last_seq=%d closing=%s", self.sid, self.limits.resume_ttl_s,
+                 self.bytes_received, self.log.last_seq, self._closing)
         try:
             while self.ws is ws and not self.done.is_set():
                 self._reattached.clear()
-                remaining = deadline - self.server.clock()
-                if remaining <= 0:
+                # A fatal error while held ends the close (and _closing); it ends the session too.
+                remaining = None if self._closing else deadline - self.server.clock()
+                if remaining is not None and remaining <= 0:
                     break
                 await _first_of(self._reattached, self.done, timeout=remaining)
         finally:
@@ -876,8 +882,8 @@ def _pcm_decoder(options: StreamOptions) -> PcmDecoder | None:
     return PcmDecoder(options.encoding, options.sample_rate or 16000, options.channels) if raw else None
 
 
-async def _first_of(*events: asyncio.Event, timeout: float) -> None:
-    """Until one of ``events`` is set, or ``timeout`` seconds."""
+async def _first_of(*events: asyncio.Event, timeout: float | None) -> None:
+    """Until one of ``events`` is set, or ``timeout`` seconds (None: no limit)."""
     waiters = [asyncio.ensure_future(e.wait()) for e in events]
     try:
         await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ import websockets
 from asr_client import connect
 
 from asr_server.access import AccessOptions, parse_keys
+from asr_server.options import Limits
 
 from ..harness import FIXTURES, ServerThread
 from .proxy import CutProxy
@@ -41,16 +43,18 @@ async def open_and_send(url: str, server: ServerThread, messages: list[dict[str,
     session = json.loads(await ws.recv())
     messages.append(session)
 
-    async def read() -> None:
-        try:
-            while True:
-                messages.append(json.loads(await ws.recv()))
-        except websockets.ConnectionClosed:
-            return
-
-    reader = asyncio.create_task(read())
+    reader = asyncio.create_task(read_into(ws, messages))
     conn = await send_and_close(server, ws.send, lambda: ws.send(json.dumps({"type": "close"})))
     return ws, session["resume_token"], conn, reader
+
+
+async def read_into(ws: Any, messages: list[dict[str, Any]]) -> None:
+    """Put the connection's messages in ``messages`` until it drops."""
+    try:
+        while True:
+            messages.append(json.loads(await ws.recv()))
+    except websockets.ConnectionClosed:
+        return
 
 
 async def send_and_close(server: ServerThread, send_audio: Any, send_close: Any) -> Any:
@@ -169,3 +173,75 @@ def test_the_python_client_resumes_a_connection_lost_after_its_close_and_gets_ev
     assert [m["type"] for m in messages].count("reconnecting") == 1
     assert [m for m in messages if m["type"] != "reconnecting"] == everything  # every message once, in order
     assert everything[-1]["type"] == "closed" and everything[-1]["audio_received_s"] == AUDIO_S
+
+
+
+class GatedRunner:
+    """The real model, whose calls wait while the gate is shut (a slow machine, a long queue)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    def transcribe_batch(self, requests: Any, retry_later: bool = False) -> Any:
+        assert self.gate.wait(120)
+        return self.runner.transcribe_batch(requests, retry_later=retry_later)
+
+
+def test_a_session_finishing_after_its_close_is_held_past_the_resume_ttl_until_it_ends(whisper_runner):
+    # A close's last results can take longer than the hold (a slow machine, a long queue): the
+    # session is its client's until it has finished, and a resume after the ttl takes it over.
+    ttl_s = 1.0
+    runner = GatedRunner(whisper_runner)
+    server = ServerThread(runner, Limits(resume_ttl_s=ttl_s)).start()
+    try:
+        async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None, str, bool]:
+            before: list[dict[str, Any]] = []
+            async with CutProxy(server.server.port) as proxy:
+                ws = await websockets.connect(f"{proxy.url}/v1/listen?{QUERY}", ping_interval=None)
+                before.append(json.loads(await ws.recv()))
+                token = before[0]["resume_token"]
+                reader = asyncio.create_task(read_into(ws, before))
+                data = audio()
+                for i in range(0, len(data), 3200):
+                    await ws.send(data[i : i + 3200])
+                (conn,) = server.call(lambda: list(server.server._connections))
+                await wait_for(lambda: server.call(lambda: conn.bytes_received) == len(data), "the server to read all the audio")
+                runner.gate.clear()  # from here the model answers nothing, until the resume
+                await ws.send(json.dumps({"type": "close"}))
+                await wait_for(lambda: server.call(lambda: conn._ending), "the server to read the close")
+                proxy.cut()
+                await reader
+                await wait_for(lambda: server.call(lambda: conn._held), "the session to be held")
+                held_at = server.call(server.server.clock)
+                await wait_for(lambda: server.call(server.server.clock) > held_at + ttl_s + 0.5, "the resume ttl to pass")
+                still_there = server.call(lambda: conn in server.server._connections)
+                last_seq = before[-1]["seq"]
+                async with websockets.connect(f"{server.url}/v1/listen?resume={token}&last_seq={last_seq}") as second:
+                    rest = [json.loads(await second.recv())]
+                    while rest[-1]["type"] != "resumed":  # what it missed, then `resumed`: it still finishes
+                        rest.append(json.loads(await second.recv()))
+                    runner.gate.set()
+                    rest += await drain(second)
+                await ws.close()
+            await wait_for(lambda: not server.server._connections, "the session to end")
+            return before, rest, second.close_code, conn.sid, still_there
+
+        before, rest, close_code, sid, still_there = asyncio.run(main())
+        everything = sent(server, sid)
+        metrics = server.call(lambda: server.server.metrics.render().decode())
+    finally:
+        runner.gate.set()
+        server.stop()
+    assert still_there  # not expired with its close's results still to come
+    assert before + rest == everything
+    kinds = [m["type"] for m in rest]
+    assert kinds.count("resumed") == 1 and kinds.index("resumed") < kinds.index("closed") == len(kinds) - 1
+    after = rest[kinds.index("resumed") + 1 :]
+    assert [m for m in after if m["type"] == "final" and m["text"]]  # the last sentence's final, after the ttl
+    assert rest[-1]["audio_received_s"] == AUDIO_S and close_code == 1000
+    assert 'asr_sessions_ended_total{outcome="completed"} 1.0' in metrics
