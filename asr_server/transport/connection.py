@@ -253,8 +253,9 @@ class Connection:
         if self.closed_with is None and not self._resumable_now():
             raise ResumeFailed("the session has ended; start a new session")
         self.log.after(last_seq)  # refuse before touching the old connection
-        if not self._held and self.closed_with is None:
-            # Its client is back before we saw the drop: the old connection is dead to it.
+        if not self._held:
+            # Its client is back before we saw the drop: the old connection is dead to it (and
+            # a close being sent on it, which would wait out its close timeout, ends now).
             log.info("session=%s event=taken_over", self.sid)
             self.ws.transport.abort()
         async with self._lock:  # no message goes out between the replay and `resumed`

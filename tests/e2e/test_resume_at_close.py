@@ -245,3 +245,42 @@ def test_a_session_finishing_after_its_close_is_held_past_the_resume_ttl_until_i
     assert [m for m in after if m["type"] == "final" and m["text"]]  # the last sentence's final, after the ttl
     assert rest[-1]["audio_received_s"] == AUDIO_S and close_code == 1000
     assert 'asr_sessions_ended_total{outcome="completed"} 1.0' in metrics
+
+
+def test_a_resume_cuts_short_the_close_of_a_connection_gone_silent(whisper_runner):
+    # The connection goes dead without a word (nothing from the server arrives, no FIN) just as
+    # the client closes: the server's close waits for an answer that never comes. A resume then
+    # ends that wait, and gets the rest and the close.
+    server = ServerThread(whisper_runner).start()
+    try:
+        async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None, str]:
+            before: list[dict[str, Any]] = []
+            async with CutProxy(server.server.port) as proxy:
+                ws = await websockets.connect(f"{proxy.url}/v1/listen?{QUERY}", ping_interval=None)
+                before.append(json.loads(await ws.recv()))
+                token = before[0]["resume_token"]
+                reader = asyncio.create_task(read_into(ws, before))
+                data = audio()
+                for i in range(0, len(data), 3200):
+                    await ws.send(data[i : i + 3200])
+                (conn,) = server.call(lambda: list(server.server._connections))
+                await wait_for(lambda: server.call(lambda: conn.bytes_received) == len(data), "the server to read all the audio")
+                server.call(lambda: setattr(conn.ws, "close_timeout", 3600))  # its close would wait "forever"
+                proxy.blackhole()  # from here nothing the server sends arrives
+                await ws.send(json.dumps({"type": "close"}))
+                await wait_for(lambda: server.call(lambda: conn.closed_with is not None), "the server to close the dead connection")
+                last_seq = before[-1]["seq"]
+                async with websockets.connect(f"{server.url}/v1/listen?resume={token}&last_seq={last_seq}") as second:
+                    rest = await asyncio.wait_for(drain(second), 60)
+                await ws.close()
+                await reader
+            await wait_for(lambda: not server.server._connections, "the session to end")
+            return before, rest, second.close_code, conn.sid
+
+        before, rest, close_code, sid = asyncio.run(main())
+        everything = sent(server, sid)
+    finally:
+        server.stop()
+    assert before + rest == everything  # every message once, in order
+    assert "resumed" not in [m["type"] for m in rest] and rest[-1]["type"] == "closed" and close_code == 1000
+    assert [m for m in rest if m["type"] == "final" and m["text"]]
