@@ -34,17 +34,17 @@ def audio() -> bytes:
 
 
 async def open_and_send(url: str, server: ServerThread, messages: list[dict[str, Any]], headers: dict[str, str] | None = None,
-                        ) -> tuple[Any, str, Any, asyncio.Task[None]]:
+                        before_close: Any = None) -> tuple[Any, str, Any, asyncio.Task[None]]:
     """A session on ``url`` with all its audio read by the server, whose next call into the session
-    now waits (its lock is held), and the client's ``close`` read: the connection, its resume
-    token, the server's Connection, and a task putting the connection's messages in ``messages``
-    until it drops."""
+    now waits (its lock is held; or ``before_close(conn)`` instead), and the client's ``close`` read:
+    the connection, its resume token, the server's Connection, and a task putting the connection's
+    messages in ``messages`` until it drops."""
     ws = await websockets.connect(f"{url}/v1/listen?{QUERY}", ping_interval=None, additional_headers=headers)
     session = json.loads(await ws.recv())
     messages.append(session)
 
     reader = asyncio.create_task(read_into(ws, messages))
-    conn = await send_and_close(server, ws.send, lambda: ws.send(json.dumps({"type": "close"})))
+    conn = await send_and_close(server, ws.send, lambda: ws.send(json.dumps({"type": "close"})), before_close)
     return ws, session["resume_token"], conn, reader
 
 
@@ -57,15 +57,19 @@ async def read_into(ws: Any, messages: list[dict[str, Any]]) -> None:
         return
 
 
-async def send_and_close(server: ServerThread, send_audio: Any, send_close: Any) -> Any:
+async def send_and_close(server: ServerThread, send_audio: Any, send_close: Any, before_close: Any = None) -> Any:
     """Send the audio; once the server has read it all, hold the session's lock (its next call
-    waits) and send ``close``; the server's Connection once it has read the close."""
+    waits; or call ``before_close(conn)`` instead) and send ``close``; the server's Connection once
+    it has read the close."""
     data = audio()
     for i in range(0, len(data), 3200):
         await send_audio(data[i : i + 3200])
     (conn,) = server.call(lambda: list(server.server._connections))
     await wait_for(lambda: server.call(lambda: conn.bytes_received) == len(data), "the server to read all the audio")
-    server.run(conn._lock.acquire)
+    if before_close is None:
+        server.run(conn._lock.acquire)
+    else:
+        before_close(conn)
     await send_close()
     await wait_for(lambda: server.call(lambda: conn._ending), "the server to read the close")
     return conn
@@ -202,18 +206,8 @@ def test_a_session_finishing_after_its_close_is_held_past_the_resume_ttl_until_i
         async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None, str, bool]:
             before: list[dict[str, Any]] = []
             async with CutProxy(server.server.port) as proxy:
-                ws = await websockets.connect(f"{proxy.url}/v1/listen?{QUERY}", ping_interval=None)
-                before.append(json.loads(await ws.recv()))
-                token = before[0]["resume_token"]
-                reader = asyncio.create_task(read_into(ws, before))
-                data = audio()
-                for i in range(0, len(data), 3200):
-                    await ws.send(data[i : i + 3200])
-                (conn,) = server.call(lambda: list(server.server._connections))
-                await wait_for(lambda: server.call(lambda: conn.bytes_received) == len(data), "the server to read all the audio")
-                runner.gate.clear()  # from here the model answers nothing, until the resume
-                await ws.send(json.dumps({"type": "close"}))
-                await wait_for(lambda: server.call(lambda: conn._ending), "the server to read the close")
+                # From the close on the model answers nothing, until the resume.
+                ws, token, conn, reader = await open_and_send(proxy.url, server, before, before_close=lambda _conn: runner.gate.clear())
                 proxy.cut()
                 await reader
                 await wait_for(lambda: server.call(lambda: conn._held), "the session to be held")
@@ -256,18 +250,12 @@ def test_a_resume_cuts_short_the_close_of_a_connection_gone_silent(whisper_runne
         async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None, str]:
             before: list[dict[str, Any]] = []
             async with CutProxy(server.server.port) as proxy:
-                ws = await websockets.connect(f"{proxy.url}/v1/listen?{QUERY}", ping_interval=None)
-                before.append(json.loads(await ws.recv()))
-                token = before[0]["resume_token"]
-                reader = asyncio.create_task(read_into(ws, before))
-                data = audio()
-                for i in range(0, len(data), 3200):
-                    await ws.send(data[i : i + 3200])
-                (conn,) = server.call(lambda: list(server.server._connections))
-                await wait_for(lambda: server.call(lambda: conn.bytes_received) == len(data), "the server to read all the audio")
-                server.call(lambda: setattr(conn.ws, "close_timeout", 3600))  # its close would wait "forever"
-                proxy.blackhole()  # from here nothing the server sends arrives
-                await ws.send(json.dumps({"type": "close"}))
+
+                def go_silent(conn: Any) -> None:
+                    server.call(lambda: setattr(conn.ws, "close_timeout", 3600))  # its close would wait "forever"
+                    proxy.blackhole()  # from here nothing the server sends arrives
+
+                ws, token, conn, reader = await open_and_send(proxy.url, server, before, before_close=go_silent)
                 await wait_for(lambda: server.call(lambda: conn.closed_with is not None), "the server to close the dead connection")
                 last_seq = before[-1]["seq"]
                 async with websockets.connect(f"{server.url}/v1/listen?resume={token}&last_seq={last_seq}") as second:
