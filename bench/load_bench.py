@@ -17,7 +17,9 @@ the first pass and after revisions and the final latency p50 / p95 / max, and th
 final to the ``settled`` message covering it; finals only ``closed`` made final). The revision delay
 (per utterance, from its final to the first revision that changed it) is given as well for the first
 changes context passes sent alone (each revision names its ``pass``): settle decodes, which run
-only while the server has time to spare, come later by design. Between levels it waits for the
+only while the server has time to spare, come later by design; and apart for the finals made while
+every stream was still speaking (until the shortest recording ended) and those made after, when
+fewer streams were left. Between levels it waits for the
 server's load level to return to 0. ``--metrics FILE`` keeps the server's
 metrics after each level (where finals waited, how long their calls took).
 With ``--noise-db N`` every stream carries continuous pink noise N dB below its
@@ -43,6 +45,7 @@ import random
 import sys
 import time
 import urllib.request
+from typing import Any
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,6 +191,28 @@ def spare_gauges(port: int) -> tuple[float, float]:
     return values.get("asr_spare_time", float("nan")), values.get("asr_background_busy_ratio", float("nan"))
 
 
+def first_changes(r: Any, ch: int) -> list[tuple[float, float]]:
+    """Per utterance of channel ``ch`` a revision changed: when its final came (seconds into the
+    stream, which all start within a second of each other) and how long until the first change."""
+    shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
+    seen: dict[int, tuple[float, float]] = {}
+    for t in r.of_type("revision"):
+        if t.message["channel"] == ch:
+            for u in t.message.get("changed", [t.message["utterances"][0]]):
+                seen.setdefault(u, (shown[u], t.at - shown[u]))
+    return list(seen.values())
+
+
+def print_phases(n: int, changes: list[tuple[float, float]], all_on_s: float) -> None:
+    """The revision delay of finals made while every stream was speaking (the load the level
+    names), apart from those made after the shortest stream ended (fewer streams left)."""
+    full = [d for at, d in changes if at < all_on_s]
+    rest = [d for at, d in changes if at >= all_on_s]
+    figures = [f"{pct(v, 0.5):.1f} / {pct(v, 0.95):.1f} (n={len(v)})" if v else "- (n=0)" for v in (full, rest)]
+    print(f"N={n} revision delay p50 / p95 (s) of finals made while all {n} streams spoke (the first {all_on_s:.0f} s): "
+          f"{figures[0]}; after the shortest ended: {figures[1]}", file=sys.stderr, flush=True)
+
+
 def keep_messages(path: str, n: int, results: list) -> None:
     """Append each stream's messages, with the seconds into the stream each came, to ``path``."""
     with open(path, "a", encoding="utf-8") as out:
@@ -249,6 +274,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     redone: list[float] = []  # revisions of one a revision had changed (an earlier pass outvoted)
     by_passes: list[float] = []  # per utterance, as ``delays`` but only first changes a context pass sent (not a settle decode)
     settled: list[float] = []  # per final: from it to the settled message that covered it
+    changes: list[tuple[float, float]] = []  # per utterance a revision changed: when its final came (s into the run), and the delay
+    spoken: list[float] = []  # per stream: how long it sent audio
     closed_only = 0  # finals no settled message covered before closed
     refusal_s: list[float] = []
     broken = 0
@@ -265,6 +292,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
             broken += 1
             continue
         stream_s += r.of_type("closed")[0].message["audio_received_s"] if r.of_type("closed") else 0.0
+        spoken += [r.of_type("closed")[0].message["audio_received_s"]] if r.of_type("closed") else []
         interims += len(r.of_type("interim"))
         finals_sent += len(r.of_type("final"))
         starts = [s for spans in entry["spans"] for s, _ in spans]
@@ -290,6 +318,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
             settle_delays, unsettled = settled_delays(r, ch)
             settled, closed_only = settled + settle_delays, closed_only + unsettled
             delays += first_delays
+            changes += first_changes(r, ch)
             per_fixture_revision.setdefault(f"{r.fixture} ch{ch}", []).extend(first_delays)
             per_revision += revision_firsts
             redone += again
@@ -308,6 +337,8 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     if by_passes:
         print(f"N={n} revision delay, first changes sent by context passes (not settle decodes), p50 / p95 (s): "
               f"{pct(by_passes, 0.5):.1f} / {pct(by_passes, 0.95):.1f} ({len(by_passes)} of {len(delays)})", file=sys.stderr, flush=True)
+    if changes and spoken:
+        print_phases(n, changes, min(spoken))
     slowest = sorted(per_sentence.items(), key=lambda kv: -max(kv[1]))[:3]
     print(f"N={n} sentences with the latest finals, median / max over streams and rounds (s): "
           + "; ".join(f"{f} ch{ch} \"{ref[:40]}\" {pct(v, 0.5):.2f} / {max(v):.2f} ({len(v)})" for (f, ch, ref), v in slowest), file=sys.stderr, flush=True)
