@@ -287,10 +287,11 @@ def test_page_resumes_after_its_connection_drops_and_loses_nothing(playwright, w
     proxy, server, browser = _behind_proxy(playwright, whisper_runner, Limits(idle_timeout_s=10.0))
     try:
         page = _captioning(browser, proxy, transport, drop)
-        seq = page.evaluate("window.asrApp.messages.at(-1).seq")
         proxy.call(proxy.proxy.blackhole if drop == "cut" else proxy.proxy.freeze)
+        # What the server sends from now on is lost (what it sent before may still reach the page).
+        (conn,) = server.server._connections
+        seq = server.call(lambda: conn.log.last_seq)
         for _ in range(600):  # polls a condition, bounded (60 s): the server sent a message the page will not get
-            (conn,) = server.server._connections
             if server.call(lambda: len(conn.log.after(seq))):
                 break
             time.sleep(0.1)
