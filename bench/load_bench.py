@@ -265,7 +265,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         keep_metrics(METRICS_TO[0], n, port)
     model = {k: model1[k] - model0.get(k, 0.0) for k in model1}
     watcher.cancel()
-    latencies, first, interims, errors, words, refused, stream_s = [], [], 0, 0, 0, 0, 0.0
+    latencies, first, interims, errors, words, refused = [], [], 0, 0, 0, 0
     lags: list[float] = []  # per utterance begun with speech: from where the server heard it begin to its first text
     finals_sent = 0
     refined_errors = 0
@@ -291,7 +291,6 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         if r is None:
             broken += 1
             continue
-        stream_s += r.of_type("closed")[0].message["audio_received_s"] if r.of_type("closed") else 0.0
         spoken += [r.of_type("closed")[0].message["audio_received_s"]] if r.of_type("closed") else []
         interims += len(r.of_type("interim"))
         finals_sent += len(r.of_type("final"))
@@ -337,6 +336,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     if by_passes:
         print(f"N={n} revision delay, first changes sent by context passes (not settle decodes), p50 / p95 (s): "
               f"{pct(by_passes, 0.5):.1f} / {pct(by_passes, 0.95):.1f} ({len(by_passes)} of {len(delays)})", file=sys.stderr, flush=True)
+    stream_s = sum(spoken)
     if changes and spoken:
         print_phases(n, changes, min(spoken))
     slowest = sorted(per_sentence.items(), key=lambda kv: -max(kv[1]))[:3]
