@@ -1,6 +1,6 @@
 """Load benchmark: N concurrent real-time streams against one server.
 
-    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--sync] [--noise-db 20] [--voices-db 20] [--gain-db -30] [--max-channels N] [--server-arg=--max-batch=4] [--fixture-dir DIR]
+    python bench/load_bench.py [--streams 1,2,4,8] [--rounds 3] [--equal] [--sync] [--noise-db 20] [--voices-db 20] [--gain-db -30] [--max-channels N] [--server-arg=--max-batch=4] [--fixture-dir DIR]
 
 For each N, starts N clients at once (start times spread over one second,
 seeded), each replaying a real fixture at real-time pace (fixtures are dealt
@@ -26,6 +26,10 @@ With ``--noise-db N`` every stream carries continuous pink noise N dB below its
 speech (sent as raw 16 kHz), so pauses are not digital silence; with
 ``--voices-db N``, three other people talking N dB below it (``stream_bench.voices``);
 with ``--gain-db -30`` every stream is turned down 30 dB (16-bit, 16 kHz), as quiet microphones send it.
+With ``--equal`` every stream talks as long as the longest (``rounds`` plays of the longest recording
+dealt: the shorter ones looped, rotation after rotation, and cut at the first pause from there), so the
+full load lasts the whole run; without it a level's figures mix the full load with a lighter tail after
+the shortest recording ends (the phase line above shows how much).
 With ``--sync`` every stream starts at the same instant with the same recording
 (LibriVox, not rotated), so their finals come due together: the burst case.
 With ``--fixture-dir DIR`` (repeatable; ``bench/heldout.py`` writes one) the streams replay
@@ -97,15 +101,21 @@ def speech_end_shifts(name: str) -> list[list[float]]:
     return [[e - b for e, (_, b) in zip(speech_ends(dry[ch], spans), spans)] for ch, spans in enumerate(entry["spans"])]
 
 
+def pause_cuts(entry: dict) -> list[float]:
+    """The middles of the pauses where no channel speaks (s), in order."""
+    spans = sorted(span for channel in entry["spans"] for span in channel)
+    cuts, reach = [], spans[0][1]
+    for start, end in spans[1:]:
+        if start > reach:
+            cuts.append((reach + start) / 2)
+        reach = max(reach, end)
+    return cuts
+
+
 def rotation_cut(entry: dict, turn: int) -> float:
     """Where the ``turn``-th rotation of a recording starts (s): 0, or the middle of one of its pauses
     (the gaps where no channel speaks), in turn."""
-    spans = sorted(span for channel in entry["spans"] for span in channel)
-    gaps, reach = [], spans[0][1]
-    for start, end in spans[1:]:
-        if start > reach:
-            gaps.append((reach + start) / 2)
-        reach = max(reach, end)
+    gaps = pause_cuts(entry)
     return 0.0 if turn % (len(gaps) + 1) == 0 else gaps[turn % (len(gaps) + 1) - 1]
 
 
@@ -149,9 +159,28 @@ def replayed(name: str, turn: int, rounds: int) -> tuple[bytes, dict]:
     return b"".join(data for data, _ in parts), out
 
 
-async def one_client(url: str, name: str, turn: int, delay: float, rounds: int = 1) -> tuple[dict, Replay | None, str | None, float | None]:
-    """(manifest entry as streamed, replay, first error code, seconds from connecting to a refusal)."""
-    data, entry = replayed(name, turn, rounds)
+def looped(name: str, turn: int, seconds: float) -> tuple[bytes, dict]:
+    """Rotations of the fixture one after another (as :func:`replayed`) until ``seconds`` of audio, cut at
+    the first pause from there on: every stream of a level talks as long as the longest, so no stream's
+    end lightens the load before the others' (``--equal``)."""
+    rate = source(name)[2]
+    data, entry = replayed(name, turn, max(1, -(-int(seconds * rate) // len(source(name)[0]))))
+    cut = next((c for c in pause_cuts(entry) if c >= seconds), len(data) / rate)
+    frame = int(rate // entry["sample_rate"])
+    at = min(len(data), int(cut * rate) // frame * frame)
+    out = dict(entry, spans=[], references=[], ends=[])
+    for spans, refs, ends in zip(entry["spans"], entry["references"], entry["ends"]):
+        kept = [k for k, (_, b) in enumerate(spans) if b <= cut]
+        out["spans"].append([spans[k] for k in kept])
+        out["references"].append([refs[k] for k in kept])
+        out["ends"].append([ends[k] for k in kept])
+    return data[:at], out
+
+
+async def one_client(url: str, name: str, turn: int, delay: float, rounds: int = 1, seconds: float | None = None) -> tuple[dict, Replay | None, str | None, float | None]:
+    """(manifest entry as streamed, replay, first error code, seconds from connecting to a refusal).
+    With ``seconds``, the recording looped to that length (:func:`looped`), else ``rounds`` rotations."""
+    data, entry = replayed(name, turn, rounds) if seconds is None else looped(name, turn, seconds)
     await asyncio.sleep(delay)
     t0 = time.monotonic()
     r = Replay(name)
@@ -237,7 +266,12 @@ def wait_calm(port: int, limit_s: float = 60.0) -> None:
         time.sleep(1.0)
 
 
-async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: int = 1, sync: bool = False) -> dict:
+def equal_seconds(names: list[str], rounds: int) -> float:
+    """How long every stream talks with ``--equal``: ``rounds`` plays of the longest recording dealt."""
+    return rounds * max(len(source(name)[0]) / source(name)[2] for name in names)
+
+
+async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: int = 1, sync: bool = False, equal: bool = False) -> dict:
     rng = random.Random(seed)
     peak = [rss_mib(pid)]
     levels: list[int] = []  # the server's load level, sampled every half second
@@ -255,7 +289,9 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
     if sync:  # every stream at once with the same recording: their finals come due together
         clients = [one_client(url, FIXTURES[0], 0, 0.0, rounds) for _ in range(n)]
     else:
-        clients = [one_client(url, FIXTURES[i % len(FIXTURES)], i // len(FIXTURES), rng.random(), rounds) for i in range(n)]
+        names = [FIXTURES[i % len(FIXTURES)] for i in range(n)]
+        seconds = equal_seconds(names, rounds) if equal else None
+        clients = [one_client(url, name, i // len(FIXTURES), rng.random(), rounds, seconds) for i, name in enumerate(names)]
     results = await asyncio.gather(*clients)
     if MESSAGES_TO[0]:
         keep_messages(MESSAGES_TO[0], n, results)
@@ -382,6 +418,7 @@ def main() -> None:
     ap.add_argument("--gain-db", type=float, default=0.0, help="turn every stream down (negative) or up this much, as quiet microphones send it (raw 16 kHz)")
     ap.add_argument("--voices-db", type=float, default=None, help="mix three other people talking (backwards: no words) this many dB below the speech into every stream")
     ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
+    ap.add_argument("--equal", action="store_true", help="every stream talks as long as the longest (its recording looped, cut at a pause): the level's load lasts the whole run")
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control; auto: the server's measured capacity")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
     ap.add_argument("--metrics", default=None, help="append the server's metrics (Prometheus text) after each level to this file")
@@ -408,7 +445,7 @@ def main() -> None:
         print(machine_line(port), flush=True)
         for n in (int(x) for x in args.streams.split(",")):
             wait_calm(port)
-            row = asyncio.run(run_level(url, n, args.seed + n, proc.pid, port, args.rounds, args.sync))
+            row = asyncio.run(run_level(url, n, args.seed + n, proc.pid, port, args.rounds, args.sync, args.equal))
             rows.append(row)
             print(f"N={n}: p50 {row['p50']:.2f}s p95 {row['p95']:.2f}s over {row['finals']} finals", file=sys.stderr, flush=True)
             if row["p95"] <= args.limit and row["refused"] == 0:
