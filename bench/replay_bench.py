@@ -207,6 +207,7 @@ def main() -> None:
     ap.add_argument("--noise-db", type=float, default=None, help="continuous pink noise this many dB below the speech")
     ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
     ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the VAD gate's option (0: off)")
+    ap.add_argument("--talker-silence-db", type=float, default=VadOptions.talker_silence_db, help="the VAD gate's energy floor under the talker's level (0: off)")
     ap.add_argument("--voices-db", type=float, default=None, help="three other people talking (backwards: no words) this many dB below the speech")
     ap.add_argument("--gain-db", type=float, default=0.0, help="turn the audio down (negative) or up this much, in 16-bit steps, as a quiet microphone delivers it")
     ap.add_argument("--bursts-dbfs", type=float, default=None, help="after the gain, a 0.3 s pink-noise burst at this level (dBFS) every 5.3 s: a cough or a knock near the microphone")
@@ -255,7 +256,7 @@ def main() -> None:
         options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s)
         for ch, audio in enumerate(channels):
             reference = normalize(" ".join(references[ch]))
-            replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db))
+            replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db, talker_silence_db=args.talker_silence_db))
             first, revised = replayer.run(audio)
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]
