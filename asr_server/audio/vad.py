@@ -74,8 +74,13 @@ class VadOptions:
     talker_floor_db: float = 20.0
     # A frame this many dB below the talker's level is never speech, whatever the detector says and
     # with no hold: the energy floor, relative (at the fixtures' levels, about where -50 dBFS was).
-    # A room's reverberant tail and room tone end the utterance there.
-    talker_silence_db: float = 30.0
+    # A room's reverberant tail and room tone end the utterance there. 30 dB found as many endpoints
+    # (bench/vad_bench.py), but over the 27 replays of bench/replay_matrix.py (a processor with AVX-512)
+    # it cost 26 errors in 8226 words against 35 dB (0.172 -> 0.169 after revisions, offline 0.167;
+    # 12 -> 15 replays within 0.5 points) and 16 in 1740 on held-out sets 3 and 4 (0.278 -> 0.269,
+    # offline 0.285): a loud talker's floor rose above the -50 dBFS that had been, and clipped the
+    # soft ends of words (docs/benchmarks.md, fifty-sixth session).
+    talker_silence_db: float = 35.0
     talker_window_s: float = 10.0  # the frames that passed as speech in this much of the stream set the level
     # After the talker's speech, frames under the floor still count as speech for this long. Without
     # it the gate cut telephone speech at its commas (57 -> 73 utterances for 31 sentences, 1.8 points
