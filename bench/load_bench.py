@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import functools
 import json
+import math
 import random
 import sys
 import time
@@ -91,6 +92,12 @@ def source(name: str) -> tuple[bytes, dict, float]:
         return fixture_path(name).read_bytes(), entry, bytes_per_second(name)
     data, _ = noisy_pcm(name, NOISE_DB[0], voices_db=VOICES_DB[0], gain_db=GAIN_DB[0])
     return data, dict(entry, encoding="pcm_s16le", sample_rate=16000), 16000 * 2 * entry["channels"]
+
+
+def play_seconds(name: str) -> float:
+    """How long one play of the recording lasts, as streamed (s)."""
+    data, _, rate = source(name)
+    return len(data) / rate
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,7 +155,7 @@ def round_turns(turn: int, rounds: int) -> list[int]:
 def replayed(name: str, turn: int, rounds: int) -> tuple[bytes, dict]:
     """``rounds`` rotations of the fixture one after another (each starting at another pause), and their manifest."""
     parts = [rotated(name, t) for t in round_turns(turn, rounds)]
-    length = len(parts[0][0]) / source(name)[2]
+    length = play_seconds(name)
     channels = range(len(parts[0][1]["spans"]))
     out = dict(parts[0][1], spans=[[] for _ in channels], references=[[] for _ in channels], ends=[[] for _ in channels])
     for k, (_, entry) in enumerate(parts):
@@ -164,7 +171,7 @@ def looped(name: str, turn: int, seconds: float) -> tuple[bytes, dict]:
     the first pause from there on: every stream of a level talks as long as the longest, so no stream's
     end lightens the load before the others' (``--equal``)."""
     rate = source(name)[2]
-    data, entry = replayed(name, turn, max(1, -(-int(seconds * rate) // len(source(name)[0]))))
+    data, entry = replayed(name, turn, max(1, math.ceil(seconds / play_seconds(name))))
     cut = next((c for c in pause_cuts(entry) if c >= seconds), len(data) / rate)
     frame = int(rate // entry["sample_rate"])
     at = min(len(data), int(cut * rate) // frame * frame)
@@ -268,7 +275,7 @@ def wait_calm(port: int, limit_s: float = 60.0) -> None:
 
 def equal_seconds(names: list[str], rounds: int) -> float:
     """How long every stream talks with ``--equal``: ``rounds`` plays of the longest recording dealt."""
-    return rounds * max(len(source(name)[0]) / source(name)[2] for name in names)
+    return rounds * max(play_seconds(name) for name in names)
 
 
 async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: int = 1, sync: bool = False, equal: bool = False) -> dict:
