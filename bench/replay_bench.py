@@ -1,7 +1,7 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
     python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--gain-db -30 [--bursts-dbfs -6]] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
-                                 [--lean [--lean-context-encoder-pad-s 10]] [--interims]
+                                 [--lean [--lean-context-encoder-pad-s 10]] [--late [--context-late-back-s 0]] [--interims]
                                  [--split-after-s 3] [--fast-reader] [--load-streams] [--speed 1.1]
                                  [--offline] [--chunked-offline] [--json out.json]
 
@@ -25,7 +25,11 @@ sends (its recordings, each as its first two copies get it: rotated at a pause, 
 longer than the fixtures alone, so that the prompt and the decided audio before a window
 matter; ``--lean`` then decodes them as passes run under load (only the utterances they
 decide, on the audio plus ``--lean-context-encoder-pad-s``; ``--context-back-s 0`` leaves
-the decided ones out too, but keeps the full window).
+the decided ones out too, but keeps the full window). ``--late`` decodes every pass as the
+server does while passes wait their turn (``--context-late-s``): at most
+``--context-late-back-s`` of decided audio, on the lean window, the finals as at rest, and no
+settle decodes (the server has no time to spare then); compare it with
+``--context-settle-window-s 0``, whole passes without settle decodes.
 
 ``--speed F`` plays every recording F times as fast (0.9: slower), pitch and all, as ASR
 training's speed perturbation does: the recordings of real people among the fixtures
@@ -93,7 +97,7 @@ class Replayer:
     """One channel through a session; every decode runs as soon as it is asked for."""
 
     def __init__(self, runner: WhisperRunner, context: ContextOptions, options: StreamOptions, lean: bool = False,
-                 vad: VadOptions = VadOptions()) -> None:
+                 vad: VadOptions = VadOptions(), late: bool = False) -> None:
         self.runner = runner
         self.session = Session("replay", options, vad_options=vad, context=context)
         self.transcript = Transcript()
@@ -108,6 +112,8 @@ class Replayer:
         self._apply(self.session.start())
         if lean:  # as the governor sets it under load (level 1 and up)
             self._apply(self.session.set_load(LoadSettings(level=1, lean_context=True)))
+        elif late:  # as the server sets it while passes wait their turn (--context-late-s): no settle decodes either
+            self._apply(self.session.set_load(LoadSettings(late_context=True)))
 
     def run(self, audio: np.ndarray) -> tuple[str, str]:
         """(first-pass finals, transcript after revisions) of ``audio`` (16 kHz float)."""
@@ -217,6 +223,9 @@ def main() -> None:
     ap.add_argument("--context-settle-window-s", type=float, default=ContextOptions().settle_window_s, help="the settle decodes' window (0: none)")
     ap.add_argument("--settle-beam-size", type=int, default=SETTLE_BEAM_SIZE, help="the settle decodes' beam (the server's --settle-beam-size)")
     ap.add_argument("--lean", action="store_true", help="passes as under load: only the utterances they decide, on the lean window")
+    ap.add_argument("--late", action="store_true", help="passes as while they wait their turn (the server's --context-late-s): at most --context-late-back-s "
+                    "of decided audio, on the lean window, the finals as at rest; no settle decodes")
+    ap.add_argument("--context-late-back-s", type=float, default=ContextOptions().late_back_s)
     ap.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S, help="the lean window: the audio plus this (30: the full window)")
     ap.add_argument("--interims", action="store_true", help="decode every interim too (without it, only long utterances are, for sentence splits)")
     ap.add_argument("--split-after-s", type=float, default=StreamOptions().split_after_s)
@@ -231,6 +240,8 @@ def main() -> None:
     args = ap.parse_args()
     if (args.fast_reader or args.fixture_dir) and args.load_streams:
         ap.error("--fast-reader and --fixture-dir replay recordings, not --load-streams")
+    if args.lean and args.late:
+        ap.error("--lean and --late are two shapes of a pass: choose one")
     if not 0.5 <= args.speed <= 2.0:
         ap.error("--speed is a factor from 0.5 to 2 (1: as recorded)")
     use_fixture_dir(args.fixture_dir)
@@ -242,7 +253,7 @@ def main() -> None:
     runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type, lean_context_pad_s=args.lean_context_encoder_pad_s,
                            settle_beam_size=args.settle_beam_size)
     runner.warm_up()
-    context = ContextOptions(back_s=args.context_back_s, ahead_s=args.context_ahead_s, settle_window_s=args.context_settle_window_s)
+    context = ContextOptions(back_s=args.context_back_s, late_back_s=args.context_late_back_s, ahead_s=args.context_ahead_s, settle_window_s=args.context_settle_window_s)
     errors = [0, 0]
     offline_errors = chunked_errors = 0
     words = 0
@@ -256,7 +267,7 @@ def main() -> None:
         options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s)
         for ch, audio in enumerate(channels):
             reference = normalize(" ".join(references[ch]))
-            replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db, talker_silence_db=args.talker_silence_db))
+            replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db, talker_silence_db=args.talker_silence_db), args.late)
             first, revised = replayer.run(audio)
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]
