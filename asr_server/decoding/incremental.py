@@ -817,7 +817,7 @@ class ChannelDecoder:
         before = " ".join([self._history, *(r.text for r in self._done[: self._done.index(records[0])])])
         prompt = _with_vocabulary(self.options.prompt, _tail_words(before, SETTLE_PROMPT_CHARS))
         request, self._context_spans = window_request(records, self.context, self.options.language, prompt, gain_db=self.gain_db)
-        request = replace(request, long_prompt=True)
+        request = replace(request, long_prompt=True, settle=True)
         self._context_ahead, self._settling = None, True
         # Its last record is heard with nothing after it, so it is left to the next window, which
         # starts with it (as offline transcription goes on from its last whole segment), unless the
@@ -872,10 +872,11 @@ class ChannelDecoder:
             ahead, records = None, plan_window(self._done, options, self._unrevised)
         elif ahead is not None:
             records.pop()
-        before = _trusted_tail(self._done[: len(self._done) - len(records)])
-        prompt = _with_vocabulary(self.options.prompt, _tail_words(" ".join(r.text for r in before), PROMPT_CHARS))
+        late = lean and not self.lean_context
+        prompt = self._pass_prompt(self._done[: len(self._done) - len(records)], late)
         window = records if ahead is None else [*records, ahead]
         request, spans = window_request(window, self.context, self.options.language, prompt, lean, self.gain_db)
+        request = replace(request, long_prompt=late)
         self._context_spans = spans[: len(records)]
         self._context_ahead = None if ahead is None else spans[-1]
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
@@ -885,6 +886,22 @@ class ChannelDecoder:
             request = replace(request, needed_s=spans[-1].start)
         last = records[-1]
         return DecodeJob(self.channel, last.index, request, False, last.start + len(last.audio))
+
+    def _pass_prompt(self, before: list[Finalized], late: bool) -> str:
+        """A pass's prompt: the text before its window. A late pass (``late_back_s``: little or none
+        of the decided audio in its window) takes all of it, up to the last 128 tokens as a settle
+        decode does: the text is the only context it has left. Any other takes the text after the
+        last final holding a doubtful word (:func:`_trusted_tail`), up to ``PROMPT_CHARS``. Replayed
+        with every pass late (bench/replay_bench.py --late), the unseen held-out sets 3 and 4 went
+        0.275 / 0.263 -> 0.229 / 0.263 after revisions, the fixtures 0.064 either way, and
+        load_bench's streams, where the rule against doubtful text was found, 0.100 -> 0.109. Live,
+        8 streams of sets 3 and 4 on 2 cores with ``--context-late-s 3``: 0.239-0.269 (mean 0.256)
+        against 0.243-0.276 (0.266) with the trusted tail, and 0.245-0.266 (0.252) with no late
+        passes at all (docs/benchmarks.md, fifty-seventh session)."""
+        if late:
+            text = " ".join([self._history, *(r.text for r in before)])
+            return _with_vocabulary(self.options.prompt, _tail_words(text, SETTLE_PROMPT_CHARS))
+        return _with_vocabulary(self.options.prompt, _tail_words(" ".join(r.text for r in _trusted_tail(before)), PROMPT_CHARS))
 
     def _ahead(self) -> _Utterance | None:
         """The utterance after the newest final, once it holds ``ahead_s`` of audio from where its

@@ -58,8 +58,11 @@ class DecodeRequest:
     # lookahead: up to where that starts). A decode that stops early before their end decodes the
     # rest; one that stops in the lookahead, whose words are dropped, does not.
     needed_s: float | None = None
-    # A settle decode (ContextOptions.settle_window_s): the prompt's last 128 tokens, not 32.
+    # The prompt's last 128 tokens, not 32: a settle decode's, and a late pass's (see
+    # IncrementalDecoder._pass_prompt).
     long_prompt: bool = False
+    # A settle decode (ContextOptions.settle_window_s): its own beam, so its own batches.
+    settle: bool = False
     # The talker's gain: the audio is raised this much (dB) before the model (see level.py).
     gain_db: float = 0.0
 

@@ -51,7 +51,7 @@ T = TypeVar("T")
 
 BEST_OF = 5
 FINAL_BEAM_SIZE = 5
-# A settle decode (DecodeRequest.long_prompt) runs only while the server has time to spare, and its
+# A settle decode (DecodeRequest.settle) runs only while the server has time to spare, and its
 # words decide a stretch for good, so it searches wider: 10 hypotheses against a pass's 5. Over 27
 # replays WER after revisions 0.171 -> 0.167 (32 errors fewer in 8226 words; under noise 0.170 ->
 # 0.163), on the unseen held-out sets 3 and 4 10 fewer in 1740, for about 5% more context model
@@ -121,7 +121,7 @@ class WhisperRunner(Runner):
         needs more (packs, and members decoded alone after all) runs in several calls, so
         working memory stays that of ``max_windows`` windows. ``final_beam_size``: beam width
         of full first-pass finals (1: greedy); the context pass always uses ``FINAL_BEAM_SIZE``,
-        a settle decode (``long_prompt``) ``settle_beam_size``.
+        a settle decode (``settle``) ``settle_beam_size``.
         ``quick_final_pad_s``: the padding of quick finals (``short_window``),
         ``quick_final_beam_size`` their beam; ``burst_final_pad_s``: the padding of finals in a
         burst (``burst``), which decode greedily; ``lean_context_pad_s``: the padding of lean
@@ -574,7 +574,7 @@ class WhisperRunner(Runner):
 
 def _settles(request: DecodeRequest) -> bool:
     """Whether ``request`` is a settle decode (its own beam, so its own batches)."""
-    return request.kind is DecodeKind.CONTEXT and request.long_prompt
+    return request.kind is DecodeKind.CONTEXT and request.settle
 
 
 def generate_length(tokens: int, start: int) -> int:

@@ -53,14 +53,15 @@ def test_a_settle_decode_searches_wider_than_a_pass_and_never_shares_its_call(wh
     """Settle decodes run only while the server has time to spare and decide a stretch for good,
     so their beam is ``settle_beam_size`` (10) where a pass's is 5; a settle decode and a pass
     with the same window and prompt length never share a model call (their batch keys differ:
-    a call has one beam)."""
+    a call has one beam). A late pass's long prompt makes it no settle decode: its beam is a pass's."""
     from ..harness import MANIFEST, load_mono
     from ..wer import wer
 
     start, end = MANIFEST["espeak_16k.wav"]["spans"][0][1]
     audio = load_mono("espeak_16k.wav")[int((start - 0.3) * 16000) : int((end + 0.2) * 16000)]
-    settle = DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True, long_prompt=True)
+    settle = DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True, long_prompt=True, settle=True)
     pass_ = DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True)
+    late = DecodeRequest(audio, DecodeKind.CONTEXT, word_timestamps=True, short_window=True, long_prompt=True)
     assert whisper_runner.batch_key(settle) != whisper_runner.batch_key(pass_)
     beams: list[int] = []
     attempt = whisper_runner._attempt
@@ -70,8 +71,8 @@ def test_a_settle_decode_searches_wider_than_a_pass_and_never_shares_its_call(wh
         return attempt(tokenizer, items, source, temperature, beam_size)
 
     monkeypatch.setattr(whisper_runner, "_attempt", counted)
-    hyps = [whisper_runner.transcribe(settle), whisper_runner.transcribe(pass_)]
-    assert beams == [10, 5]
+    hyps = [whisper_runner.transcribe(settle), whisper_runner.transcribe(pass_), whisper_runner.transcribe(late)]
+    assert beams == [10, 5, 5]
     for hyp in hyps:
         assert wer(MANIFEST["espeak_16k.wav"]["references"][0][1], hyp.text) <= 0.2, hyp.text
     with pytest.raises(ValueError):
