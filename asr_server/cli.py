@@ -149,7 +149,8 @@ def _context_options(p: argparse.ArgumentParser) -> None:
                         "0 while the server is loaded, load level 1 and up)")
     p.add_argument("--context-late-s", type=_seconds, default=GovernorOptions.late_context_s,
                    help=f"while some context pass has waited this long for its turn, passes hold at most --context-late-back-s of "
-                        f"decided audio and catch up: revisions sooner, less accurate (default {GovernorOptions.late_context_s:g}: never)")
+                        f"decided audio, prompted with all the text before them, and catch up: revisions sooner, a little less accurate "
+                        f"(default {GovernorOptions.late_context_s:g}: never)")
     p.add_argument("--context-late-back-s", type=_seconds, default=defaults.late_back_s,
                    help=f"see --context-late-s (default {defaults.late_back_s:g})")
     p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,

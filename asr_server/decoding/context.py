@@ -79,7 +79,9 @@ class ContextOptions:
     # off unless GovernorOptions.late_context_s is set), on the lean window (the audio plus a pad):
     # they cost less and catch up. At 8 held-out streams on 2 cores, revision delay p95 13.0-15.9 ->
     # 9.8-11.6 s with none, for 2-3 points of WER after revisions there (0.180-0.205 -> 0.216-0.227);
-    # with 8 s, 14.9-15.0 s, inside the spread (docs/benchmarks.md, thirty-eighth session).
+    # with 8 s, 14.9-15.0 s, inside the spread (docs/benchmarks.md, thirty-eighth session). Since
+    # late passes are prompted with all the text before them, the WER cost is within the runs'
+    # spread; with 4 s held they cost a third more and came no sooner (fifty-seventh session).
     late_back_s: float = 0.0
     # Silence between joined utterances (the measurement above used 0.5 s) ...
     gap_s: float = 0.5
