@@ -872,7 +872,7 @@ class ChannelDecoder:
             ahead, records = None, plan_window(self._done, options, self._unrevised)
         elif ahead is not None:
             records.pop()
-        late = lean and not self.lean_context
+        late = self.late_context and not self.lean_context  # the late shape (_pass_shape), not the loaded one
         prompt = self._pass_prompt(self._done[: len(self._done) - len(records)], late)
         window = records if ahead is None else [*records, ahead]
         request, spans = window_request(window, self.context, self.options.language, prompt, lean, self.gain_db)

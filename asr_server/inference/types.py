@@ -59,7 +59,7 @@ class DecodeRequest:
     # rest; one that stops in the lookahead, whose words are dropped, does not.
     needed_s: float | None = None
     # The prompt's last 128 tokens, not 32: a settle decode's, and a late pass's (see
-    # IncrementalDecoder._pass_prompt).
+    # ChannelDecoder._pass_prompt).
     long_prompt: bool = False
     # A settle decode (ContextOptions.settle_window_s): its own beam, so its own batches.
     settle: bool = False
