@@ -2,7 +2,7 @@
 
     python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--gain-db -30 [--bursts-dbfs -6]] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--late [--context-late-back-s 0]] [--interims]
-                                 [--split-after-s 3] [--fast-reader] [--load-streams] [--speed 1.1]
+                                 [--split-after-s 3] [--prompt "Dashwood, Babylon"] [--fast-reader] [--load-streams] [--speed 1.1]
                                  [--offline] [--chunked-offline] [--json out.json]
 
 Feeds each fixture channel, 100 ms at a time, into a :class:`~asr_server.session.Session`
@@ -229,6 +229,7 @@ def main() -> None:
     ap.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S, help="the lean window: the audio plus this (30: the full window)")
     ap.add_argument("--interims", action="store_true", help="decode every interim too (without it, only long utterances are, for sentence splits)")
     ap.add_argument("--split-after-s", type=float, default=StreamOptions().split_after_s)
+    ap.add_argument("--prompt", default="", help="the streams' vocabulary prompt (the stream option: names, jargon)")
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--fast-reader", action="store_true", help="every pause in the (one-channel) recordings cut to 0.12 s, as a fast reader leaves")
     ap.add_argument("--load-streams", action="store_true", help="replay load_bench.py's rotated two-round streams instead of the fixtures")
@@ -264,7 +265,7 @@ def main() -> None:
     print(f"| fixture | WER first-pass finals | WER after revisions |{extra_cols} finals by reason | final latency in audio time p50 / max (s) |\n|---|---|---|{'---|' * extra_cols.count('|')}---|---|")
     for name, channels, references, rate in streams(args):
         # Fed decoded 16 kHz audio either way; the stream's rate decides its VAD thresholds.
-        options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s)
+        options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s, prompt=args.prompt)
         for ch, audio in enumerate(channels):
             reference = normalize(" ".join(references[ch]))
             replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db, talker_silence_db=args.talker_silence_db), args.late)

@@ -393,11 +393,11 @@ class ChannelDecoder:
         if utt is not None:
             hyp = self._guarded(utt, job, hypothesis)
             if job.request.kind is DecodeKind.FINAL and not job.speculative:
-                if not self._redo(utt, hyp, job.request.prompt):
+                if not self._redo(utt, hyp, _full_prompt(job.request)):
                     out.extend(self._final(utt, hyp, job.audio_end))
             else:
                 if job.speculative:
-                    utt.spec = (job.audio_end, hyp, job.request.prompt)
+                    utt.spec = (job.audio_end, hyp, _full_prompt(job.request))
                 out.extend(self._interim(utt, hyp, job.audio_end))
                 # A pause decode the speaker talked on after is one more interim: a sentence end
                 # in it with words after it splits as an interim's would.
@@ -528,7 +528,8 @@ class ChannelDecoder:
             audio=utt.audio.copy(0 if start is None else start - utt.start, end - utt.start),
             kind=kind,
             language=self.options.language,
-            prompt=_with_vocabulary(self.options.prompt, "" if utt.unprompted or start is not None else self._prompt),
+            prompt="" if utt.unprompted or start is not None else self._prompt,
+            vocabulary=self.options.prompt,
             prefix="" if final else utt.agreement.stable_text,
             # Finals are always aligned: the guards use word timing even when the client did not ask for it;
             # interims of a long utterance too, to find where a sentence in it ends.
@@ -815,9 +816,8 @@ class ChannelDecoder:
             return []
         # All the text before, as offline transcription conditions a window on its text before.
         before = " ".join([self._history, *(r.text for r in self._done[: self._done.index(records[0])])])
-        prompt = _with_vocabulary(self.options.prompt, _tail_words(before, SETTLE_PROMPT_CHARS))
-        request, self._context_spans = window_request(records, self.context, self.options.language, prompt, gain_db=self.gain_db)
-        request = replace(request, long_prompt=True, settle=True)
+        request, self._context_spans = window_request(records, self.context, self.options.language, _tail_words(before, SETTLE_PROMPT_CHARS), gain_db=self.gain_db)
+        request = replace(request, long_prompt=True, settle=True, vocabulary=self.options.prompt)
         self._context_ahead, self._settling = None, True
         # Its last record is heard with nothing after it, so it is left to the next window, which
         # starts with it (as offline transcription goes on from its last whole segment), unless the
@@ -876,7 +876,7 @@ class ChannelDecoder:
         prompt = self._pass_prompt(self._done[: len(self._done) - len(records)], late)
         window = records if ahead is None else [*records, ahead]
         request, spans = window_request(window, self.context, self.options.language, prompt, lean, self.gain_db)
-        request = replace(request, long_prompt=late)
+        request = replace(request, long_prompt=late, vocabulary=self.options.prompt)
         self._context_spans = spans[: len(records)]
         self._context_ahead = None if ahead is None else spans[-1]
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
@@ -899,9 +899,8 @@ class ChannelDecoder:
         against 0.243-0.276 (0.266) with the trusted tail, and 0.245-0.266 (0.252) with no late
         passes at all (docs/benchmarks.md, fifty-seventh session)."""
         if late:
-            text = " ".join([self._history, *(r.text for r in before)])
-            return _with_vocabulary(self.options.prompt, _tail_words(text, SETTLE_PROMPT_CHARS))
-        return _with_vocabulary(self.options.prompt, _tail_words(" ".join(r.text for r in _trusted_tail(before)), PROMPT_CHARS))
+            return _tail_words(" ".join([self._history, *(r.text for r in before)]), SETTLE_PROMPT_CHARS)
+        return _tail_words(" ".join(r.text for r in _trusted_tail(before)), PROMPT_CHARS)
 
     def _ahead(self) -> _Utterance | None:
         """The utterance after the newest final, once it holds ``ahead_s`` of audio from where its
@@ -1246,6 +1245,7 @@ def _tail_words(text: str, limit: int) -> str:
     return cut[space + 1 :] if space >= 0 else cut
 
 
-def _with_vocabulary(vocabulary: str, context: str) -> str:
-    """The stream's vocabulary prompt (its words first), then the text before this audio."""
-    return f"{vocabulary} {context}".strip() if vocabulary else context
+def _full_prompt(request: DecodeRequest) -> str:
+    """What a decode was prompted with: the stream's vocabulary (its words first), then the text
+    before its audio (the runner keeps the vocabulary whole, :attr:`DecodeRequest.vocabulary`)."""
+    return f"{request.vocabulary} {request.prompt}".strip() if request.vocabulary else request.prompt

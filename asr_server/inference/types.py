@@ -39,6 +39,9 @@ class DecodeRequest:
     kind: DecodeKind
     language: str = "en"
     prompt: str = ""  # previous final text of the channel, as context
+    # The stream's vocabulary prompt (StreamOptions.prompt): its tokens go first and are kept
+    # whole (up to the prompt's limit), the text before fitted into what is left.
+    vocabulary: str = ""
     prefix: str = ""  # forced start of the output (the stable part of an interim)
     word_timestamps: bool = False
     model: str = ""  # "" for the main model, "interim" for the optional smaller interim model

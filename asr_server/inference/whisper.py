@@ -37,7 +37,7 @@ from .priority import call_lowered
 from .types import SAMPLE_RATE, BatchKey, DecodeKind, DecodeRequest, Hypothesis, Runner, Word
 from .windows import (
     FINAL_ENCODER_PAD_S, FULL_WINDOW_FRAMES, INTERIM_ENCODER_PAD_S, MAX_INITIAL_TIMESTAMP_INDEX, BURST_FINAL_PAD_S, QUICK_FINAL_PAD_S, SHORT_INTERIM_PAD_S, LEAN_CONTEXT_PAD_S,
-    LONG_PROMPT_TOKEN_LIMIT, PROMPT_TOKEN_LIMIT, Pads, max_new_tokens, prompt_bucket, window_frames,
+    LONG_PROMPT_TOKEN_LIMIT, PROMPT_TOKEN_LIMIT, VOCABULARY_TOKEN_LIMIT, Pads, max_new_tokens, prompt_bucket, window_frames,
 )
 
 __all__ = [
@@ -290,7 +290,7 @@ class WhisperRunner(Runner):
         if self._packs(request):
             # Packs carry no prompt, and the rest are regrouped by prompt length inside the batch.
             return BatchKey(request.kind, request.language, FULL_WINDOW_FRAMES, -1)
-        tokens = self._prompt_tokens(self._tokenizer(request.language), request.prompt, request.long_prompt)
+        tokens = self._prompt_tokens(self._tokenizer(request.language), request.prompt, request.long_prompt, request.vocabulary)
         final = request.kind is DecodeKind.FINAL
         return BatchKey(request.kind, request.language, self.window_frames(request), len(tokens), final and request.short_window, final and request.burst,
                         final and request.busy and not request.burst, _settles(request))
@@ -337,7 +337,7 @@ class WhisperRunner(Runner):
         """Decode ``alone`` (indexes) each in its own window, grouped by prompt length, into ``out``."""
         by_prompt: dict[int, list[int]] = {}
         for i in alone:
-            by_prompt.setdefault(len(self._prompt_tokens(tokenizer, requests[i].prompt, requests[i].long_prompt)), []).append(i)
+            by_prompt.setdefault(len(self._prompt_tokens(tokenizer, requests[i].prompt, requests[i].long_prompt, requests[i].vocabulary)), []).append(i)
         for group in by_prompt.values():
             # Only full windows are capped per call; shorter ones are bounded by the scheduler's frame budget.
             for call in self._calls(group) if key.frames >= FULL_WINDOW_FRAMES else [group]:
@@ -473,16 +473,19 @@ class WhisperRunner(Runner):
     def _suppress(self, tokenizer: Any) -> list[int]:
         return next(list(t.suppress) for t in self._tokens.values() if t.tokenizer is tokenizer)
 
-    def _prompt_tokens(self, tokenizer: Any, prompt: str, long: bool = False) -> list[int]:
-        """The prompt's last power-of-two tokens (up to 32, or 128 where ``long``); cached, since the
-        scheduler asks for each waiting job's key."""
-        if not prompt.strip():
+    def _prompt_tokens(self, tokenizer: Any, prompt: str, long: bool = False, vocabulary: str = "") -> list[int]:
+        """The vocabulary's tokens, whole (up to ``VOCABULARY_TOKEN_LIMIT``), then the prompt's (the
+        text said before) last power-of-two tokens, up to 32, or 128 where ``long``: the same text
+        as without a vocabulary (prompts of one length share a call). Cached, since the scheduler
+        asks for each waiting job's key."""
+        if not prompt.strip() and not vocabulary.strip():
             return []
-        key = (id(tokenizer), prompt, long)
+        key = (id(tokenizer), prompt, long, vocabulary)
         tokens = self._prompt_cache.get(key)
         if tokens is None:
-            encoded = tokenizer.encode(" " + prompt.strip())
-            tokens = encoded[len(encoded) - prompt_bucket(len(encoded), LONG_PROMPT_TOKEN_LIMIT if long else PROMPT_TOKEN_LIMIT) :]
+            head, text = (tokenizer.encode(" " + s.strip()) if s.strip() else [] for s in (vocabulary, prompt))
+            kept = prompt_bucket(len(text), LONG_PROMPT_TOKEN_LIMIT if long else PROMPT_TOKEN_LIMIT)
+            tokens = head[:VOCABULARY_TOKEN_LIMIT] + text[len(text) - kept :]
             if len(self._prompt_cache) >= 4096:
                 self._prompt_cache.clear()
             self._prompt_cache[key] = tokens
@@ -495,7 +498,7 @@ class WhisperRunner(Runner):
         window[:, :content] = feats[:, :content]
         final = request.kind.final_quality
         prompt: list[int] = []
-        previous = self._prompt_tokens(tokenizer, request.prompt, request.long_prompt)
+        previous = self._prompt_tokens(tokenizer, request.prompt, request.long_prompt, request.vocabulary)
         if previous:
             prompt = [tokenizer.sot_prev, *previous]
         prompt.extend(tokenizer.sot_sequence)

@@ -13,7 +13,7 @@ from .types import DecodeKind, DecodeRequest
 __all__ = [
     "INTERIM_ENCODER_PAD_S", "SHORT_INTERIM_PAD_S", "FINAL_ENCODER_PAD_S", "QUICK_FINAL_PAD_S", "BURST_FINAL_PAD_S", "LEAN_CONTEXT_PAD_S",
     "FULL_WINDOW_FRAMES", "WINDOW_STEP_FRAMES",
-    "HOP_SAMPLES", "PROMPT_TOKEN_LIMIT", "LONG_PROMPT_TOKEN_LIMIT", "MAX_INITIAL_TIMESTAMP_INDEX", "Pads", "window_frames", "max_new_tokens", "prompt_bucket",
+    "HOP_SAMPLES", "PROMPT_TOKEN_LIMIT", "LONG_PROMPT_TOKEN_LIMIT", "VOCABULARY_TOKEN_LIMIT", "MAX_INITIAL_TIMESTAMP_INDEX", "Pads", "window_frames", "max_new_tokens", "prompt_bucket",
 ]
 
 # Whisper was trained on 30 s windows (3000 feature frames, zero-padded). The
@@ -59,6 +59,11 @@ PROMPT_TOKEN_LIMIT = 32
 # window on up to 223 tokens of its text before; 32 lost names the text before had spelled
 # ("before battle on was built" for "Babylon", in the LibriVox-read history under noise).
 LONG_PROMPT_TOKEN_LIMIT = 128
+# A stream's vocabulary prompt goes ahead of the text before, whole: its words were cut first
+# when the text before filled the 32 (a vocabulary alone was cut to a power of two too). 200
+# characters of it are about 50 tokens of English; the cap keeps any prompt within the 223
+# positions Whisper gives one (64 + 128).
+VOCABULARY_TOKEN_LIMIT = 64
 MAX_INITIAL_TIMESTAMP_INDEX = 50  # 1 s
 
 

@@ -300,15 +300,17 @@ def test_quick_finals_are_busy_only_while_the_server_is_loaded_and_a_pass_refine
 
 
 def test_a_vocabulary_prompt_goes_ahead_of_the_text_before_in_every_decode():
+    """The vocabulary travels apart from the text said before (DecodeRequest.vocabulary), so that
+    the runner keeps it whole where it cuts the text (tests/inference/test_whisper.py)."""
     d = ChannelDecoder(0, StreamOptions(interim_ms=500, prompt="Dashwood, Norland"))
     (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 4800), audio(0, 0.6)]), SubmitJob)]
-    assert job.request.prompt == "Dashwood, Norland"  # nothing said before: the vocabulary alone
+    assert (job.request.vocabulary, job.request.prompt) == ("Dashwood, Norland", "")  # nothing said before: the vocabulary alone
     d.job_done(job, Hypothesis("hello"))
     (job,) = [e.job for e in only(d.feed([UtteranceEnded(0, int(0.6 * SR), EndReason.ENDPOINT)]), SubmitJob)]
-    assert job.request.prompt == "Dashwood, Norland"
+    assert (job.request.vocabulary, job.request.prompt) == ("Dashwood, Norland", "")
     d.job_done(job, Hypothesis("hello world"))
     job = only(d.feed([UtteranceStarted(1, SR, SR), audio(1, 0.6)]), SubmitJob)[0].job
-    assert job.request.prompt == "Dashwood, Norland hello world"
+    assert (job.request.vocabulary, job.request.prompt) == ("Dashwood, Norland", "hello world")
 
 
 def _sentence_then_more() -> Hypothesis:

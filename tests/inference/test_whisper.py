@@ -116,6 +116,12 @@ def test_a_settle_decode_keeps_128_tokens_of_its_prompt_and_decodes_as_many_toke
     prompt = " ".join(MANIFEST["librivox_16k.wav"]["references"][0][1] for _ in range(20))
     assert len(whisper_runner._prompt_tokens(tokenizer, prompt, long=True)) == 128
     assert len(whisper_runner._prompt_tokens(tokenizer, prompt)) == 32
+    # A stream's vocabulary goes first, whole; the text before is what it is without one.
+    vocabulary = tokenizer.encode(" Dashwood, Norland Park")
+    for long, limit in ((False, 32), (True, 128)):
+        tokens = whisper_runner._prompt_tokens(tokenizer, prompt, long=long, vocabulary="Dashwood, Norland Park")
+        assert tokens == vocabulary + whisper_runner._prompt_tokens(tokenizer, prompt, long=long) and len(tokens) == len(vocabulary) + limit
+    assert whisper_runner._prompt_tokens(tokenizer, "", vocabulary="Dashwood, Norland Park") == vocabulary  # alone: whole, not cut to 4
     monkeypatch.setattr(module, "max_new_tokens", lambda duration: 12)
     cut = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.CONTEXT, prompt=prompt, word_timestamps=True, long_prompt=True))
     assert 8 <= len(tokenizer.encode(cut.text)) <= 13, cut.text  # as in the test above
