@@ -39,8 +39,8 @@ class DecodeRequest:
     kind: DecodeKind
     language: str = "en"
     prompt: str = ""  # previous final text of the channel, as context
-    # The stream's vocabulary prompt (StreamOptions.prompt): its tokens go first and are kept
-    # whole (up to the prompt's limit), the text before fitted into what is left.
+    # The stream's vocabulary prompt (StreamOptions.prompt): its tokens go first, whole (up to
+    # VOCABULARY_TOKEN_LIMIT), ahead of the prompt's own (the runner's _prompt_tokens).
     vocabulary: str = ""
     prefix: str = ""  # forced start of the output (the stable part of an interim)
     word_timestamps: bool = False
