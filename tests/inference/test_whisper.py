@@ -122,6 +122,12 @@ def test_a_settle_decode_keeps_128_tokens_of_its_prompt_and_decodes_as_many_toke
         tokens = whisper_runner._prompt_tokens(tokenizer, prompt, long=long, vocabulary="Dashwood, Norland Park")
         assert tokens == vocabulary + whisper_runner._prompt_tokens(tokenizer, prompt, long=long) and len(tokens) == len(vocabulary) + limit
     assert whisper_runner._prompt_tokens(tokenizer, "", vocabulary="Dashwood, Norland Park") == vocabulary  # alone: whole, not cut to 4
+    # A vocabulary of 200 odd characters (far over 64 tokens) is capped, and a decode with it and
+    # a long prompt stays within Whisper's prompt positions: it decodes, it does not crash.
+    odd = "\u02a4" * 200
+    assert len(whisper_runner._prompt_tokens(tokenizer, prompt, long=True, vocabulary=odd)) == 64 + 128
+    heard = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.CONTEXT, prompt=prompt, word_timestamps=True, long_prompt=True, vocabulary=odd))
+    assert heard.words, heard.text
     monkeypatch.setattr(module, "max_new_tokens", lambda duration: 12)
     cut = whisper_runner.transcribe(DecodeRequest(audio, DecodeKind.CONTEXT, prompt=prompt, word_timestamps=True, long_prompt=True))
     assert 8 <= len(tokenizer.encode(cut.text)) <= 13, cut.text  # as in the test above
