@@ -153,6 +153,10 @@ def _context_options(p: argparse.ArgumentParser) -> None:
                         f"(default {GovernorOptions.late_context_s:g}: never)")
     p.add_argument("--context-late-back-s", type=_seconds, default=defaults.late_back_s,
                    help=f"see --context-late-s (default {defaults.late_back_s:g})")
+    p.add_argument("--context-lean-wait-s", type=_seconds, default=GovernorOptions.lean_context_wait_s,
+                   help=f"once some context pass has waited this long for its turn on a loaded server (load level 1 and up), passes are "
+                        f"lean (none of the decided audio, on the lean window) and quick finals greedy, as after a late final, "
+                        f"until the load level is back at 0 (default {GovernorOptions.lean_context_wait_s:g}; 0: only late finals do)")
     p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,
                    help=f"new speech (finalized, or in the utterance under way) since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
     p.add_argument("--context-ahead-s", type=_seconds, default=defaults.ahead_s,
@@ -470,7 +474,7 @@ def _context(args: argparse.Namespace) -> ContextOptions:
 
 
 def _governor(args: argparse.Namespace) -> GovernorOptions:
-    return GovernorOptions(late_context_s=args.context_late_s)
+    return GovernorOptions(late_context_s=args.context_late_s, lean_context_wait_s=args.context_lean_wait_s)
 
 
 def _vad(args: argparse.Namespace) -> VadOptions:

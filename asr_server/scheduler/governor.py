@@ -18,7 +18,7 @@ steps, in order:
    and on the runner's short encoder window (cheaper, less accurate); context
    passes lean (only the utterances they decide) and quick finals busy
    (greedy on the burst window) once a final was late through a raise
-   period, until the level is back at 0;
+   period or a pass waited ``lean_context_wait_s``, until the level is back at 0;
 2. ``INTERIM_MODEL`` - interims on the smaller ``--interim-model`` (without
    one: interims slowed by the factor once more);
 3. ``REFUSE_BATCH`` - new ``batch`` streams are refused;
@@ -68,7 +68,7 @@ class LoadSettings:
     scale: int = 1  # times the requested interim_ms
     model: bool = False  # on the smaller --interim-model
     short_window: bool = False  # on the short encoder window
-    lean_context: bool = False  # context passes decode only the utterances they decide, quick finals are busy
+    lean_context: bool = False  # context passes decode only the utterances they decide, quick finals are busy (see LoadGovernor.lean_context)
     settle: bool = False  # settle decodes may run: the server has time to spare (see GovernorOptions.spare_busy_low)
     late_context: bool = False  # context passes wait their turn behind others' (see GovernorOptions.late_context_s)
 
@@ -101,6 +101,16 @@ class GovernorOptions:
     # passes hold less of the decided audio (ContextOptions.late_back_s) and catch up: revisions
     # sooner at 8 streams on 2 cores, a worse transcript there (see late_back_s). 0 (default): never.
     late_context_s: float = 0.0
+    # A context pass waiting this long in the queue, from the first level, makes passes lean (and
+    # quick finals busy) as a late final does, until the level is back at 0. 16 staggered streams
+    # on 2 cores keep their finals in time while passes fall further and further behind (one
+    # waited 22 s), so whether passes went lean hung on a final happening to be late at the start:
+    # revisions p95 13-16.5 s when one was, 33-36 s when not (6 of 10 runs). With 10 s, 18.6-21.9 s
+    # in every run, finals p95 and WER after revisions better too; at 8 streams about as before
+    # (passes there wait up to 8 s on held-out recordings, 17 s on the fixtures). With 5 s, 8
+    # streams' revisions came later (passes turned lean, then the level fell and interims took the
+    # time back; docs/benchmarks.md, fifty-eighth session). 0: only late finals make passes lean.
+    lean_context_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.low_wait_s < self.high_wait_s or not 0 <= self.interim_low_wait_s < self.interim_high_wait_s:
@@ -109,8 +119,8 @@ class GovernorOptions:
             raise ValueError("governor periods and factor must be positive")
         if not 0 <= self.spare_busy_low <= self.spare_busy_high:
             raise ValueError("need 0 <= spare_busy_low <= spare_busy_high")
-        if self.late_context_s < 0:
-            raise ValueError("late_context_s must be 0 or more")
+        if self.late_context_s < 0 or self.lean_context_wait_s < 0:
+            raise ValueError("late_context_s and lean_context_wait_s must be 0 or more")
 
 
 class LoadGovernor:
@@ -121,7 +131,7 @@ class LoadGovernor:
         self._since: float | None = None  # when the current pressure (or calm) began
         self._pressured: bool | None = None
         self._changed_at = 0.0
-        self._finals_raised = False  # a final was late through a raise period, since the level left NORMAL
+        self._lean = False  # a final was late through a raise period, or a pass waited lean_context_wait_s, since the level left NORMAL
         self._spare = True  # the background workers have time to spare (see GovernorOptions.spare_busy_low)
         self._late = False  # a context pass has waited late_context_s
 
@@ -132,6 +142,7 @@ class LoadGovernor:
         self.memory_critical = memory_budget > 0 and memory_used > o.critical_fraction * memory_budget
         self._observe_busy(background_busy)
         self._late = 0 < o.late_context_s <= oldest_context_wait
+        self._lean = self._lean or (self.level > Level.NORMAL and 0 < o.lean_context_wait_s <= oldest_context_wait)
         # Lagging interims raise the level through the interim steps only, and hold it there.
         interims_lag = oldest_interim_wait > o.interim_high_wait_s and self.level < Level.INTERIM_MODEL
         interims_calm = oldest_interim_wait < o.interim_low_wait_s or self.level > Level.INTERIM_MODEL
@@ -150,7 +161,7 @@ class LoadGovernor:
             if self.level < o.max_level:
                 self._step(now, +1)
             # Late finals through a raise period make passes lean, at the highest level allowed too.
-            self._finals_raised = self._finals_raised or (self.level > Level.NORMAL and oldest_final_wait > o.high_wait_s)
+            self._lean = self._lean or (self.level > Level.NORMAL and oldest_final_wait > o.high_wait_s)
         elif not state and self.level > Level.NORMAL and held >= o.lower_after_s:
             self._step(now, -1)
         return self.level
@@ -171,7 +182,7 @@ class LoadGovernor:
         self._since = None
         self._pressured = None
         self._changed_at = 0.0
-        self._finals_raised = False
+        self._lean = False
         self._spare = True
         self._late = False
 
@@ -179,7 +190,7 @@ class LoadGovernor:
         self.level = Level(self.level + delta)
         self._changed_at = now
         if self.level is Level.NORMAL:
-            self._finals_raised = False
+            self._lean = False
 
     def admits(self, priority: Priority) -> bool:
         """Whether a new stream of this class is taken at the current level."""
@@ -201,11 +212,11 @@ class LoadGovernor:
     def lean_context(self) -> bool:
         """Whether context passes leave out the decided audio before the new utterances (and quick
         finals are busy ones, :attr:`~asr_server.decoding.context.ContextOptions.busy_finals`): from the
-        first level, once a final was late through a raise period. Interims lagging alone (one
-        stream on a slow machine, its interims waiting behind the pass itself) make interims
-        cheaper but leave passes whole: a lean pass decides its utterances without the context
-        it is there for."""
-        return self.level >= Level.FEWER_INTERIMS and self._finals_raised
+        first level, once a final was late through a raise period or a pass waited
+        ``lean_context_wait_s`` in the queue. Interims lagging alone (one stream on a slow machine,
+        its interims waiting behind the pass itself) make interims cheaper but leave passes whole:
+        a lean pass decides its utterances without the context it is there for."""
+        return self.level >= Level.FEWER_INTERIMS and self._lean
 
     def spare_time(self) -> bool:
         """Whether settle decodes may run: level 0, and the background workers have time to spare."""

@@ -117,6 +117,26 @@ def test_passes_go_lean_only_once_a_final_was_late_not_for_lagging_interims_alon
     assert not gov.lean_context()  # a new episode of load starts over
 
 
+def test_a_pass_waiting_lean_context_wait_s_on_a_loaded_server_makes_passes_lean_until_the_level_is_back_at_0():
+    """16 staggered streams on 2 cores: the interims lag, the finals keep their time, and passes
+    fall further and further behind (one waited 22 s). Whether they went lean hung on whether a
+    final happened to be late through a raise period at the start: revisions p95 15-16 s when it
+    was, 25-33 s when not. A pass waiting lean_context_wait_s decides it instead; on an idle
+    server (level 0) it does not (one stream's pass waits for nobody's work but its own)."""
+    gov = LoadGovernor(GovernorOptions(high_wait_s=0.8, raise_after_s=1.0, lower_after_s=4.0, lean_context_wait_s=10.0))
+    assert run(gov, 0.0, 5.0, wait=0.0, oldest_context_wait=12.0) == Level.NORMAL and not gov.lean_context()
+    assert run(gov, 5.25, 8.0, wait=0.0, oldest_interim_wait=2.0, oldest_context_wait=9.9) == Level.INTERIM_MODEL
+    assert not gov.lean_context()  # interims lag, passes wait, not yet that long
+    assert run(gov, 8.25, 8.25, wait=0.0, oldest_interim_wait=2.0, oldest_context_wait=10.0) == Level.INTERIM_MODEL
+    assert gov.lean_context() and gov.load_settings(False).lean_context
+    assert run(gov, 8.5, 12.0, wait=0.5, oldest_context_wait=1.0) == Level.INTERIM_MODEL and gov.lean_context()  # caught up: still lean
+    assert run(gov, 12.25, 40.0, wait=0.0) == Level.NORMAL and not gov.lean_context()
+    off = LoadGovernor(GovernorOptions(lean_context_wait_s=0.0))
+    assert run(off, 0.0, 3.0, wait=0.0, oldest_interim_wait=2.0, oldest_context_wait=60.0) == Level.INTERIM_MODEL and not off.lean_context()
+    with pytest.raises(ValueError):
+        GovernorOptions(lean_context_wait_s=-1.0)
+
+
 def test_late_finals_make_passes_lean_at_the_highest_level_allowed_too():
     gov = LoadGovernor(GovernorOptions(high_wait_s=0.8, raise_after_s=1.0, max_level=Level.INTERIM_MODEL))
     assert run(gov, 0.0, 2.0, wait=0.0, oldest_interim_wait=2.0) == Level.INTERIM_MODEL and not gov.lean_context()
