@@ -82,6 +82,10 @@ class Metrics:
         self.late_passes = Gauge(
             "asr_late_passes", "1 while context passes hold less decided audio because one has waited --context-late-s (0 when that is off)", registry=r
         )
+        self.lean_passes = Gauge(
+            "asr_lean_passes", "1 while context passes leave out the decided audio and quick finals are greedy: load level 1 and up, "
+            "since a final was late or a pass waited --context-lean-wait-s", registry=r
+        )
         self.memory_budget = Gauge("asr_memory_budget_bytes", "Memory the server may use on its device", registry=r)
         self.memory_used = Gauge("asr_memory_used_bytes", "Memory in use (resident set on CPU)", registry=r)
         self.streams_shed = Counter("asr_streams_shed_total", "Batch streams closed because memory was critical", registry=r)

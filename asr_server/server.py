@@ -220,6 +220,7 @@ class AsrServer:
         self.metrics.background_busy.set(state.background_busy)
         self.metrics.spare_time.set(int(self.governor.spare_time()))
         self.metrics.late_passes.set(int(self.governor.late_context()))
+        self.metrics.lean_passes.set(int(self.governor.lean_context()))
         self.metrics.capacity_channels.set(self.max_channels)
         if self.capacity is not None:
             self.metrics.burst_final_seconds.set(self.capacity.final_s)

@@ -1,4 +1,4 @@
-"""Spare time for settle decodes (and late passes) reaches the sessions: the server's tick reads how busy the workers
+"""Spare time for settle decodes (and late and lean passes) reaches the sessions: the server's tick reads how busy the workers
 for interims and passes were, the governor decides, and every session (those streaming and those
 that start later) is told (a fake model, a real server on loopback; the busy share is set by hand)."""
 
@@ -86,3 +86,35 @@ def test_late_passes_reach_the_sessions_while_a_pass_has_waited_and_only_when_as
 
     assert asyncio.run(main(GovernorOptions(late_context_s=3.0))) == [[True], 1.0, [False], 0.0]
     assert asyncio.run(main(GovernorOptions())) == [[False], 0.0, [False], 0.0]
+
+
+def test_passes_go_lean_in_every_session_once_a_pass_has_waited_on_a_loaded_server():
+    """The lean state (GovernorOptions.lean_context_wait_s) takes the same path: the tick reads the
+    oldest pass's wait, every session's decoders are told, and gauge asr_lean_passes shows it (the
+    governor's load before the tick is fed to it directly, at times already past)."""
+
+    async def main() -> list:
+        server = AsrServer("127.0.0.1", 0, tick_s=0)
+        await server.start()
+        server.set_runner(FakeRunner())
+        state = [QueueState(0, 0, 0.0, 0.0, 0.1, 0.0)]
+        server.scheduler.state = lambda now: state[0]
+        seen: list = []
+        try:
+            async with connect(URL.format(port=server.port)) as ws:
+                assert json.loads(await ws.recv())["type"] == "session"
+                [conn] = server._connections
+                await server.tick()
+                seen += [[d.lean_context for d in conn.session._decoders], _gauge(server, "asr_lean_passes")]
+                now = asyncio.get_running_loop().time()
+                for i in range(20):  # interims lagging for 5 s: the level rises; passes not yet waiting 10 s
+                    server.governor.observe(now - 5.0 + 0.25 * i, 0.0, oldest_interim_wait=2.0, oldest_context_wait=5.0)
+                assert server.governor.level > 0 and not server.governor.lean_context()
+                state[0] = QueueState(0, 3, 0.0, 2.0, 1.0, 12.0)
+                await server.tick()
+                seen += [[d.lean_context for d in conn.session._decoders], _gauge(server, "asr_lean_passes"), int(server.governor.level) > 0]
+        finally:
+            await server.stop(grace_s=0)
+        return seen
+
+    assert asyncio.run(main()) == [[False], 0.0, [True], 1.0, True]
