@@ -107,9 +107,10 @@ class GovernorOptions:
     # waited 22 s), so whether passes went lean hung on a final happening to be late at the start:
     # revisions p95 13-16.5 s when one was, 33-36 s when not (6 of 10 runs). With 10 s, 18.6-29.5
     # s over eight runs (median 21.3), finals p95 and WER after revisions better too; at 8 streams
-    # about as before (passes there wait up to 8 s on held-out recordings, 17 s on the fixtures). With 5 s, 8
-    # streams' revisions came later (passes turned lean, then the level fell and interims took the
-    # time back; docs/benchmarks.md, fifty-eighth session). 0: only late finals make passes lean.
+    # about as before (passes there wait up to 8 s on held-out recordings, 17 s on the fixtures).
+    # With 5 s, 8 streams' revisions came later (passes turned lean, then the level fell and
+    # interims took the time back; docs/benchmarks.md, fifty-eighth session). 0: only late finals
+    # make passes lean.
     lean_context_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
