@@ -157,6 +157,10 @@ def _context_options(p: argparse.ArgumentParser) -> None:
                    help=f"once some context pass has waited this long for its turn on a loaded server (load level 1 and up), passes are "
                         f"lean (none of the decided audio, on the lean window) and quick finals greedy, as after a late final, "
                         f"until the load level is back at 0 (default {GovernorOptions.lean_context_wait_s:g}; 0: only late finals do)")
+    p.add_argument("--context-high-wait-s", type=_seconds, default=GovernorOptions.context_high_wait_s,
+                   help=f"a context pass waiting this long for its turn raises the load level to 1 (interims half as often, on the short "
+                        f"window), no further, until no pass has waited {GovernorOptions.context_low_wait_s:g} s (or half this, if less): "
+                        f"passes get the time interims would take (default {GovernorOptions.context_high_wait_s:g}; 0: never)")
     p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,
                    help=f"new speech (finalized, or in the utterance under way) since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
     p.add_argument("--context-ahead-s", type=_seconds, default=defaults.ahead_s,
@@ -474,7 +478,9 @@ def _context(args: argparse.Namespace) -> ContextOptions:
 
 
 def _governor(args: argparse.Namespace) -> GovernorOptions:
-    return GovernorOptions(late_context_s=args.context_late_s, lean_context_wait_s=args.context_lean_wait_s)
+    high = args.context_high_wait_s
+    return GovernorOptions(late_context_s=args.context_late_s, lean_context_wait_s=args.context_lean_wait_s,
+                           context_high_wait_s=high, context_low_wait_s=min(GovernorOptions.context_low_wait_s, high / 2))
 
 
 def _vad(args: argparse.Namespace) -> VadOptions:

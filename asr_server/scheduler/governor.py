@@ -7,9 +7,12 @@ been waiting for its result (queued or being decoded) longer than
 saturated, or its batches have grown long. Interims waiting in the queue
 longer than ``interim_high_wait_s`` are pressure too, but only up to the
 interim steps (1 and 2): finals still keep their latency then, and it is
-the interims that lag, so no stream is refused for it. Calm means the oldest
-final waits less than ``low_wait_s`` and (below the refusal steps) the
-oldest interim less than ``interim_low_wait_s``. Sustained pressure raises
+the interims that lag, so no stream is refused for it. A context pass
+waiting longer than ``context_high_wait_s`` is pressure up to the first
+step only (fewer interims leave the passes more of the time). Calm means
+the oldest final waits less than ``low_wait_s``, (below the refusal steps)
+the oldest interim less than ``interim_low_wait_s`` and (at the first
+step) the oldest pass less than ``context_low_wait_s``. Sustained pressure raises
 the level by one step every ``raise_after_s``; sustained calm lowers it one
 step every ``lower_after_s`` (slower down than up, so it does not flap). The
 steps, in order:
@@ -79,6 +82,19 @@ class GovernorOptions:
     low_wait_s: float = 0.4
     interim_high_wait_s: float = 1.0
     interim_low_wait_s: float = 0.3
+    # A context pass waiting in the queue longer than this raises the level to FEWER_INTERIMS (no
+    # further), and the level leaves it only once none has waited context_low_wait_s. At level 0
+    # interims come twice as often and on the full window, and an overdue pass goes before them
+    # only while passes took under half the background time (BatchLimits.context_share), which
+    # at 8 streams on 2 cores they never do: the time that lean passes or a calm moment freed went
+    # back to interims at level 0 and the passes fell behind again (the level was 1+ for 40-60%
+    # of the runs). With 4 s, 8 staggered streams' revisions came sooner where the level had
+    # fallen (revision delay p95, the fixtures 15.1-16.7 s against 16.6-19.1, held-out set 4
+    # 12.4-13.6 against 13.1-16.9), as before where it had not (set 3, 10.2-11.5 s either way),
+    # interims lagging no more; 16 streams the same (docs/benchmarks.md, fifty-ninth session).
+    # 0: passes waiting never raise the level.
+    context_high_wait_s: float = 4.0
+    context_low_wait_s: float = 1.0
     raise_after_s: float = 1.0
     lower_after_s: float = 4.0
     interim_factor: int = 2
@@ -116,6 +132,8 @@ class GovernorOptions:
     def __post_init__(self) -> None:
         if not 0 <= self.low_wait_s < self.high_wait_s or not 0 <= self.interim_low_wait_s < self.interim_high_wait_s:
             raise ValueError("need 0 <= low_wait_s < high_wait_s, and the same for interims")
+        if self.context_high_wait_s < 0 or (self.context_high_wait_s and not 0 <= self.context_low_wait_s < self.context_high_wait_s):
+            raise ValueError("need context_high_wait_s 0 (off) or 0 <= context_low_wait_s < context_high_wait_s")
         if self.raise_after_s <= 0 or self.lower_after_s <= 0 or self.interim_factor < 1:
             raise ValueError("governor periods and factor must be positive")
         if not 0 <= self.spare_busy_low <= self.spare_busy_high:
@@ -147,9 +165,12 @@ class LoadGovernor:
         # Lagging interims raise the level through the interim steps only, and hold it there.
         interims_lag = oldest_interim_wait > o.interim_high_wait_s and self.level < Level.INTERIM_MODEL
         interims_calm = oldest_interim_wait < o.interim_low_wait_s or self.level > Level.INTERIM_MODEL
-        if oldest_final_wait > o.high_wait_s or interims_lag:
+        # Lagging passes raise it to the first step only, and hold it there.
+        passes_lag = 0 < o.context_high_wait_s < oldest_context_wait and self.level < Level.FEWER_INTERIMS
+        passes_calm = not o.context_high_wait_s or oldest_context_wait < o.context_low_wait_s or self.level > Level.FEWER_INTERIMS
+        if oldest_final_wait > o.high_wait_s or interims_lag or passes_lag:
             state: bool | None = True
-        elif oldest_final_wait < o.low_wait_s and interims_calm:
+        elif oldest_final_wait < o.low_wait_s and interims_calm and passes_calm:
             state = False
         else:
             state = None  # in between: hold the level

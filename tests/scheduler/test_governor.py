@@ -122,8 +122,9 @@ def test_a_pass_waiting_lean_context_wait_s_on_a_loaded_server_makes_passes_lean
     fall further and further behind (one waited 22 s). Whether they went lean hung on whether a
     final happened to be late through a raise period at the start: revisions p95 13-16.5 s when
     it was, 33-36 s when not. A pass waiting lean_context_wait_s decides it instead; on an idle
-    server (level 0) it does not (one stream's pass waits for nobody's work but its own)."""
-    gov = LoadGovernor(GovernorOptions(high_wait_s=0.8, raise_after_s=1.0, lower_after_s=4.0, lean_context_wait_s=10.0))
+    server (level 0) it does not (one stream's pass waits for nobody's work but its own; with
+    context_high_wait_s such a wait raises the level first, see the test after this one)."""
+    gov = LoadGovernor(GovernorOptions(high_wait_s=0.8, raise_after_s=1.0, lower_after_s=4.0, lean_context_wait_s=10.0, context_high_wait_s=0.0))
     assert run(gov, 0.0, 5.0, wait=0.0, oldest_context_wait=12.0) == Level.NORMAL and not gov.lean_context()
     assert run(gov, 5.25, 8.0, wait=0.0, oldest_interim_wait=2.0, oldest_context_wait=9.9) == Level.INTERIM_MODEL
     assert not gov.lean_context()  # interims lag, passes wait, not yet that long
@@ -135,6 +136,31 @@ def test_a_pass_waiting_lean_context_wait_s_on_a_loaded_server_makes_passes_lean
     assert run(off, 0.0, 3.0, wait=0.0, oldest_interim_wait=2.0, oldest_context_wait=60.0) == Level.INTERIM_MODEL and not off.lean_context()
     with pytest.raises(ValueError):
         GovernorOptions(lean_context_wait_s=-1.0)
+
+
+def test_a_pass_waiting_context_high_wait_s_raises_the_level_to_fewer_interims_only_and_holds_it_until_passes_catch_up():
+    """8 staggered streams on 2 cores: passes fell behind while the level went back to 0, where
+    interims come twice as often and take the time back. A pass waiting context_high_wait_s is
+    pressure up to the first step (never towards refusals), and the level leaves that step only
+    once no pass has waited context_low_wait_s."""
+    gov = LoadGovernor(GovernorOptions(high_wait_s=0.8, raise_after_s=1.0, lower_after_s=4.0, context_high_wait_s=4.0, context_low_wait_s=1.0,
+                                       lean_context_wait_s=0.0))
+    assert run(gov, 0.0, 5.0, wait=0.0, oldest_context_wait=4.0) == Level.NORMAL  # not over it
+    assert run(gov, 5.25, 6.0, wait=0.0, oldest_context_wait=4.5) == Level.NORMAL  # not yet a raise period
+    assert run(gov, 6.25, 6.25, wait=0.0, oldest_context_wait=4.5) == Level.FEWER_INTERIMS
+    assert gov.load_settings(False) == LoadSettings(1, 2, False, True)  # interims fewer and cheaper; passes whole, finals as they were
+    assert run(gov, 6.5, 30.0, wait=0.0, oldest_context_wait=20.0) == Level.FEWER_INTERIMS and all(gov.admits(p) for p in Priority)
+    assert run(gov, 30.25, 40.0, wait=0.0, oldest_context_wait=2.0) == Level.FEWER_INTERIMS  # catching up: held
+    assert run(gov, 40.25, 44.0, wait=0.0, oldest_context_wait=0.5) == Level.FEWER_INTERIMS  # calm, not yet lower_after_s
+    assert run(gov, 44.25, 44.25, wait=0.0, oldest_context_wait=0.5) == Level.NORMAL
+    # Raised further by lagging interims, the level comes down to the first step while passes still wait.
+    assert run(gov, 44.5, 46.5, wait=0.0, oldest_interim_wait=2.0, oldest_context_wait=2.0) == Level.INTERIM_MODEL
+    assert run(gov, 46.75, 60.0, wait=0.0, oldest_context_wait=2.0) == Level.FEWER_INTERIMS
+    off = LoadGovernor(GovernorOptions(context_high_wait_s=0.0, lean_context_wait_s=0.0))
+    assert run(off, 0.0, 10.0, wait=0.0, oldest_context_wait=60.0) == Level.NORMAL
+    for bad in ({"context_high_wait_s": -1.0}, {"context_high_wait_s": 2.0, "context_low_wait_s": 2.0}):
+        with pytest.raises(ValueError):
+            GovernorOptions(**bad)
 
 
 def test_late_finals_make_passes_lean_at_the_highest_level_allowed_too():
