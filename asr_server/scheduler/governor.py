@@ -89,8 +89,8 @@ class GovernorOptions:
     # at 8 streams on 2 cores they never do: the time that lean passes or a calm moment freed went
     # back to interims at level 0 and the passes fell behind again (the level was 1+ for 40-60%
     # of the runs). With 4 s, 8 staggered streams' revisions came sooner where the level had
-    # fallen (revision delay p95, the fixtures 15.1-16.7 s against 16.6-19.1, held-out set 4
-    # 12.4-13.6 against 13.1-16.9), as before where it had not (set 3, 10.2-11.5 s either way),
+    # fallen (revision delay p95, the fixtures 14.6-17.2 s against 16.1-19.1, held-out set 4
+    # 12.4-14.6 against 13.1-16.9), as before where it had not (set 3, 10.2-11.5 s either way),
     # interims lagging no more; 16 streams the same (docs/benchmarks.md, fifty-ninth session).
     # 0: passes waiting never raise the level.
     context_high_wait_s: float = 4.0
