@@ -160,7 +160,8 @@ def _context_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-high-wait-s", type=_seconds, default=GovernorOptions.context_high_wait_s,
                    help=f"a context pass waiting this long for its turn raises the load level to 1 (interims half as often, on the short "
                         f"window), no further, until no pass has waited {GovernorOptions.context_low_wait_s:g} s (or half this, if less): "
-                        f"passes get the time interims would take (default {GovernorOptions.context_high_wait_s:g}; 0: never)")
+                        f"passes get the time interims would take: revisions a little sooner at 8 streams on 2 cores, a little less "
+                        f"accurate (default {GovernorOptions.context_high_wait_s:g}: never)")
     p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,
                    help=f"new speech (finalized, or in the utterance under way) since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
     p.add_argument("--context-ahead-s", type=_seconds, default=defaults.ahead_s,

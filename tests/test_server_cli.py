@@ -42,8 +42,8 @@ def test_the_context_pass_settings_reach_the_server_and_negative_seconds_are_ref
     assert _governor(build_parser().parse_args([])).late_context_s == 0.0  # off unless asked for
     assert _governor(build_parser().parse_args([])).lean_context_wait_s == 10.0
     assert (_governor(args).context_high_wait_s, _governor(args).context_low_wait_s) == (1.5, 0.75)  # calm below half of it, if under 1 s
-    assert (_governor(build_parser().parse_args([])).context_high_wait_s, _governor(build_parser().parse_args([])).context_low_wait_s) == (4.0, 1.0)
-    assert _governor(build_parser().parse_args(["--context-high-wait-s", "0"])).context_high_wait_s == 0.0  # off
+    assert _governor(build_parser().parse_args([])).context_high_wait_s == 0.0  # off unless asked for
+    assert (_governor(build_parser().parse_args(["--context-high-wait-s", "4"])).context_low_wait_s) == 1.0
     assert (options.window_s, options.back_s, options.min_new_s, options.ahead_s) == (30.0, 4.0, 5.0, 0.0)  # one Whisper window at most
     assert options.settle_window_s == 30.0
     defaults = _context(build_parser().parse_args([]))

@@ -8,8 +8,8 @@ saturated, or its batches have grown long. Interims waiting in the queue
 longer than ``interim_high_wait_s`` are pressure too, but only up to the
 interim steps (1 and 2): finals still keep their latency then, and it is
 the interims that lag, so no stream is refused for it. A context pass
-waiting longer than ``context_high_wait_s`` is pressure up to the first
-step only (fewer interims leave the passes more of the time). Calm means
+waiting longer than ``context_high_wait_s`` (off unless set) is pressure up
+to the first step only (fewer interims leave the passes more of the time). Calm means
 the oldest final waits less than ``low_wait_s``, (below the refusal steps)
 the oldest interim less than ``interim_low_wait_s`` and (at the first
 step) the oldest pass less than ``context_low_wait_s``. Sustained pressure raises
@@ -88,12 +88,13 @@ class GovernorOptions:
     # only while passes took under half the background time (BatchLimits.context_share), which
     # at 8 streams on 2 cores they never do: the time that lean passes or a calm moment freed went
     # back to interims at level 0 and the passes fell behind again (the level was 1+ for 40-60%
-    # of the runs). With 4 s, 8 staggered streams' revisions came sooner where the level had
-    # fallen (revision delay p95, the fixtures 14.6-17.2 s against 16.1-19.1, held-out set 4
-    # 12.4-14.6 against 13.1-16.9), as before where it had not (set 3, 10.2-11.5 s either way),
-    # interims lagging no more; 16 streams the same (docs/benchmarks.md, fifty-ninth session).
-    # 0: passes waiting never raise the level.
-    context_high_wait_s: float = 4.0
+    # of the runs). With 4 s, 8 staggered streams' revisions came a little sooner where the level
+    # had fallen (revision delay p95, median of 4-6 runs: the fixtures 16.7 s against 16.9, held-out
+    # set 4 13.6 against 15.3), as before where it had not (set 3), but WER after revisions was
+    # 0.4-0.8 points worse on average on all three (the fixtures 0.110 against 0.103; docs/
+    # benchmarks.md, fifty-ninth session), so it is an operator's choice. 0 (default): passes
+    # waiting never raise the level.
+    context_high_wait_s: float = 0.0
     context_low_wait_s: float = 1.0
     raise_after_s: float = 1.0
     lower_after_s: float = 4.0
