@@ -9,13 +9,13 @@ longer than ``interim_high_wait_s`` are pressure too, but only up to the
 interim steps (1 and 2): finals still keep their latency then, and it is
 the interims that lag, so no stream is refused for it. A context pass
 waiting longer than ``context_high_wait_s`` (off unless set) is pressure up
-to the first step only (fewer interims leave the passes more of the time). Calm means
-the oldest final waits less than ``low_wait_s``, (below the refusal steps)
-the oldest interim less than ``interim_low_wait_s`` and (at the first
-step) the oldest pass less than ``context_low_wait_s``. Sustained pressure raises
-the level by one step every ``raise_after_s``; sustained calm lowers it one
-step every ``lower_after_s`` (slower down than up, so it does not flap). The
-steps, in order:
+to the first step only (fewer interims leave the passes more of the time).
+Calm means the oldest final waits less than ``low_wait_s``, (below the
+refusal steps) the oldest interim less than ``interim_low_wait_s`` and (at
+the first step) the oldest pass less than ``context_low_wait_s``. Sustained
+pressure raises the level by one step every ``raise_after_s``; sustained
+calm lowers it one step every ``lower_after_s`` (slower down than up, so it
+does not flap). The steps, in order:
 
 1. ``FEWER_INTERIMS`` - interims every ``interim_factor`` times more audio,
    and on the runner's short encoder window (cheaper, less accurate); context
