@@ -62,9 +62,10 @@ from .text import ends_sentence, guard, normalize_word, normalized_text
 __all__ = ["ChannelDecoder", "PROMPT_CHARS", "context_kept_s"]
 
 # Context given to the model: the channel's previous final only, cut to this
-# many characters. Measured on the fixtures (README, "Decoding choices"): a
-# longer history lets one misheard word or a hallucinated "Thank you" spread
-# into every later final; the last final alone keeps style and names.
+# many characters. Measured on the fixtures (docs/benchmarks.md, "Decoding
+# choices, as measured"): a longer history lets one misheard word or a
+# hallucinated "Thank you" spread into every later final; the last final alone
+# keeps style and names.
 PROMPT_CHARS = 120
 # A settle decode's prompt: the text before its window, up to this much (see LONG_PROMPT_TOKEN_LIMIT).
 SETTLE_PROMPT_CHARS = 800

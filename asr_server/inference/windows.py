@@ -20,11 +20,11 @@ __all__ = [
 # encoder accepts fewer frames and costs much less (measured: 0.044 s for 10 s,
 # 0.26 s for 30 s), but with no padding at all the decoder runs away, and a
 # window of the audio plus 10 s cost the finals 2.7 points of word error rate
-# on the fixtures (README, "Encoder padding"). So finals keep the full window
-# and interims, most of the work, use the audio plus ``interim_pad_s``, rounded
-# up to 5 s steps so that utterances of similar length share a batch. Finals
-# that wait together fill their windows with each other instead of silence
-# (:mod:`.packing`).
+# on the fixtures (docs/benchmarks.md, "Decoding choices, as measured"). So
+# finals keep the full window and interims, most of the work, use the audio
+# plus ``interim_pad_s``, rounded up to 5 s steps so that utterances of similar
+# length share a batch. Finals that wait together fill their windows with each
+# other instead of silence (:mod:`.packing`).
 #
 # CTranslate2 batches items whose <|startoftranscript|> sits at the same
 # position, so the previous-text prompt is cut (from its start) to a power of
@@ -33,7 +33,7 @@ __all__ = [
 
 INTERIM_ENCODER_PAD_S = 10.0
 # Under load (level 1 and up) interims take the audio plus 2 s: 39% less model
-# time per interim, for interims further from the final (README, "Degradation").
+# time per interim, for interims further from the final (docs/architecture.md, "Degradation").
 SHORT_INTERIM_PAD_S = 2.0
 FINAL_ENCODER_PAD_S = 30.0
 # Quick finals (first-pass finals of streams with revisions) take the audio plus 10 s, beam 5:
@@ -41,7 +41,7 @@ FINAL_ENCODER_PAD_S = 30.0
 # against 0.72-0.80 s of a core) for WER 0.099 against 0.084; the context pass restores the
 # rest. Finals in a burst (more waiting than workers) take the audio plus 5 s, greedy:
 # 0.24-0.28 s, WER 0.107 (3 s of padding gave 0.194). At 8 streams, greedy 5 s finals for
-# every first pass gave first-pass WER 0.17-0.18 against 0.14 for these (README).
+# every first pass gave first-pass WER 0.17-0.18 against 0.14 for these (docs/benchmarks.md).
 QUICK_FINAL_PAD_S = 10.0
 BURST_FINAL_PAD_S = 5.0
 # A context pass takes the full window, as offline transcription does, except a lean one

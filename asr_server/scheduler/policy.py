@@ -92,7 +92,7 @@ class TimeShare:
 
 
 def estimated_cost(final: bool, audio_s: float) -> float:
-    """Model seconds a decode is expected to take on 2 CPU cores with tiny.en (README figures)."""
+    """Model seconds a decode is expected to take on 2 CPU cores with tiny.en (docs/benchmarks.md figures)."""
     return 0.30 + 0.03 * audio_s if final else 0.05 + 0.02 * audio_s
 
 
