@@ -50,14 +50,13 @@ import random
 import sys
 import time
 import urllib.request
-from typing import Any
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stream_bench import bucket_quantile, cpu_seconds, fixture_names, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, settled_delays, speech_ends, start_server, text_lags, use_fixture_dir  # noqa: E402
+from stream_bench import bucket_quantile, cpu_seconds, first_changes, fixture_names, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, settled_delays, speech_ends, start_server, text_lags, use_fixture_dir  # noqa: E402
 
 from asr_client import stream_bytes  # noqa: E402
 
@@ -225,18 +224,6 @@ def spare_gauges(port: int) -> tuple[float, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     values = {line.split()[0]: float(line.split()[-1]) for line in text.splitlines() if line.startswith(("asr_spare_time ", "asr_background_busy_ratio "))}
     return values.get("asr_spare_time", float("nan")), values.get("asr_background_busy_ratio", float("nan"))
-
-
-def first_changes(r: Any, ch: int) -> list[tuple[float, float]]:
-    """Per utterance of channel ``ch`` a revision changed: when its final came (seconds into the
-    stream, which all start within a second of each other) and how long until the first change."""
-    shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
-    seen: dict[int, tuple[float, float]] = {}
-    for t in r.of_type("revision"):
-        if t.message["channel"] == ch:
-            for u in t.message.get("changed", [t.message["utterances"][0]]):
-                seen.setdefault(u, (shown[u], t.at - shown[u]))
-    return list(seen.values())
 
 
 def print_phases(n: int, changes: list[tuple[float, float]], all_on_s: float) -> None:

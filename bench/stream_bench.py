@@ -359,6 +359,19 @@ def sentence_latencies(finals: list[tuple[float, float, float]], ends: list[floa
     return out
 
 
+def first_changes(r: Replay, ch: int) -> list[tuple[float, float]]:
+    """Per utterance of channel ``ch`` that a revision changed (the revision's ``changed`` names
+    them): when its final came (seconds into the stream) and how long until the first revision
+    that changed it."""
+    shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
+    seen: dict[int, tuple[float, float]] = {}
+    for t in r.of_type("revision"):
+        if t.message["channel"] == ch:
+            for u in t.message.get("changed", [t.message["utterances"][0]]):
+                seen.setdefault(u, (shown[u], t.at - shown[u]))
+    return list(seen.values())
+
+
 def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float], list[float], list[float]]:
     """How long finals showed words a revision then changed: per utterance, from its final to
     the first revision that changed it (how far the second pass lags); apart, from its final to
@@ -370,7 +383,6 @@ def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float], list[
     first of those (per utterance) that a context pass sent (``pass``: not a settle decode, which
     by design comes 15-40 s later, and only while the server has time to spare)."""
     shown = {t.message["utterance"]: t.at for t in r.of_type("final") if t.message["channel"] == ch}
-    first: list[float] = []
     again: list[float] = []
     per_revision: list[float] = []
     by_passes: list[float] = []
@@ -386,9 +398,10 @@ def revision_delays(r: Replay, ch: int) -> tuple[list[float], list[float], list[
         for u in t.message.get("changed", [lo]):
             if u not in revised and t.message.get("pass", "context") == "context":
                 by_passes.append(t.at - shown[u])
-            (again if u in revised else first).append(t.at - shown[u])
+            if u in revised:
+                again.append(t.at - shown[u])
             revised.add(u)
-    return first, again, per_revision, by_passes
+    return [delay for _at, delay in first_changes(r, ch)], again, per_revision, by_passes
 
 
 def settled_delays(r: Replay, ch: int) -> tuple[list[float], int]:
