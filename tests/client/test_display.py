@@ -60,3 +60,61 @@ def test_a_pipe_gets_first_pass_finals_one_per_line():
     d.show({"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "ten of clubs"})
     d.show({"type": "revision", "channel": 0, "utterances": [0, 0], "offset": 0, "text": "10 of clubs"})
     assert out.getvalue() == "ten of clubs\n"
+
+
+def test_a_revision_from_inside_a_line_an_earlier_revision_joined_rewrites_that_line():
+    """The server's second revision may start at an utterance the first one merged into a line
+    (seen with the LibriVox reading: revisions [1, 4] then [2, 4]); the line keeps its words
+    before the revision's offset and the screen shows each word once."""
+    out = Tty()
+    d = Display(out)
+    finals = ["And so it began.", "He was not an old supposed young man.", "Unless to be cold, is to be ill.", "Had he married."]
+    offset = 0
+    for n, text in enumerate(finals):
+        d.show({"type": "final", "channel": 0, "utterance": n, "offset": offset, "text": text})
+        offset += len(text) + 1
+    first = "He was not an ill-disposed young man. Unless to be cold is to be ill. Had he married."
+    d.show({"type": "revision", "channel": 0, "utterances": [1, 3], "offset": 17, "text": first})
+    second = "Unless to be cold, is to be ill. Had he married a more amiable woman."
+    d.show({"type": "revision", "channel": 0, "utterances": [2, 3], "offset": 17 + 38, "text": second})
+    assert screen(out.getvalue()) == ["And so it began.", "He was not an ill-disposed young man. " + second]
+
+
+def test_what_a_terminal_shows_is_the_transcript_after_every_message():
+    """Random finals and revisions on two channels, each revision from an utterance boundary or
+    from inside a line an earlier revision joined: the screen, line by line per channel, joins up
+    to :class:`Transcript`'s final text (the rule the server and the other clients apply)."""
+    import random
+
+    from asr_client import Transcript
+
+    rng = random.Random(7)
+    words = "ten of clubs queen of hearts two of spades the quick brown fox jumps over a lazy dog".split()
+    for _ in range(200):
+        out, t = Tty(), Transcript()
+        d = Display(out, channels=2)
+        starts: dict[int, list[int]] = {0: [], 1: []}  # where each channel's utterances start
+        utterance = {0: 0, 1: 0}
+        for _ in range(rng.randint(1, 14)):
+            ch = rng.randint(0, 1)
+            text = " ".join(rng.choices(words, k=rng.randint(1, 9)))
+            held = t.final_text(ch)
+            if starts[ch] and rng.random() < 0.4:
+                # A revision covers utterance k to the latest, a piece of text each.
+                k = rng.randrange(len(starts[ch]))
+                offset = starts[ch][k]
+                pieces = [" ".join(rng.choices(words, k=rng.randint(1, 5))) for _ in range(k, utterance[ch])]
+                text = " ".join(pieces)
+                message = {"type": "revision", "channel": ch, "utterances": [k, utterance[ch] - 1], "offset": offset, "text": text}
+                starts[ch][k:] = [offset + sum(len(p) + 1 for p in pieces[:i]) for i in range(len(pieces))]
+            else:
+                offset = len(held) + 1 if held else 0
+                message = {"type": "final", "channel": ch, "utterance": utterance[ch], "offset": offset, "text": text}
+                starts[ch].append(offset)
+                utterance[ch] += 1
+            t.apply(message)
+            d.show(message)
+            shown = screen(out.getvalue())
+            for c in (0, 1):
+                mine = [line[len(f"[ch{c}] "):] for line in shown if line.startswith(f"[ch{c}] ")]
+                assert " ".join(mine) == t.final_text(c), (c, shown)

@@ -48,7 +48,8 @@ class Display:
         self.tty = out.isatty()
         self.channels = channels
         self._live = False
-        self._lines: list[tuple[int, int, str]] = []  # final lines on screen: (channel, first utterance, text)
+        # Final lines on screen: (channel, where the line's text starts in the channel's transcript, text).
+        self._lines: list[tuple[int, int, str]] = []
 
     def _label(self, message: dict[str, Any]) -> str:
         return f"[ch{message['channel']}] " if self.channels > 1 else ""
@@ -65,9 +66,8 @@ class Display:
                 self.out.write("\r\x1b[K")
                 self._live = False
             if message["text"]:
-                line = self._label(message) + message["text"]
-                self.out.write(line + "\n")
-                self._lines.append((message["channel"], message["utterance"], line))
+                self.out.write(self._label(message) + message["text"] + "\n")
+                self._lines.append((message["channel"], message["offset"], message["text"]))
         elif kind == "revision" and self.tty:
             self._revise(message)
         elif kind == "error":
@@ -81,21 +81,31 @@ class Display:
         self.out.flush()
 
     def _revise(self, message: dict[str, Any]) -> None:
-        """Redraw from the first revised final down, if it is still on screen."""
-        first = message["utterances"][0]
-        at = next((i for i, (ch, utt, _) in enumerate(self._lines) if ch == message["channel"] and utt >= first), None)
-        if at is None:
-            return
-        columns, rows = shutil.get_terminal_size((100, 20))
+        """Redraw the channel's finals from the line that holds the revision's offset down: that
+        line keeps its words before the offset (an earlier revision may have joined the utterance
+        the revision starts at to the ones before it), the revised text follows, and other channels'
+        lines below are drawn again after it. A redraw taller than the screen shows its end (the
+        cursor stops at the top); what scrolled away stays as it was."""
+        channel, offset = message["channel"], message["offset"]
+        mine = [i for i, (ch, start, _) in enumerate(self._lines) if ch == channel]
+        at = next((i for i in reversed(mine) if self._lines[i][1] <= offset), mine[0] if mine else len(self._lines))
         below = self._lines[at:]
-        height = sum(max(1, -(-len(text) // max(1, columns))) for _, _, text in below)
-        if height >= rows:
-            return  # scrolled away: the next finals follow the revised text anyway
+        kept = [entry for entry in below if entry[0] != channel]  # other channels' lines, redrawn after
+        start, text = (self._lines[at][1], self._lines[at][2]) if at < len(self._lines) else (offset, "")
+        before = text[: max(0, offset - 1 - start)].rstrip() if start < offset else ""
+        revised = (before + " " + message["text"]) if before else message["text"]
+        if start > offset:
+            start = offset
         self.clear()
-        kept = [entry for entry in below if entry[0] != message["channel"]]  # other channels' lines, redrawn after
-        revised = self._label(message) + message["text"]
-        self.out.write(f"\x1b[{height}F\x1b[J" + revised + "\n" + "".join(text + "\n" for _, _, text in kept))
-        self._lines[at:] = [(message["channel"], first, revised), *kept]
+        if below:
+            self.out.write(f"\x1b[{self._height(below)}F\x1b[J")
+        self.out.write("".join(self._label({"channel": ch}) + line + "\n" for ch, _, line in [(channel, start, revised), *kept]))
+        self._lines[at:] = [(channel, start, revised), *kept]
+
+    def _height(self, lines: list[tuple[int, int, str]]) -> int:
+        """Terminal rows the lines take, wrapped at the terminal's width."""
+        columns = max(1, shutil.get_terminal_size((100, 20)).columns)
+        return sum(max(1, -(-len(self._label({"channel": ch}) + text) // columns)) for ch, _, text in lines)
 
     def clear(self) -> None:
         if self._live:
