@@ -231,7 +231,7 @@ async def run_mic(args: argparse.Namespace) -> int:
         print(f"asr-client mic needs the 'mic' extra (pip install 'asr-client[mic]') and PortAudio: {exc}", file=sys.stderr)
         return 2
     loop = asyncio.get_running_loop()
-    audio: asyncio.Queue[bytes] = asyncio.Queue(maxsize=50)  # 5 s; older blocks are dropped if the network stalls
+    audio: asyncio.Queue[bytes] = asyncio.Queue(maxsize=50)  # 5 s; while it is full (the network stalled) new blocks are dropped
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
