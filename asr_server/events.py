@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .audio.chunker import EndReason
 from .inference.types import DecodeRequest, Word
 
-__all__ = ["SpeechStart", "Interim", "Final", "Revision", "Settled", "ContextDecided", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
+__all__ = ["SpeechStart", "Interim", "Final", "RevisedSegment", "Revision", "Settled", "ContextDecided", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,18 @@ class Final:
 
 
 @dataclass(frozen=True)
+class RevisedSegment:
+    """One utterance of a :class:`Revision`: its text starts at ``offset`` in the channel's
+    transcript (and runs to the next one's, less the joining space), and it is heard from
+    ``start`` to ``end`` (stream seconds: its first and last words, as a final's are)."""
+
+    utterance: int
+    offset: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
 class Revision:
     """The channel's transcript from ``offset`` to the end of its finals is now ``text``.
 
@@ -59,7 +71,10 @@ class Revision:
     later ones whose text differs), so that a client can mark them and a
     bench can tell an utterance's first revision from a later one.
     ``settle``: it comes from a settle decode (a stretch decoded once more, whole,
-    while the server has time to spare), not from a context pass.
+    while the server has time to spare), not from a context pass. ``segments``:
+    where each utterance of the range (each with text) sits in ``text`` and in
+    time, so that a client showing one line or cue per utterance (a call's turns,
+    subtitles) can keep them apart.
     """
 
     channel: int
@@ -70,6 +85,7 @@ class Revision:
     words: tuple[Word, ...]
     changed: tuple[int, ...] = ()
     settle: bool = False
+    segments: tuple[RevisedSegment, ...] = ()
 
     @property
     def pass_name(self) -> str:

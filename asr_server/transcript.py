@@ -3,7 +3,9 @@
 Per channel, each final is one segment (start, end, text, words); a revision
 replaces, as the protocol says, everything from its ``offset`` to the end of
 the finals: the segments after it go, one that it cuts keeps its part
-before, and the revision's text is one segment. Channels are named by the call's ``channel_names`` when the session
+before, and the revision's text becomes a segment per utterance again (its
+``segments`` say where each starts in the text and when it is heard), so a
+call's turns and a subtitle's cues stay apart and in time order. Channels are named by the call's ``channel_names`` when the session
 has them (a phone call: caller, agent), else ``channel N``.
 """
 
@@ -97,20 +99,27 @@ def build_transcript(texts: Iterable[str]) -> dict[str, Any]:
 
 
 def _revise(segments: list[dict[str, Any]], revision: dict[str, Any]) -> None:
-    offset, (first, last) = revision["offset"], revision["utterances"]
-    kept, replaced = [], []
+    offset = revision["offset"]
+    kept = []
     for s in segments:
         if s["offset"] + len(s["text"]) < offset:
             kept.append(s)  # wholly before the revision (and its joining space)
         elif s["offset"] < offset:
             kept.append({**s, "text": s["text"][: offset - 1 - s["offset"]], "words": []})  # cut: its part before stays
-            replaced.append(s)
-        else:
-            replaced.append(s)
-    words = revision.get("words") or []
-    start = words[0]["start"] if words else (replaced[0]["start"] if replaced else 0.0)
-    end = words[-1]["end"] if words else (replaced[-1]["end"] if replaced else start)
-    segments[:] = kept + [{"utterances": [first, last], "offset": offset, "start": start, "end": end, "text": revision["text"], "words": words}]
+    segments[:] = kept + _revised_segments(revision)
+
+
+def _revised_segments(revision: dict[str, Any]) -> list[dict[str, Any]]:
+    """A segment per utterance of ``revision``: its text cut where the next one's starts (less the
+    joining space), its words those that start from its start on (the words run in time order)."""
+    offset, text, parts = revision["offset"], revision["text"], revision["segments"]
+    ends = [p["offset"] - 1 for p in parts[1:]] + [offset + len(text)]
+    out = [{"utterances": [p["utterance"], p["utterance"]], "offset": p["offset"], "start": p["start"], "end": p["end"],
+            "text": text[p["offset"] - offset : end - offset], "words": []} for p, end in zip(parts, ends)]
+    for word in revision.get("words") or []:
+        k = next((k for k in range(len(parts) - 1, 0, -1) if word["start"] >= parts[k]["start"]), 0)
+        out[k]["words"].append(word)
+    return out
 
 
 def _cues(transcript: dict[str, Any]) -> list[tuple[float, float, str, str]]:

@@ -14,8 +14,10 @@ def messages() -> list[str]:
         {"type": "final", "channel": 1, "utterance": 0, "offset": 0, "text": "Sorry to hear.", "start": 2.5, "end": 3.5, "words": []},
         {"type": "final", "channel": 0, "utterance": 1, "offset": 16, "text": "Yet today.", "start": 4.0, "end": 5.0, "words": []},
         {"type": "final", "channel": 0, "utterance": 2, "offset": 27, "text": "", "start": 6.0, "end": 6.2, "words": []},
-        {"type": "revision", "channel": 0, "utterances": [0, 1], "offset": 0, "text": "I lost my card yesterday.",
-         "words": [{"word": "I", "start": 0.6, "end": 0.7, "probability": 0.9}, {"word": "yesterday.", "start": 4.1, "end": 4.8, "probability": 0.9}]},
+        {"type": "revision", "channel": 0, "utterances": [0, 1], "offset": 0, "text": "I lost my card. Yesterday.",
+         "words": [{"word": "I", "start": 0.6, "end": 0.7, "probability": 0.9}, {"word": "card.", "start": 1.5, "end": 1.9, "probability": 0.9},
+                   {"word": "Yesterday.", "start": 4.1, "end": 4.8, "probability": 0.9}],
+         "segments": [{"utterance": 0, "offset": 0, "start": 0.6, "end": 1.9}, {"utterance": 1, "offset": 16, "start": 4.1, "end": 4.8}]},
         {"type": "closed", "audio_received_s": 7.0, "audio_transcribed_s": 5.0},
     ]
     return [json.dumps(m) for m in out]
@@ -26,29 +28,34 @@ def test_finals_per_speaker_with_revisions_applied():
     assert t["complete"] and t["session_id"] == "s"
     caller, agent = t["channels"]
     assert caller["speaker"] == "caller" and agent["speaker"] == "agent"
-    assert caller["text"] == "I lost my card yesterday." and [s["utterances"] for s in caller["segments"]] == [[0, 1]]
-    assert (caller["segments"][0]["start"], caller["segments"][0]["end"]) == (0.6, 4.8)
+    assert caller["text"] == "I lost my card. Yesterday."
+    # A segment per utterance still, each with its text, times and words.
+    assert [(s["utterances"], s["text"], s["start"], s["end"]) for s in caller["segments"]] == [
+        ([0, 0], "I lost my card.", 0.6, 1.9), ([1, 1], "Yesterday.", 4.1, 4.8)]
+    assert [[w["word"] for w in s["words"]] for s in caller["segments"]] == [["I", "card."], ["Yesterday."]]
     assert agent["text"] == "Sorry to hear."
 
 
 def test_a_revision_that_cuts_an_earlier_one_keeps_its_part_before():
-    t = build_transcript(messages() + [json.dumps({"type": "revision", "channel": 0, "utterances": [1, 1], "offset": 15,
-                                                   "text": "yesterday!", "words": []})])
-    assert t["channels"][0]["text"] == "I lost my card yesterday!"  # as a client applying the offsets has it
+    t = build_transcript(messages() + [json.dumps({"type": "revision", "channel": 0, "utterances": [1, 1], "offset": 10,
+                                                   "text": "wallet. Yesterday!", "words": [],
+                                                   "segments": [{"utterance": 1, "offset": 10, "start": 1.2, "end": 4.8}]})])
+    assert t["channels"][0]["text"] == "I lost my wallet. Yesterday!"  # as a client applying the offsets has it
+    assert [s["text"] for s in t["channels"][0]["segments"]] == ["I lost my", "wallet. Yesterday!"]
 
 
 def test_each_channel_says_how_much_of_its_text_is_settled():
     """Up to the latest settled message's offset while the session runs (0 without one); all of
     it once the session ended."""
     running = [m for m in messages() if json.loads(m)["type"] != "closed"] + [
-        json.dumps({"type": "settled", "channel": 0, "utterance": 1, "offset": 25}),
-        json.dumps({"type": "final", "channel": 0, "utterance": 3, "offset": 26, "text": "Call me.", "start": 8.0, "end": 9.0, "words": []}),
+        json.dumps({"type": "settled", "channel": 0, "utterance": 1, "offset": 26}),
+        json.dumps({"type": "final", "channel": 0, "utterance": 3, "offset": 27, "text": "Call me.", "start": 8.0, "end": 9.0, "words": []}),
     ]
     t = build_transcript(running)
-    assert [c["settled"] for c in t["channels"]] == [25, 0] and not t["complete"]
-    assert t["channels"][0]["text"][:25] == "I lost my card yesterday." and t["channels"][0]["text"].endswith(" Call me.")
+    assert [c["settled"] for c in t["channels"]] == [26, 0] and not t["complete"]
+    assert t["channels"][0]["text"][:26] == "I lost my card. Yesterday." and t["channels"][0]["text"].endswith(" Call me.")
     ended = build_transcript(running + [json.dumps({"type": "closed"})])
-    assert [c["settled"] for c in ended["channels"]] == [len("I lost my card yesterday. Call me."), len("Sorry to hear.")]
+    assert [c["settled"] for c in ended["channels"]] == [len("I lost my card. Yesterday. Call me."), len("Sorry to hear.")]
 
 
 def test_settled_counts_in_the_text_given_when_the_log_lost_the_first_messages():
@@ -102,9 +109,13 @@ def test_the_transcript_log_is_bounded_keeps_the_session_message_and_says_when_i
 
 
 def test_srt_and_vtt_cues_in_time_order_with_speakers():
+    """A revision that covered two of the caller's turns leaves them two cues, with the agent's
+    turn between them, as they were spoken."""
     t = build_transcript(messages())
-    assert to_srt(t) == "1\n00:00:00,600 --> 00:00:04,800\n[caller] I lost my card yesterday.\n\n2\n00:00:02,500 --> 00:00:03,500\n[agent] Sorry to hear.\n"
-    assert to_vtt(t) == "WEBVTT\n\n00:00:00.600 --> 00:00:04.800\n<v caller>I lost my card yesterday.\n\n00:00:02.500 --> 00:00:03.500\n<v agent>Sorry to hear.\n"
+    assert to_srt(t) == ("1\n00:00:00,600 --> 00:00:01,900\n[caller] I lost my card.\n\n2\n00:00:02,500 --> 00:00:03,500\n[agent] Sorry to hear.\n\n"
+                         "3\n00:00:04,100 --> 00:00:04,800\n[caller] Yesterday.\n")
+    assert to_vtt(t) == ("WEBVTT\n\n00:00:00.600 --> 00:00:01.900\n<v caller>I lost my card.\n\n00:00:02.500 --> 00:00:03.500\n<v agent>Sorry to hear.\n\n"
+                         "00:00:04.100 --> 00:00:04.800\n<v caller>Yesterday.\n")
     one = build_transcript([m for m in messages() if '"channel": 1' not in m])
-    assert to_srt(one).splitlines()[2] == "I lost my card yesterday."  # one speaker: no label
+    assert to_srt(one).splitlines()[2] == "I lost my card."  # one speaker: no label
     assert not build_transcript(messages()[:3])["complete"]

@@ -51,7 +51,7 @@ import numpy as np
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
-from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, RevisedSegment, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
 from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, looped, mark_heard, plan_window, reached, revised_texts, settle_window, split_words, surer_texts, trusted, window_request,
@@ -1019,7 +1019,8 @@ class ChannelDecoder:
         self._prompt = _tail_words(self._done[-1].text, PROMPT_CHARS)
         revised = self._done[first:]
         words = tuple(w for r in revised for w in r.words) if self.options.word_timestamps else ()
-        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, tuple(differ), settle)]
+        parts = tuple(RevisedSegment(r.index, r.offset, *_heard_span(r)) for r in revised)
+        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, tuple(differ), settle, parts)]
         return out + self._moved_interim()
 
     def _placed(self, covered: list[Finalized], texts: list[tuple[str, tuple[Word, ...]]]) -> tuple[list[str], list[bool]]:
@@ -1235,6 +1236,16 @@ def unheard_tail(
         return None
     end = words[-1].end
     return max(0.0, end - SPLIT_MARGIN_S), min(voiced_s, end + SPLIT_TIGHT_S), True, _sentence_key([w.word for w in words]) in heard_before
+
+
+def _heard_span(record: Finalized) -> tuple[float, float]:
+    """Where ``record`` is heard, in stream seconds, as its final gave it: from its first word to
+    its last (within its audio), or its audio where it has no words."""
+    ends = (record.start + len(record.audio)) / MODEL_RATE
+    if not record.words:
+        return round(record.start / MODEL_RATE, 3), round(ends, 3)
+    first = record.words[0].start
+    return round(first, 3), round(min(ends, max(record.words[-1].end, first)), 3)
 
 
 def _tail_words(text: str, limit: int) -> str:

@@ -89,6 +89,7 @@ class MessageWriter:
                         "offset": event.offset,
                         "text": event.text,
                         "words": _words(event.words),
+                        "segments": [{"utterance": u.utterance, "offset": u.offset, "start": u.start, "end": u.end} for u in event.segments],
                     },
                 )
             case Settled():

@@ -147,22 +147,39 @@ def check_rules(d: Driver) -> None:
     assert seqs == list(range(1, len(seqs) + 1))
     finals = ""  # the transcript of finals, rebuilt by the rule, message by message
     settled, fixed, named = 0, "", -1  # the last settled message's offset, the text before it, its utterance
+    per_utterance: dict[int, str] = {}  # each utterance's text, as a client showing a line per utterance holds it
     for m in d.messages:
         assert finals[:settled] == fixed  # what a settled message called final never changes
         if m["type"] in ("interim", "final"):
             assert m["offset"] == (len(finals) + 1 if finals else 0)  # offsets follow the revised transcript
             if m["type"] == "final" and m["text"]:
                 finals = (finals + " " + m["text"]).strip()
+                per_utterance[m["utterance"]] = m["text"]
         elif m["type"] == "revision":
             first, last = m["utterances"]
             assert first <= last and 0 <= m["offset"] <= len(finals)
             assert m["changed"][0] == first and m["changed"] == sorted(set(m["changed"])) and m["changed"][-1] <= last
             assert named < 0 or m["offset"] > settled  # a revision starts after the settled text
             finals = (finals[: m["offset"] - 1] + " " + m["text"]) if m["offset"] else m["text"]
+            per_utterance.update(revised_segments(m, per_utterance))
         elif m["type"] == "settled":
             assert m["utterance"] > named and settled <= m["offset"] <= len(finals) and finals[m["offset"] : m["offset"] + 1] in ("", " ")
             settled, fixed, named = m["offset"], finals[: m["offset"]], m["utterance"]
     assert finals[:settled] == fixed and d.client.final_text() == finals
+    assert " ".join(per_utterance[u] for u in sorted(per_utterance)) == finals
+
+
+def revised_segments(m: dict, held: dict[int, str]) -> dict[int, str]:
+    """A revision's text per utterance, cut by its ``segments``: one per utterance of its range
+    that has text (the utterances a client holds text for from ``first`` on), in order, the first
+    at the revision's offset, each at the start of a word, heard from ``start`` to ``end``."""
+    first, last = m["utterances"]
+    parts = m["segments"]
+    assert [p["utterance"] for p in parts] == sorted(u for u in held if u >= first) and parts[0]["offset"] == m["offset"]
+    assert parts[-1]["utterance"] == last and all(p["start"] <= p["end"] for p in parts)
+    cuts = [p["offset"] - m["offset"] for p in parts] + [len(m["text"]) + 1]
+    assert all(m["text"][c - 1] == " " for c in cuts[1:-1])
+    return {p["utterance"]: m["text"][a : b - 1] for p, a, b in zip(parts, cuts, cuts[1:])}
 
 
 def _streamed_whole(together: list[str]) -> Driver:

@@ -149,5 +149,10 @@ def test_a_twilio_call_is_transcribed_per_party_and_followed_live_and_after(whis
     whole = json.loads(transcript["json"])
     assert whole["complete"] and not whole["truncated"] and [c["speaker"] for c in whole["channels"]] == ["caller", "agent"]
     assert wer(caller_ref, whole["channels"][0]["text"]) < 0.35 and wer(agent_ref, whole["channels"][1]["text"]) < 0.35
+    for c, channel in enumerate(whole["channels"]):  # a segment (a cue) per turn, whether or not a revision covered it
+        turns = [m["utterance"] for m in live if m["type"] == "final" and m["channel"] == c and m["text"]]
+        assert [s["utterances"] for s in channel["segments"]] == [[u, u] for u in turns]
+        assert " ".join(s["text"] for s in channel["segments"]) == channel["text"]
+    assert transcript["srt"].count(" --> ") == sum(len(c["segments"]) for c in whole["channels"])
     assert transcript["srt"].startswith("1\n00:00:0") and "[caller] " in transcript["srt"] and "[agent] " in transcript["srt"]
     assert transcript["vtt"].startswith("WEBVTT\n\n") and "<v caller>" in transcript["vtt"] and " --> " in transcript["vtt"]
