@@ -80,18 +80,45 @@ def test_a_revision_from_inside_a_line_an_earlier_revision_joined_rewrites_that_
     assert screen(out.getvalue()) == ["And so it began.", "He was not an ill-disposed young man. " + second]
 
 
+def _segments(pieces: list[tuple[int, str]], offset: int) -> list[dict]:
+    """A revision's ``segments`` for its pieces of text, one per utterance, from ``offset``."""
+    out = []
+    for utterance, piece in pieces:
+        out.append({"utterance": utterance, "offset": offset, "start": float(utterance), "end": utterance + 0.5})
+        offset += len(piece) + 1
+    return out
+
+
+def test_with_segments_a_call_keeps_a_line_per_turn_in_the_order_spoken():
+    """A revision of the caller's two turns rewrites each turn's line in place; the agent's turn
+    between them stays between them."""
+    out = Tty()
+    d = Display(out, channels=2)
+    d.show({"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "I lost my card."})
+    d.show({"type": "final", "channel": 1, "utterance": 0, "offset": 0, "text": "Sorry to hear."})
+    d.show({"type": "final", "channel": 0, "utterance": 1, "offset": 16, "text": "Yet today."})
+    d.show({"type": "final", "channel": 1, "utterance": 1, "offset": 15, "text": "Your name?"})
+    pieces = [(0, "I lost my card,"), (1, "yesterday.")]
+    d.show({"type": "revision", "channel": 0, "utterances": [0, 1], "offset": 0, "text": "I lost my card, yesterday.", "segments": _segments(pieces, 0)})
+    assert screen(out.getvalue()) == ["[ch0] I lost my card,", "[ch1] Sorry to hear.", "[ch0] yesterday.", "[ch1] Your name?"]
+
+
 def test_what_a_terminal_shows_is_the_transcript_after_every_message():
     """Random finals and revisions on two channels, each revision from an utterance boundary or
-    from inside a line an earlier revision joined: the screen, line by line per channel, joins up
-    to :class:`Transcript`'s final text (the rule the server and the other clients apply)."""
+    from inside a line an earlier revision joined, with ``segments`` (a line per utterance, kept
+    in the order the finals came) or without (a server from before them): the screen, line by
+    line per channel, joins up to :class:`Transcript`'s final text (the rule the server and the
+    other clients apply)."""
     import random
 
     from asr_client import Transcript
 
     rng = random.Random(7)
     words = "ten of clubs queen of hearts two of spades the quick brown fox jumps over a lazy dog".split()
-    for _ in range(200):
+    for run in range(400):
         out, t = Tty(), Transcript()
+        with_segments = run % 2 == 0
+        order: list[tuple[int, int]] = []  # (channel, utterance) of the finals, as they came
         d = Display(out, channels=2)
         starts: dict[int, list[int]] = {0: [], 1: []}  # where each channel's utterances start
         utterance = {0: 0, 1: 0}
@@ -106,11 +133,14 @@ def test_what_a_terminal_shows_is_the_transcript_after_every_message():
                 pieces = [" ".join(rng.choices(words, k=rng.randint(1, 5))) for _ in range(k, utterance[ch])]
                 text = " ".join(pieces)
                 message = {"type": "revision", "channel": ch, "utterances": [k, utterance[ch] - 1], "offset": offset, "text": text}
+                if with_segments:
+                    message["segments"] = _segments(list(zip(range(k, utterance[ch]), pieces)), offset)
                 starts[ch][k:] = [offset + sum(len(p) + 1 for p in pieces[:i]) for i in range(len(pieces))]
             else:
                 offset = len(held) + 1 if held else 0
                 message = {"type": "final", "channel": ch, "utterance": utterance[ch], "offset": offset, "text": text}
                 starts[ch].append(offset)
+                order.append((ch, utterance[ch]))
                 utterance[ch] += 1
             t.apply(message)
             d.show(message)
@@ -118,3 +148,5 @@ def test_what_a_terminal_shows_is_the_transcript_after_every_message():
             for c in (0, 1):
                 mine = [line[len(f"[ch{c}] "):] for line in shown if line.startswith(f"[ch{c}] ")]
                 assert " ".join(mine) == t.final_text(c), (c, shown)
+            if with_segments:
+                assert [line[:5] for line in shown] == [f"[ch{c}]" for c, _ in order]  # a line per final, in order

@@ -48,8 +48,8 @@ class Display:
         self.tty = out.isatty()
         self.channels = channels
         self._live = False
-        # Final lines on screen: (channel, where the line's text starts in the channel's transcript, text).
-        self._lines: list[tuple[int, int, str]] = []
+        # Final lines on screen: (channel, utterance, where the line's text starts in the channel's transcript, text).
+        self._lines: list[tuple[int, int, int, str]] = []
 
     def _label(self, message: dict[str, Any]) -> str:
         return f"[ch{message['channel']}] " if self.channels > 1 else ""
@@ -67,7 +67,7 @@ class Display:
                 self._live = False
             if message["text"]:
                 self.out.write(self._label(message) + message["text"] + "\n")
-                self._lines.append((message["channel"], message["offset"], message["text"]))
+                self._lines.append((message["channel"], message["utterance"], message["offset"], message["text"]))
         elif kind == "revision" and self.tty:
             self._revise(message)
         elif kind == "error":
@@ -81,37 +81,61 @@ class Display:
         self.out.flush()
 
     def _revise(self, message: dict[str, Any]) -> None:
-        """Redraw the channel's finals from the line that holds the revision's offset down: that
-        line keeps its words before the offset (an earlier revision may have joined the utterance
-        the revision starts at to the ones before it), the revised text follows, and other channels'
-        lines below are drawn again after it. A redraw taller than the screen shows its end (the
-        cursor stops at the top); what scrolled away stays as it was."""
+        """Redraw the channel's final lines the revision covers, and every line below them. Each
+        utterance keeps its own line where the revision says where its utterances start
+        (``segments``), so a call's turns stay in the order they were spoken; from a server
+        that does not, the lines from the one holding the revision's offset become one (that
+        line keeps its words before the offset). A redraw taller than the screen shows its end
+        (the cursor stops at the top); what scrolled away stays as it was."""
+        channel = message["channel"]
+        parts = _segment_texts(message)
+        held = {utt for ch, utt, _, _ in self._lines if ch == channel}
+        if parts is not None and set(parts) <= held:
+            at = next(i for i, (ch, utt, _, _) in enumerate(self._lines) if ch == channel and utt in parts)
+            lines = [(ch, utt, *parts[utt]) if ch == channel and utt in parts else (ch, utt, start, text)
+                     for ch, utt, start, text in self._lines[at:] if ch != channel or utt in parts or utt < message["utterances"][0]]
+        else:
+            at, lines = self._joined(message)
+        self.clear()
+        if at < len(self._lines):
+            self.out.write(f"\x1b[{self._height(self._lines[at:])}F\x1b[J")
+        self.out.write("".join(self._label({"channel": ch}) + text + "\n" for ch, _, _, text in lines))
+        self._lines[at:] = lines
+
+    def _joined(self, message: dict[str, Any]) -> tuple[int, list[tuple[int, int, int, str]]]:
+        """Where to redraw from, and the lines from there, for a revision without ``segments``: the
+        channel's lines from the one holding its offset become one, which keeps its words before
+        the offset; other channels' lines follow it."""
         channel, offset = message["channel"], message["offset"]
-        mine = [i for i, (ch, start, _) in enumerate(self._lines) if ch == channel]
-        at = next((i for i in reversed(mine) if self._lines[i][1] <= offset), mine[0] if mine else len(self._lines))
-        below = self._lines[at:]
-        kept = [entry for entry in below if entry[0] != channel]  # other channels' lines, redrawn after
-        start, text = (self._lines[at][1], self._lines[at][2]) if at < len(self._lines) else (offset, "")
+        mine = [i for i, (ch, _, start, _) in enumerate(self._lines) if ch == channel]
+        at = next((i for i in reversed(mine) if self._lines[i][2] <= offset), mine[0] if mine else len(self._lines))
+        _, utt, start, text = self._lines[at] if at < len(self._lines) else (channel, message["utterances"][0], offset, "")
         before = text[: max(0, offset - 1 - start)].rstrip() if start < offset else ""
         revised = (before + " " + message["text"]) if before else message["text"]
-        if start > offset:
-            start = offset
-        self.clear()
-        if below:
-            self.out.write(f"\x1b[{self._height(below)}F\x1b[J")
-        self.out.write("".join(self._label({"channel": ch}) + line + "\n" for ch, _, line in [(channel, start, revised), *kept]))
-        self._lines[at:] = [(channel, start, revised), *kept]
+        kept = [line for line in self._lines[at:] if line[0] != channel]
+        return at, [(channel, utt, min(start, offset), revised), *kept]
 
-    def _height(self, lines: list[tuple[int, int, str]]) -> int:
+    def _height(self, lines: list[tuple[int, int, int, str]]) -> int:
         """Terminal rows the lines take, wrapped at the terminal's width."""
         columns = max(1, shutil.get_terminal_size((100, 20)).columns)
-        return sum(max(1, -(-len(self._label({"channel": ch}) + text) // columns)) for ch, _, text in lines)
+        return sum(max(1, -(-len(self._label({"channel": ch}) + text) // columns)) for ch, _, _, text in lines)
 
     def clear(self) -> None:
         if self._live:
             self.out.write("\r\x1b[K")
             self._live = False
             self.out.flush()
+
+
+def _segment_texts(message: dict[str, Any]) -> dict[int, tuple[int, str]] | None:
+    """A revision's text per utterance, by its ``segments``: {utterance: (offset, text)}; None
+    when it has none (a server from before they were sent)."""
+    parts = message.get("segments")
+    if not parts:
+        return None
+    base, text = message["offset"], message["text"]
+    ends = [p["offset"] - 1 for p in parts[1:]] + [base + len(text)]
+    return {p["utterance"]: (p["offset"], text[p["offset"] - base : end - base]) for p, end in zip(parts, ends)}
 
 
 def fit_tail(line: str, width: int) -> str:
