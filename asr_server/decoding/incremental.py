@@ -54,7 +54,7 @@ from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, RevisedSegment, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, looped, mark_heard, plan_window, reached, revised_texts, settle_window, split_words, surer_texts, trusted, window_request,
+from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, looped, mark_heard, plan_window, reached, retimed, revised_texts, settle_window, split_words, surer_texts, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
 from .text import ends_sentence, guard, normalize_word, normalized_text
@@ -722,10 +722,11 @@ class ChannelDecoder:
             # A decode that stopped at the prompt's sentence end can start the next in lower case
             # ("It is all that remains. the second."): the transcript reads as sentences.
             text, words = _capitalized(text, words)
-        sent_words = words if self.options.word_timestamps else ()
+        shown = retimed(words)
+        sent_words = shown if self.options.word_timestamps else ()
         start, end = utt.speech_at / MODEL_RATE, utt.ended.end / MODEL_RATE
-        if words:
-            start, end = words[0].start, min(end, max(words[-1].end, words[0].start))
+        if shown:
+            start, end = shown[0].start, min(end, max(shown[-1].end, shown[0].start))
         if text:
             self._transcript_len = offset + len(text)
             self._last_text = text
@@ -1018,7 +1019,7 @@ class ChannelDecoder:
         self._last_text = self._done[-1].text
         self._prompt = _tail_words(self._done[-1].text, PROMPT_CHARS)
         revised = self._done[first:]
-        words = tuple(w for r in revised for w in r.words) if self.options.word_timestamps else ()
+        words = tuple(w for r in revised for w in retimed(r.words)) if self.options.word_timestamps else ()
         parts = tuple(RevisedSegment(r.index, r.offset, *_heard_span(r)) for r in revised)
         out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, tuple(differ), settle, parts)]
         return out + self._moved_interim()
@@ -1240,12 +1241,13 @@ def unheard_tail(
 
 def _heard_span(record: Finalized) -> tuple[float, float]:
     """Where ``record`` is heard, in stream seconds, as its final gave it: from its first word to
-    its last (within its audio), or its audio where it has no words."""
+    its last as clients get them (:func:`retimed`; within its audio), or its audio where it has no
+    words."""
     ends = (record.start + len(record.audio)) / MODEL_RATE
     if not record.words:
         return round(record.start / MODEL_RATE, 3), round(ends, 3)
-    first = record.words[0].start
-    return round(first, 3), round(min(ends, max(record.words[-1].end, first)), 3)
+    words = retimed(record.words)
+    return round(words[0].start, 3), round(min(ends, max(words[-1].end, words[0].start)), 3)
 
 
 def _tail_words(text: str, limit: int) -> str:

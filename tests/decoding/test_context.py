@@ -1084,3 +1084,38 @@ def test_a_mistimed_word_goes_with_the_words_around_it():
     spans = [Span(3, 16.62, 22.48), Span(4, 22.98, 26.08)]
     groups = split_words(words, spans, ["he might have made was.", "He might even"])
     assert ["".join(w.word for w in g).split() for g in groups] == [["might", "have", "been", "made", "was."], ["He", "might", "even"]]
+
+
+def test_a_mistimed_word_is_sent_timed_between_the_words_around_it():
+    """Whisper's alignment can time a word over seconds ("have" 22.04-28.52 s, then "been" at 22.04 s,
+    in a settle decode of the LibriVox reading): a client aligning or highlighting words gets each
+    in order, within the stretch the well-timed words around it leave."""
+    from asr_server.decoding.context import retimed
+
+    timed = [("might", 19.3, 19.6), ("have", 19.6, 26.1), ("been", 26.1, 26.1), ("made", 19.8, 20.2), ("was.", 21.9, 22.4)]
+    out = retimed([Word(" " + w, a, b, 0.9) for w, a, b in timed])
+    assert [(w.word.strip(), w.start, w.end) for w in out] == [
+        ("might", 19.3, 19.6), ("have", 19.6, 19.7), ("been", 19.7, 19.8), ("made", 19.8, 20.2), ("was.", 21.9, 22.4)]
+    assert retimed(out) == out  # well-timed words stay as they are
+    tail = retimed([Word(" so", 1.0, 1.2, 0.9), Word(" it", 1.3, 9.0, 0.9)])  # none after: at the end of the one before
+    assert [(w.start, w.end) for w in tail] == [(1.0, 1.2), (1.2, 1.2)]
+
+    class Stretching(TwoPassModel):
+        def context(self, request) -> Hypothesis:
+            hyp = super().context(request)
+            words = list(hyp.words)
+            words[2] = Word(words[2].word, words[2].start, words[2].start + 6.5, words[2].probability)  # lost its place
+            return Hypothesis(hyp.text, tuple(words), avg_logprob=hyp.avg_logprob)
+
+    together = list(ALONE)
+    together[0] = "he was not an ill-disposed young man"
+    d = Driver(Stretching(ALONE, together))  # words are sent by default
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    revisions = d.of_type("revision")
+    assert revisions and d.client.final_text() == " ".join(together)
+    for m in revisions + d.of_type("final"):
+        starts = [w["start"] for w in m["words"]]
+        assert starts == sorted(starts) and all(0 <= w["end"] - w["start"] <= 2.0 for w in m["words"]), m["words"]
