@@ -390,7 +390,8 @@ def retimed(words: Sequence[Word]) -> tuple[Word, ...]:
         j = next((i for i in range(k, len(words)) if not bad[i]), len(words))
         after = words[j].start if j < len(words) else None
         lo = words[k - 1].end if k else (after if after is not None else words[k].start)
-        step = max(0.0, (after if after is not None else lo) - lo) / (j - k)
+        lo = lo if after is None else min(lo, after)
+        step = ((after if after is not None else lo) - lo) / (j - k)
         for i in range(k, j):
             out[i] = replace(words[i], start=round(lo + (i - k) * step, 3), end=round(lo + (i - k + 1) * step, 3))
         k = j

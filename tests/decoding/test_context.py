@@ -1099,6 +1099,8 @@ def test_a_mistimed_word_is_sent_timed_between_the_words_around_it():
     assert retimed(out) == out  # well-timed words stay as they are
     tail = retimed([Word(" so", 1.0, 1.2, 0.9), Word(" it", 1.3, 9.0, 0.9)])  # none after: at the end of the one before
     assert [(w.start, w.end) for w in tail] == [(1.0, 1.2), (1.2, 1.2)]
+    tight = retimed([Word(" a", 1.0, 1.5, 0.9), Word(" b", 1.2, 9.0, 0.9), Word(" c", 1.4, 1.6, 0.9)])  # neighbours overlap
+    assert [(w.start, w.end) for w in tight] == [(1.0, 1.5), (1.4, 1.4), (1.4, 1.6)]
 
     class Stretching(TwoPassModel):
         def context(self, request) -> Hypothesis:
