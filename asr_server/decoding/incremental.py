@@ -724,9 +724,7 @@ class ChannelDecoder:
             text, words = _capitalized(text, words)
         shown = retimed(words)
         sent_words = shown if self.options.word_timestamps else ()
-        start, end = utt.speech_at / MODEL_RATE, utt.ended.end / MODEL_RATE
-        if shown:
-            start, end = shown[0].start, min(end, max(shown[-1].end, shown[0].start))
+        start, end = _heard_span(shown, utt.speech_at / MODEL_RATE, utt.ended.end / MODEL_RATE)
         if text:
             self._transcript_len = offset + len(text)
             self._last_text = text
@@ -1019,8 +1017,10 @@ class ChannelDecoder:
         self._last_text = self._done[-1].text
         self._prompt = _tail_words(self._done[-1].text, PROMPT_CHARS)
         revised = self._done[first:]
-        words = tuple(w for r in revised for w in retimed(r.words)) if self.options.word_timestamps else ()
-        parts = tuple(RevisedSegment(r.index, r.offset, *_heard_span(r)) for r in revised)
+        shown = [retimed(r.words) for r in revised]
+        words = tuple(w for ws in shown for w in ws) if self.options.word_timestamps else ()
+        spans = (_heard_span(ws, r.start / MODEL_RATE, (r.start + len(r.audio)) / MODEL_RATE) for r, ws in zip(revised, shown))
+        parts = tuple(RevisedSegment(r.index, r.offset, round(a, 3), round(b, 3)) for r, (a, b) in zip(revised, spans))
         out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, tuple(differ), settle, parts)]
         return out + self._moved_interim()
 
@@ -1239,15 +1239,13 @@ def unheard_tail(
     return max(0.0, end - SPLIT_MARGIN_S), min(voiced_s, end + SPLIT_TIGHT_S), True, _sentence_key([w.word for w in words]) in heard_before
 
 
-def _heard_span(record: Finalized) -> tuple[float, float]:
-    """Where ``record`` is heard, in stream seconds, as its final gave it: from its first word to
-    its last as clients get them (:func:`retimed`; within its audio), or its audio where it has no
-    words."""
-    ends = (record.start + len(record.audio)) / MODEL_RATE
-    if not record.words:
-        return round(record.start / MODEL_RATE, 3), round(ends, 3)
-    words = retimed(record.words)
-    return round(words[0].start, 3), round(min(ends, max(words[-1].end, words[0].start)), 3)
+def _heard_span(words: tuple[Word, ...], start: float, end: float) -> tuple[float, float]:
+    """Where an utterance heard as ``words`` (as clients get them, :func:`retimed`) is heard, in
+    stream seconds: from its first word to its last, within ``end``; ``start`` to ``end`` where
+    it has no words. A final's ``start``/``end`` and a revision's segments' both."""
+    if not words:
+        return start, end
+    return words[0].start, min(end, max(words[-1].end, words[0].start))
 
 
 def _tail_words(text: str, limit: int) -> str:

@@ -93,7 +93,7 @@ class Display:
         if parts is not None and set(parts) <= held:
             at = next(i for i, (ch, utt, _, _) in enumerate(self._lines) if ch == channel and utt in parts)
             lines = [(ch, utt, *parts[utt]) if ch == channel and utt in parts else (ch, utt, start, text)
-                     for ch, utt, start, text in self._lines[at:] if ch != channel or utt in parts or utt < message["utterances"][0]]
+                     for ch, utt, start, text in self._lines[at:] if ch != channel or utt in parts]
         else:
             at, lines = self._joined(message)
         self.clear()
