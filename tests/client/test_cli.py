@@ -100,6 +100,17 @@ def test_settled_lines_write_each_settled_stretch_once_and_the_rest_at_the_end()
 
 
 def test_only_one_of_json_transcript_and_settled():
-    for pair in (["--json", "--settled"], ["--transcript", "--settled"]):
+    for pair in (["--json", "--settled"], ["--transcript", "--settled"], ["--turns", "--transcript"], ["--json", "--turns"]):
         done = _client(*pair, "file", "x.wav")
         assert done.returncode == 2 and "choose one" in done.stderr
+
+
+def test_a_turn_line_says_when_and_who():
+    from asr_client import Turn
+    from asr_client.cli import turn_line
+
+    assert turn_line(Turn(1, 4, 83.46, 85.0, "Sure."), channels=2) == "[01:23.5 ch1] Sure."
+    assert turn_line(Turn(0, 0, 0.04, 1.0, "Hello."), channels=1) == "[00:00.0] Hello."
+    assert turn_line(Turn(0, 9, 3725.31, 3726.0, "Later."), channels=1) == "[1:02:05.3] Later."
+    assert turn_line(Turn(0, 9, 59.97, 61.0, "Then."), channels=1) == "[01:00.0] Then."
+    assert turn_line(Turn(0, 2, None, None, "Untimed."), channels=1) == "[--:--.-] Untimed."

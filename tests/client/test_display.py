@@ -148,5 +148,9 @@ def test_what_a_terminal_shows_is_the_transcript_after_every_message():
             for c in (0, 1):
                 mine = [line[len(f"[ch{c}] "):] for line in shown if line.startswith(f"[ch{c}] ")]
                 assert " ".join(mine) == t.final_text(c), (c, shown)
+                turns = t.turns(c)  # the library's turns hold the same text, a turn per line
+                assert " ".join(turn.text for turn in turns) == t.final_text(c)
+                if with_segments:
+                    assert [turn.text for turn in turns] == mine
             if with_segments:
                 assert [line[:5] for line in shown] == [f"[ch{c}]" for c, _ in order]  # a line per final, in order

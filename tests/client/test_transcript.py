@@ -88,3 +88,45 @@ def test_a_container_is_sent_packet_by_packet_when_each_is_due_and_raw_audio_at_
     assert list(_paced(data, 40, 400.0, None)) == [(data[:40], 0.0), (data[40:80], 0.1), (data[80:], 0.2)]
     schedule = [(10, 0.072), (90, 0.144), (95, 0.216)]  # the header and a small frame, a large frame, ...
     assert list(_paced(data, 40, 400.0, schedule)) == [(data[:10], 0.072), (data[10:90], 0.144), (data[90:95], 0.216), (data[95:], 0.216)]
+
+
+def final(channel, utterance, offset, text, start, end):
+    return {"type": "final", "channel": channel, "utterance": utterance, "offset": offset, "text": text, "start": start, "end": end}
+
+
+def test_turns_are_a_call_in_spoken_order_with_revisions_applied_to_each():
+    """Two parties' finals come in per channel; ``turns()`` interleaves them by start time, and a
+    revision with ``segments`` rewrites each utterance it covers in place, times included."""
+    from asr_client import Turn
+
+    t = Transcript()
+    t.apply(final(0, 0, 0, "I lost my card.", 0.4, 1.9))
+    t.apply(final(0, 1, 16, "Yesterday.", 4.2, 4.9))  # the caller's next turn comes before the agent's first final
+    t.apply(final(1, 0, 0, "Sorry to hear.", 2.3, 3.6))
+    t.apply(final(0, 2, 27, "", 6.0, 6.0))  # nothing recognised: no turn
+    t.apply({"type": "interim", "channel": 1, "utterance": 1, "offset": 15, "text": "your", "stable": 0})
+    assert t.turns() == [Turn(0, 0, 0.4, 1.9, "I lost my card."), Turn(1, 0, 2.3, 3.6, "Sorry to hear."), Turn(0, 1, 4.2, 4.9, "Yesterday.")]
+    t.apply({"type": "revision", "channel": 0, "utterances": [0, 1], "offset": 0, "text": "I lost my card, yesterday.",
+             "segments": [{"utterance": 0, "offset": 0, "start": 0.4, "end": 2.0}, {"utterance": 1, "offset": 16, "start": 4.1, "end": 4.9}]})
+    assert t.turns() == [Turn(0, 0, 0.4, 2.0, "I lost my card,"), Turn(1, 0, 2.3, 3.6, "Sorry to hear."), Turn(0, 1, 4.1, 4.9, "yesterday.")]
+    assert t.turns(0) == [Turn(0, 0, 0.4, 2.0, "I lost my card,"), Turn(0, 1, 4.1, 4.9, "yesterday.")]
+    assert t.turns(1) == [Turn(1, 0, 2.3, 3.6, "Sorry to hear.")]  # the live interim is not a turn
+    assert t.turns(5) == []
+    # A revision from the second utterance keeps the first as it is.
+    t.apply({"type": "revision", "channel": 0, "utterances": [1, 1], "offset": 16, "text": "Yesterday.", "segments": [{"utterance": 1, "offset": 16, "start": 4.1, "end": 4.8}]})
+    assert t.turns(0) == [Turn(0, 0, 0.4, 2.0, "I lost my card,"), Turn(0, 1, 4.1, 4.8, "Yesterday.")]
+    t.apply(final(0, 3, 27, "Bye.", 9.0, 9.5))
+    assert [turn.text for turn in t.turns()] == ["I lost my card,", "Sorry to hear.", "Yesterday.", "Bye."]
+
+
+def test_without_segments_a_revisions_utterances_become_one_turn():
+    """A server from before ``segments``: the revised range is one turn, heard from its first
+    utterance's start to its last one's end."""
+    from asr_client import Turn
+
+    t = Transcript()
+    t.apply(final(0, 0, 0, "And so it began.", 0.5, 2.0))
+    t.apply(final(0, 1, 17, "He was not an old-sposed", 3.0, 5.0))
+    t.apply(final(0, 2, 42, "young man.", 5.2, 6.0))
+    t.apply({"type": "revision", "channel": 0, "utterances": [1, 2], "offset": 17, "text": "He was not an ill-disposed young man."})
+    assert t.turns() == [Turn(0, 0, 0.5, 2.0, "And so it began."), Turn(0, 1, 3.0, 6.0, "He was not an ill-disposed young man.")]

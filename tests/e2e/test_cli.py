@@ -167,7 +167,7 @@ def test_client_cli_settled_prints_the_revised_text_as_it_goes(full_pass_server)
     assert wer(reference, settled) < wer(reference, " ".join(live))
 
 
-def test_client_cli_transcript_has_a_line_per_channel(live_server, tmp_path):
+def _call_wav(tmp_path):
     import wave
 
     path = tmp_path / "call.wav"
@@ -176,6 +176,11 @@ def test_client_cli_transcript_has_a_line_per_channel(live_server, tmp_path):
         w.setsampwidth(2)
         w.setframerate(8000)
         w.writeframes((FIXTURES / "call_8k_stereo.s16le").read_bytes())
+    return path
+
+
+def test_client_cli_transcript_has_a_line_per_channel(live_server, tmp_path):
+    path = _call_wav(tmp_path)
     cmd = [sys.executable, "-m", "asr_client", "--url", live_server.url, "--transcript", "file", str(path), "--fast"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -184,3 +189,28 @@ def test_client_cli_transcript_has_a_line_per_channel(live_server, tmp_path):
     assert caller.startswith("[ch1] ") and "lost my" in caller.lower()
     both = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=60)
     assert both.returncode == 2 and "choose one" in both.stderr
+
+
+def test_client_cli_turns_print_a_call_in_the_order_it_was_spoken(live_server, tmp_path):
+    """``--turns``: a line per utterance, revisions applied, in spoken order across the two
+    parties, each starting with when it was heard; the fixture's turns alternate."""
+    import re
+
+    from ..harness import MANIFEST
+    from ..wer import wer
+
+    cmd = [sys.executable, "-m", "asr_client", "--url", live_server.url, "file", str(_call_wav(tmp_path)), "--fast", "--turns"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [re.fullmatch(r"\[(\d\d):(\d\d\.\d) ch(\d)\] (.+)", line) for line in done.stdout.splitlines()]
+    assert lines and all(lines), done.stdout
+    turns = [(int(m[1]) * 60 + float(m[2]), int(m[3]), m[4]) for m in lines]
+    assert [t for t, _, _ in turns] == sorted(t for t, _, _ in turns)
+    spans = MANIFEST["call_8k_stereo.s16le"]["spans"]
+    for at, channel, text in turns:  # each line starts within a turn its party spoke (the words' times, give or take)
+        assert any(a - 0.6 <= at <= b for a, b in spans[channel]), (at, channel, text)
+    parties = [c for i, (_, c, _) in enumerate(turns) if i == 0 or turns[i - 1][1] != c]
+    assert parties == [0, 1, 0, 1, 0, 1], done.stdout  # agent, caller, ... as spoken
+    for channel, reference in enumerate(MANIFEST["call_8k_stereo.s16le"]["references"]):
+        said = " ".join(text for _, c, text in turns if c == channel)
+        assert wer(" ".join(reference), said) < 0.35, said

@@ -153,6 +153,14 @@ def test_a_twilio_call_is_transcribed_per_party_and_followed_live_and_after(whis
         turns = [m["utterance"] for m in live if m["type"] == "final" and m["channel"] == c and m["text"]]
         assert [s["utterances"] for s in channel["segments"]] == [[u, u] for u in turns]
         assert " ".join(s["text"] for s in channel["segments"]) == channel["text"]
+    # A client that followed the call live holds the same turns, times included (asr_client's Transcript.turns).
+    from asr_client import Transcript
+
+    client = Transcript()
+    for m in live:
+        client.apply(m)
+    for c, channel in enumerate(whole["channels"]):
+        assert [(t.utterance, t.start, t.end, t.text) for t in client.turns(c)] == [(s["utterances"][0], s["start"], s["end"], s["text"]) for s in channel["segments"]]
     assert transcript["srt"].count(" --> ") == sum(len(c["segments"]) for c in whole["channels"])
     assert transcript["srt"].startswith("1\n00:00:0") and "[caller] " in transcript["srt"] and "[agent] " in transcript["srt"]
     assert transcript["vtt"].startswith("WEBVTT\n\n") and "<v caller>" in transcript["vtt"] and " --> " in transcript["vtt"]

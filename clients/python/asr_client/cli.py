@@ -1,16 +1,18 @@
 """``asr-client``: caption a file or the microphone from a terminal.
 
-    asr-client file PATH [--fast] [--json | --transcript | --settled]
-    asr-client mic [--device N] [--json | --transcript | --settled]
+    asr-client file PATH [--fast] [--json | --transcript | --turns | --settled]
+    asr-client mic [--device N] [--json | --transcript | --turns | --settled]
 
 Options that apply to both (``--url``, ``--json``, ``--transcript``,
-``--settled``, ``--no-interim``, ``--language``, ``--endpoint-ms``) may come
-before or after the command. ``--transcript`` prints the transcript as the
-stream left it (the server's revisions applied) when it ends, and shows the
-live captions on stderr meanwhile: ``asr-client file talk.wav --fast
---transcript > talk.txt``. ``--settled`` prints the same text as it goes: each
-stretch once the server has settled it (it will not change again), the rest
-when the stream ends: ``asr-client mic --settled >> notes.txt``.
+``--turns``, ``--settled``, ``--no-interim``, ``--language``,
+``--endpoint-ms``) may come before or after the command. ``--transcript``
+prints the transcript as the stream left it (the server's revisions applied)
+when it ends, and shows the live captions on stderr meanwhile: ``asr-client
+file talk.wav --fast --transcript > talk.txt``. ``--turns`` prints the same
+transcript one utterance a line, in the order they were spoken, each with its
+time (and channel): a call's turns. ``--settled`` prints the text as it goes:
+each stretch once the server has settled it (it will not change again), the
+rest when the stream ends: ``asr-client mic --settled >> notes.txt``.
 Exit status: 0 when the server finished the transcript (``closed``), 1 when
 it ended the stream early or with an error, 2 when the file or the server
 could not be reached.
@@ -27,7 +29,7 @@ import signal
 import sys
 from typing import Any, TextIO
 
-from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, Transcript, connect, read_pcm, stream_bytes
+from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, Transcript, Turn, connect, read_pcm, stream_bytes
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -193,7 +195,7 @@ async def run_file(args: argparse.Namespace) -> int:
     except AudioFileError as exc:
         print(f"asr-client: {exc}", file=sys.stderr)
         return 2
-    display = Display(sys.stderr if args.transcript or args.settled else sys.stdout)
+    display = Display(sys.stderr if args.transcript or args.turns or args.settled else sys.stdout)
     outcome, transcript = Outcome(), Transcript()
     settled = SettledLines(sys.stdout, transcript) if args.settled else None
     async for item in stream_bytes(args.url, pcm, bytes_per_second=MODEL_RATE * 2 * channels, realtime=not args.fast,
@@ -215,15 +217,36 @@ async def run_file(args: argparse.Namespace) -> int:
 
 def finish(args: argparse.Namespace, transcript: Transcript, outcome: Outcome, channels: int, settled: SettledLines | None = None) -> int:
     """With ``--transcript``, print each channel's transcript as the stream left it
-    (revisions applied), one line per channel (with ``--settled``, what is not out yet); then
-    the exit status."""
+    (revisions applied), one line per channel; with ``--turns``, one line per utterance in
+    spoken order; with ``--settled``, what is not out yet. Then the exit status."""
     if settled is not None:
         settled.rest(channels)
     if args.transcript:
         for ch in range(channels):
             label = f"[ch{ch}] " if channels > 1 else ""
             print(label + transcript.final_text(ch), flush=True)
+    if args.turns:
+        for turn in transcript.turns():
+            print(turn_line(turn, channels), flush=True)
     return outcome.status()
+
+
+def turn_line(turn: Turn, channels: int) -> str:
+    """``[00:03.2 ch1] text``: when the utterance starts (stream time), its channel when there
+    are several, and its text."""
+    label = f" ch{turn.channel}" if channels > 1 else ""
+    return f"[{clock(turn.start)}{label}] {turn.text}"
+
+
+def clock(seconds: float | None) -> str:
+    """Stream seconds as ``MM:SS.s`` (``H:MM:SS.s`` from an hour on); ``--:--.-`` when unknown."""
+    if seconds is None:
+        return "--:--.-"
+    tenths = round(seconds * 10)
+    hours, rest = divmod(tenths, 36000)
+    minutes, rest = divmod(rest, 600)
+    stamp = f"{minutes:02d}:{rest // 10:02d}.{rest % 10}"
+    return f"{hours}:{stamp}" if hours else stamp
 
 
 class Outcome:
@@ -266,7 +289,7 @@ async def run_mic(args: argparse.Namespace) -> int:
     def on_audio(indata: Any, frames: int, time_info: Any, status: Any) -> None:  # PortAudio's thread
         loop.call_soon_threadsafe(enqueue, bytes(indata))
 
-    display = Display(sys.stderr if args.transcript or args.settled else sys.stdout)
+    display = Display(sys.stderr if args.transcript or args.turns or args.settled else sys.stdout)
     outcome, transcript = Outcome(), Transcript()
     settled = SettledLines(sys.stdout, transcript) if args.settled else None
     async with connect(args.url, encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=1, **_options(args)) as stream:
@@ -320,6 +343,9 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--transcript", action="store_true", default=d(False),
                    help="when the stream ends, print the transcript with the server's revisions applied, one line per "
                         "channel (the live captions go to stderr meanwhile)")
+    p.add_argument("--turns", action="store_true", default=d(False),
+                   help="when the stream ends, print the transcript with the server's revisions applied, one line per "
+                        "utterance in the order they were spoken, each with its start time and channel (a call's turns)")
     p.add_argument("--settled", action="store_true", default=d(False),
                    help="print the transcript as the server settles it: each stretch once it will not change again, "
                         "revisions applied, and the rest when the stream ends (the live captions go to stderr)")
@@ -347,8 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if sum((args.json, args.transcript, args.settled)) > 1:
-        parser.error("--json, --transcript and --settled all write to stdout: choose one")
+    if sum((args.json, args.transcript, args.turns, args.settled)) > 1:
+        parser.error("--json, --transcript, --turns and --settled all write to stdout: choose one")
     runner = run_file if args.command == "file" else run_mic
     try:
         return asyncio.run(runner(args))

@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.frames import CTRL_OPCODES, Frame
 from websockets.protocol import State
 
-__all__ = ["AsrStream", "connect", "Keepalive", "Transcript", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
+__all__ = ["AsrStream", "connect", "Keepalive", "Transcript", "Turn", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
 
 MODEL_RATE = 16000
 
@@ -393,6 +393,20 @@ class _Channel:
     text: str = ""  # finals joined by single spaces, then the live interim
     committed: int = 0  # length of the final-only part
     settled: int = 0  # length of the part no revision will change (a ``settled`` message)
+    # The finalized utterances with text, in order: (utterance, where its text starts, start s, end s).
+    spans: list[tuple[int, int, float | None, float | None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One finalized utterance: who spoke (``channel``), when (stream seconds, its first and last
+    words as the server heard them) and what, revisions applied."""
+
+    channel: int
+    utterance: int
+    start: float | None
+    end: float | None
+    text: str
 
 
 @dataclass
@@ -404,7 +418,8 @@ class Transcript:
     ``revision`` replaces from ``offset`` to the end of the finals (a live
     interim stays after them until the next interim). A ``settled`` message
     marks the transcript up to its ``offset`` as final for good
-    (:meth:`settled_text`).
+    (:meth:`settled_text`). :meth:`turns` gives the finalized utterances of
+    every channel in the order they were spoken (a call's turns).
     """
 
     channels: dict[int, _Channel] = field(default_factory=dict)
@@ -424,6 +439,7 @@ class Transcript:
             ch.text = (ch.text[: offset - 1] + " " + text) if offset else text
             ch.committed = len(ch.text)
             ch.text += live
+            ch.spans = _revised_spans(ch.spans, message)
             return
         if kind == "final" and not text:
             ch.text = ch.text[: ch.committed]  # an empty final takes no room
@@ -431,6 +447,7 @@ class Transcript:
         ch.text = (ch.text[: offset - 1] + " " + text) if offset else text
         if kind == "final":
             ch.committed = len(ch.text)
+            ch.spans = [s for s in ch.spans if s[1] < offset] + [(message["utterance"], offset, message.get("start"), message.get("end"))]
 
     def text(self, channel: int = 0) -> str:
         ch = self.channels.get(channel)
@@ -445,6 +462,39 @@ class Transcript:
         ``closed``, all of it is: use :meth:`final_text` then)."""
         ch = self.channels.get(channel)
         return ch.text[: ch.settled] if ch else ""
+
+    def turns(self, channel: int | None = None) -> list[Turn]:
+        """The finalized utterances with text, revisions applied: of one channel, or of all of
+        them in the order they were spoken (by start time; a call's turns). A channel's turns'
+        texts joined by spaces are its :meth:`final_text`. From a server that sends no revision
+        ``segments``, a revision's utterances become one turn."""
+        chosen = [channel] if channel is not None else sorted(self.channels)
+        turns = [turn for ch in chosen if ch in self.channels for turn in self._turns(ch)]
+        if channel is None:
+            turns.sort(key=lambda t: (t.start if t.start is not None else float("inf"), t.channel))
+        return turns
+
+    def _turns(self, channel: int) -> list[Turn]:
+        ch = self.channels[channel]
+        spans = ch.spans
+        ends = [offset - 1 for _, offset, _, _ in spans[1:]] + [ch.committed]
+        return [Turn(channel, utt, start, end, ch.text[offset:stop].strip())
+                for (utt, offset, start, end), stop in zip(spans, ends)]
+
+
+def _revised_spans(spans: list[tuple[int, int, float | None, float | None]], message: dict[str, Any]) -> list[tuple[int, int, float | None, float | None]]:
+    """A channel's utterance spans after a revision: those before its offset as they were, then
+    one per segment (or, without ``segments``, one for the revised range)."""
+    offset = message["offset"]
+    kept = [s for s in spans if s[1] < offset]
+    if "segments" in message:
+        return kept + [(p["utterance"], p["offset"], p.get("start"), p.get("end")) for p in message["segments"]]
+    if not message["text"]:
+        return kept
+    replaced = [s for s in spans if s[1] >= offset]
+    starts = [s[2] for s in replaced if s[2] is not None]
+    ends = [s[3] for s in replaced if s[3] is not None]
+    return kept + [(message["utterances"][0], offset, min(starts, default=None), max(ends, default=None))]
 
 
 @dataclass(frozen=True)
