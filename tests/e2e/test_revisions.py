@@ -77,7 +77,8 @@ def test_revisions_false_never_sends_one(live_server):
 
 
 def test_python_and_js_transcripts_agree_after_every_message(live_server, tmp_path):
-    """Both clients apply the same messages (revisions included) to the same text, message by message."""
+    """Both clients apply the same messages (revisions included) to the same text, and the same
+    turns (utterances with their times), message by message."""
     node = shutil.which("node")
     assert node, "node (>= 20) is needed"
     r = asyncio.run(replay(live_server.url, NAME, realtime=True))  # interims live while revisions come
@@ -88,7 +89,8 @@ def test_python_and_js_transcripts_agree_after_every_message(live_server, tmp_pa
     python, after = Transcript(), []
     for m in messages:
         python.apply(m)
-        after.append([python.text(0), python.final_text(0), python.settled_text(0)])
+        turns = [[t.channel, t.utterance, t.start, t.end, t.text] for t in python.turns()]
+        after.append([python.text(0), python.final_text(0), python.settled_text(0), turns])
     path = tmp_path / "messages.json"
     path.write_text(json.dumps(messages))
     script = (
@@ -96,7 +98,8 @@ def test_python_and_js_transcripts_agree_after_every_message(live_server, tmp_pa
         "import { readFileSync } from 'node:fs';"
         "const t = new Transcript(); const out = [];"
         f"for (const m of JSON.parse(readFileSync({json.dumps(str(path))}, 'utf8'))) {{"
-        "  t.apply(m); out.push([t.text(0), t.finalText(0), t.settledText(0)]); }"
+        "  t.apply(m); const turns = t.turns().map((x) => [x.channel, x.utterance, x.start, x.end, x.text]);"
+        "  out.push([t.text(0), t.finalText(0), t.settledText(0), turns]); }"
         "console.log(JSON.stringify(out));"
     )
     done = subprocess.run([node, "--input-type=module", "-e", script], cwd=JS, capture_output=True, text=True, timeout=60)

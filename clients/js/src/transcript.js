@@ -12,6 +12,12 @@
 // Plain data in, plain data out: no DOM, no sockets, so it runs under `node --test`.
 
 /**
+ * @typedef {{channel: number, utterance: number, start: number | null, end: number | null, text: string}} Turn
+ *   One finalized utterance: who spoke (`channel`), when (stream seconds: its first and last words
+ *   as the server heard them) and what, revisions applied.
+ */
+
+/**
  * @typedef {{final: string, stable: string, unstable: string}} ChannelView
  *   `final` ends with the last final (a space is added before interim text by
  *   `text`); `stable` + `unstable` is the open utterance's newest interim.
@@ -29,6 +35,9 @@ class ChannelTranscript {
     this.revised = null;
     /** The length of the start of `final` that no revision will change (a `settled` message). */
     this.settled = 0;
+    /** @type {{utterance: number, offset: number, start: number | null, end: number | null}[]}
+     * The finalized utterances with text, in order: where each starts in `final`, and when it was heard. */
+    this.spans = [];
   }
 
   /** @returns {boolean} whether the channel's text changed */
@@ -43,6 +52,7 @@ class ChannelTranscript {
       this.final = offset > 0 ? this.final.slice(0, offset - 1) + " " + text : text;
       if (this.interim) this.interim = { ...this.interim, offset: this.final.length + 1 }; // stays after the finals
       this.revised = changedWords(before, this.final);
+      this.spans = revisedSpans(this.spans, message);
       return this.final !== before;
     }
     if (utterance <= this.lastFinalUtterance) return false; // late interim of a closed utterance
@@ -59,7 +69,17 @@ class ChannelTranscript {
     this.interim = null;
     if (!text) return hadInterim; // an empty final takes no room
     this.final = offset > 0 ? this.final.slice(0, offset - 1) + " " + text : text;
+    this.spans = this.spans.filter((s) => s.offset < offset);
+    this.spans.push({ utterance, offset, start: message.start ?? null, end: message.end ?? null });
     return true;
+  }
+
+  /** @returns {Turn[]} */
+  turns(channel) {
+    return this.spans.map((s, i) => {
+      const stop = i + 1 < this.spans.length ? this.spans[i + 1].offset - 1 : this.final.length;
+      return { channel, utterance: s.utterance, start: s.start, end: s.end, text: this.final.slice(s.offset, stop).trim() };
+    });
   }
 
   /** @returns {ChannelView} */
@@ -76,6 +96,24 @@ class ChannelTranscript {
     const open = v.stable + v.unstable;
     return v.final && open ? v.final + " " + open : v.final + open;
   }
+}
+
+/**
+ * A channel's utterance spans after a revision: those before its offset as they were, then one per
+ * `segments` entry (from a server that sends none, one for the revised range).
+ */
+function revisedSpans(spans, message) {
+  const kept = spans.filter((s) => s.offset < message.offset);
+  if (Array.isArray(message.segments)) {
+    return kept.concat(message.segments.map((p) => ({ utterance: p.utterance, offset: p.offset, start: p.start ?? null, end: p.end ?? null })));
+  }
+  if (!message.text) return kept;
+  const replaced = spans.filter((s) => s.offset >= message.offset);
+  const starts = replaced.map((s) => s.start).filter((x) => x !== null);
+  const ends = replaced.map((s) => s.end).filter((x) => x !== null);
+  const start = starts.length ? Math.min(...starts) : null;
+  const end = ends.length ? Math.max(...ends) : null;
+  return kept.concat([{ utterance: message.utterances[0], offset: message.offset, start, end }]);
 }
 
 /**
@@ -149,6 +187,19 @@ export class Transcript extends EventTarget {
   /** The words the latest revision changed in a channel's finalized text ({start, end}), or null. */
   revised(channel = 0) {
     return this.channels.get(channel)?.revised ?? null;
+  }
+
+  /**
+   * The finalized utterances with text, revisions applied (by each revision's `segments`): of one
+   * channel, or of every channel in the order they were spoken (by start time: a call's turns).
+   * A channel's turns' texts joined by spaces are its `finalText`.
+   * @returns {Turn[]}
+   */
+  turns(channel) {
+    if (channel !== undefined) return this.channels.get(channel)?.turns(channel) ?? [];
+    const all = [...this.channels.keys()].sort((a, b) => a - b).flatMap((ch) => this.channels.get(ch).turns(ch));
+    const at = (t) => (t.start === null ? Infinity : t.start);
+    return all.sort((a, b) => at(a) - at(b) || a.channel - b.channel); // stable: a channel's own order kept on ties
   }
 
   /** Only the finalized text of a channel. */

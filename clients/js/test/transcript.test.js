@@ -180,3 +180,46 @@ test("a settled message marks the start of the finals that no revision will chan
   assert.equal(t.settledText(), t.finalText());
   assert.equal(t.settledText(1), ""); // per channel
 });
+
+const timedFinal = (channel, utterance, offset, text, start, end) => ({ type: "final", channel, utterance, offset, text, start, end, reason: "endpoint" });
+const turn = (channel, utterance, start, end, text) => ({ channel, utterance, start, end, text });
+
+test("turns are a call in spoken order, each utterance revised in place by the revision's segments", () => {
+  const t = new Transcript();
+  t.apply(timedFinal(0, 0, 0, "I lost my card.", 0.4, 1.9));
+  t.apply(timedFinal(0, 1, 16, "Yesterday.", 4.2, 4.9)); // the caller's next turn comes before the agent's first final
+  t.apply(timedFinal(1, 0, 0, "Sorry to hear.", 2.3, 3.6));
+  t.apply(timedFinal(0, 2, 27, "", 6.0, 6.0)); // nothing recognised: no turn
+  t.apply(interim(1, 15, "your", 0, 1));
+  assert.deepEqual(t.turns(), [turn(0, 0, 0.4, 1.9, "I lost my card."), turn(1, 0, 2.3, 3.6, "Sorry to hear."), turn(0, 1, 4.2, 4.9, "Yesterday.")]);
+  t.apply({
+    type: "revision", channel: 0, utterances: [0, 1], offset: 0, text: "I lost my card, yesterday.",
+    segments: [{ utterance: 0, offset: 0, start: 0.4, end: 2.0 }, { utterance: 1, offset: 16, start: 4.1, end: 4.9 }],
+  });
+  assert.deepEqual(t.turns(), [turn(0, 0, 0.4, 2.0, "I lost my card,"), turn(1, 0, 2.3, 3.6, "Sorry to hear."), turn(0, 1, 4.1, 4.9, "yesterday.")]);
+  assert.deepEqual(t.turns(1), [turn(1, 0, 2.3, 3.6, "Sorry to hear.")]); // the live interim is not a turn
+  assert.deepEqual(t.turns(5), []);
+  t.apply({ type: "revision", channel: 0, utterances: [1, 1], offset: 16, text: "Yesterday.", segments: [{ utterance: 1, offset: 16, start: 4.1, end: 4.8 }] });
+  assert.deepEqual(t.turns(0), [turn(0, 0, 0.4, 2.0, "I lost my card,"), turn(0, 1, 4.1, 4.8, "Yesterday.")]); // the first kept as it was
+  t.apply(timedFinal(0, 3, 27, "Bye.", 9.0, 9.5));
+  assert.deepEqual(t.turns().map((x) => x.text), ["I lost my card,", "Sorry to hear.", "Yesterday.", "Bye."]);
+});
+
+test("without segments a revision's utterances become one turn, from its first start to its last end", () => {
+  const t = new Transcript();
+  t.apply(timedFinal(0, 0, 0, "And so it began.", 0.5, 2.0));
+  t.apply(timedFinal(0, 1, 17, "He was not an old-sposed", 3.0, 5.0));
+  t.apply(timedFinal(0, 2, 42, "young man.", 5.2, 6.0));
+  t.apply({ type: "revision", channel: 0, utterances: [1, 2], offset: 17, text: "He was not an ill-disposed young man." });
+  assert.deepEqual(t.turns(), [turn(0, 0, 0.5, 2.0, "And so it began."), turn(0, 1, 3.0, 6.0, "He was not an ill-disposed young man.")]);
+});
+
+test("a recorded stereo call's turns hold each channel's finals, in the order spoken", () => {
+  const { messages } = recorded("call_stereo.json");
+  const t = new Transcript();
+  for (const m of messages) t.apply(m);
+  for (const channel of [0, 1]) assert.equal(t.turns(channel).map((x) => x.text).join(" "), t.finalText(channel));
+  const starts = t.turns().map((x) => x.start);
+  assert.deepEqual(starts, [...starts].sort((a, b) => a - b));
+  assert.deepEqual(new Set(t.turns().map((x) => x.channel)), new Set([0, 1]));
+});
