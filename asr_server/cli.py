@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     _access_options(p)
     p.add_argument("--certfile", default=None, help="TLS certificate (PEM): serve https and wss, which browsers on other machines need for the microphone")
     p.add_argument("--keyfile", default=None, help="TLS private key (PEM) for --certfile")
-    p.add_argument("--webhook", default=None, metavar="URL", help="POST every final and each session's transcript here (signed with --webhook-secret)")
+    p.add_argument("--webhook", default=None, metavar="URL", help="POST every final, revision and settled message, and each session's transcript, here (signed with --webhook-secret)")
     p.add_argument("--webhook-secret", default=None, help="secret for the webhooks' HMAC-SHA256 signature (Asr-Signature)")
     p.add_argument("--webhook-allow", action="append", default=[], metavar="PREFIX",
                    help="a session's own callback URL (a call's customParameters) is used when it starts with this (repeatable)")

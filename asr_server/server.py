@@ -448,10 +448,11 @@ class AsrServer:
             for url in urls:
                 self.webhooks.send(url, {"event": "transcript", "session_id": conn.sid, "session": summary, "transcript": transcript})
 
-    def notify_final(self, conn: Connection, final: dict[str, Any]) -> None:
-        """A final was sent: to the webhooks."""
+    def notify_transcript_change(self, conn: Connection, message: dict[str, Any]) -> None:
+        """A non-empty final, a revision or a settled message was sent: to the webhooks, as an event
+        of its type."""
         for url in self._webhook_urls(conn):
-            self.webhooks.send(url, {"event": "final", "session_id": conn.sid, "message": final})
+            self.webhooks.send(url, {"event": message["type"], "session_id": conn.sid, "message": message})
 
     def _webhook_urls(self, conn: Connection) -> list[str]:
         """The server's webhook, and the session's own callback (a call's) when it is an allowed one."""

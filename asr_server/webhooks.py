@@ -1,4 +1,5 @@
-"""Webhooks: each final, and each session's whole transcript at its end, POSTed as signed JSON.
+"""Webhooks: each final, revision and settled message, and each session's whole transcript at its end,
+POSTed as signed JSON.
 
 :class:`DeliveryQueue` (no I/O, time passed in) holds the deliveries in order,
 bounded, and decides retries: exponential backoff with jitter, up to

@@ -674,8 +674,8 @@ class Connection:
                     self.transcript.add(output.message, text)
                     for follower in list(self.followers):
                         follower.push(text)
-                    if output.message["type"] == "final" and output.message["text"]:
-                        self.server.notify_final(self, output.message)
+                    if output.message["type"] in ("revision", "settled") or (output.message["type"] == "final" and output.message["text"]):
+                        self.server.notify_transcript_change(self, output.message)
                     if isinstance(self.dialect, NativeDialect):
                         await self._send(text)
                     else:

@@ -78,8 +78,17 @@ def test_finals_and_the_transcript_arrive_signed_in_order_after_retries(whisper_
     events = [json.loads(q["body"]) for q in delivered]
     finals = [m.message for m in r.messages if m.message["type"] == "final" and m.message["text"]]
     assert [e["message"] for e in events if e["event"] == "final"] == finals  # every final, in order
+    # Every revision and settled message too, among the finals as the stream had them: a receiver
+    # that applies them as a client does holds the revised transcript before the session ends.
+    changes = [m.message for m in r.messages if m.message["type"] in ("revision", "settled") or m.message in finals]
+    assert [e["message"] for e in events[:-1]] == changes and all(e["event"] == e["message"]["type"] for e in events[:-1])
+    from asr_client import Transcript
+
+    held = Transcript()
+    for e in events[:-1]:
+        held.apply(e["message"])
     assert events[-1]["event"] == "transcript" and events[-1]["transcript"]["complete"]
-    assert events[-1]["transcript"]["channels"][0]["text"] == r.transcript().final_text(0)
+    assert events[-1]["transcript"]["channels"][0]["text"] == r.transcript().final_text(0) == held.final_text(0)
     assert 'asr_webhook_deliveries_total{outcome="retried"} 2.0' in metrics
 
 
