@@ -5,7 +5,8 @@ replaces, as the protocol says, everything from its ``offset`` to the end of
 the finals: the segments after it go, one that it cuts keeps its part
 before, and the revision's text becomes a segment per utterance again (its
 ``segments`` say where each starts in the text and when it is heard), so a
-call's turns and a subtitle's cues stay apart and in time order. Channels are named by the call's ``channel_names`` when the session
+call's turns stay apart and in time order; the subtitle formats cut them into
+cues a player can show (:mod:`asr_server.subtitles`). Channels are named by the call's ``channel_names`` when the session
 has them (a phone call: caller, agent), else ``channel N``.
 """
 
@@ -15,6 +16,8 @@ import json
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
+
+from .subtitles import CueOptions, cues
 
 __all__ = ["TranscriptLog", "build_transcript", "to_srt", "to_vtt"]
 
@@ -122,25 +125,22 @@ def _revised_segments(revision: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _cues(transcript: dict[str, Any]) -> list[tuple[float, float, str, str]]:
-    cues = [(s["start"], s["end"], c["speaker"], s["text"]) for c in transcript["channels"] for s in c["segments"]]
-    return sorted(cues)
-
-
 def _stamp(seconds: float, separator: str) -> str:
     ms = max(0, round(seconds * 1000))
     return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}{separator}{ms % 1000:03d}"
 
 
-def to_srt(transcript: dict[str, Any]) -> str:
-    """SubRip: numbered cues, speakers in brackets when there are several channels."""
+def to_srt(transcript: dict[str, Any], options: CueOptions = CueOptions()) -> str:
+    """SubRip: numbered cues (:func:`asr_server.subtitles.cues`), the speaker in brackets before
+    each when there are several channels."""
     several = len(transcript["channels"]) > 1
-    blocks = [f"{i}\n{_stamp(start, ',')} --> {_stamp(end, ',')}\n{f'[{speaker}] ' if several else ''}{text}\n"
-              for i, (start, end, speaker, text) in enumerate(_cues(transcript), 1)]
+    blocks = [f"{i}\n{_stamp(cue.start, ',')} --> {_stamp(cue.end, ',')}\n{f'[{cue.speaker}] ' if several else ''}" + "\n".join(cue.lines) + "\n"
+              for i, cue in enumerate(cues(transcript, options), 1)]
     return "\n".join(blocks)
 
 
-def to_vtt(transcript: dict[str, Any]) -> str:
+def to_vtt(transcript: dict[str, Any], options: CueOptions = CueOptions()) -> str:
     """WebVTT, each cue voiced by its speaker (``<v caller>``)."""
-    cues = [f"{_stamp(start, '.')} --> {_stamp(end, '.')}\n<v {speaker}>{text}\n" for start, end, speaker, text in _cues(transcript)]
-    return "WEBVTT\n\n" + "\n".join(cues)
+    blocks = [f"{_stamp(cue.start, '.')} --> {_stamp(cue.end, '.')}\n<v {cue.speaker}>" + "\n".join(cue.lines) + "\n"
+              for cue in cues(transcript, options)]
+    return "WEBVTT\n\n" + "\n".join(blocks)

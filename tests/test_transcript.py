@@ -110,12 +110,12 @@ def test_the_transcript_log_is_bounded_keeps_the_session_message_and_says_when_i
 
 def test_srt_and_vtt_cues_in_time_order_with_speakers():
     """A revision that covered two of the caller's turns leaves them two cues, with the agent's
-    turn between them, as they were spoken."""
+    turn between them, as they were spoken; a short one stays up for a second."""
     t = build_transcript(messages())
     assert to_srt(t) == ("1\n00:00:00,600 --> 00:00:01,900\n[caller] I lost my card.\n\n2\n00:00:02,500 --> 00:00:03,500\n[agent] Sorry to hear.\n\n"
-                         "3\n00:00:04,100 --> 00:00:04,800\n[caller] Yesterday.\n")
+                         "3\n00:00:04,100 --> 00:00:05,100\n[caller] Yesterday.\n")
     assert to_vtt(t) == ("WEBVTT\n\n00:00:00.600 --> 00:00:01.900\n<v caller>I lost my card.\n\n00:00:02.500 --> 00:00:03.500\n<v agent>Sorry to hear.\n\n"
-                         "00:00:04.100 --> 00:00:04.800\n<v caller>Yesterday.\n")
+                         "00:00:04.100 --> 00:00:05.100\n<v caller>Yesterday.\n")
     one = build_transcript([m for m in messages() if '"channel": 1' not in m])
     assert to_srt(one).splitlines()[2] == "I lost my card."  # one speaker: no label
     assert not build_transcript(messages()[:3])["complete"]

@@ -26,6 +26,7 @@ import json
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +35,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from ..access import Principal
-from ..errors import AsrError, FollowerTooSlow, SessionNotFound
+from ..errors import AsrError, FollowerTooSlow, InvalidOption, SessionNotFound
 from ..protocol.messages import MessageWriter
 from ..resume import ReplayLog
-from ..transcript import TranscriptLog, to_srt, to_vtt
+from ..subtitles import CueOptions
+from ..transcript import TranscriptLog, build_transcript, to_srt, to_vtt
 
 if TYPE_CHECKING:
     from ..server import AsrServer
@@ -137,21 +139,47 @@ def parse_follow_path(path: str, what: str = "events") -> str | None:
     return None
 
 
-def transcript_response(server: "AsrServer", principal: Principal, session_id: str, query: dict[str, list[str]]) -> Response:
-    """``/v1/sessions/{id}/transcript``: the transcript so far (or whole, once ended), as JSON, SRT or WebVTT."""
-    from .http import error_response, response
+def transcript_response(server: "AsrServer", principal: Principal, session_id: str, query: dict[str, list[str]]) -> Response | Awaitable[Response]:
+    """``/v1/sessions/{id}/transcript``: the transcript so far (or whole, once ended), as JSON, SRT or
+    WebVTT. Built in a worker thread from a copy of the messages kept for it: hours of a session
+    take a second or two, which the event loop (every stream's) does not wait for."""
+    from .http import error_response
 
     try:
         _, _, kept = _find(server, principal, session_id)
+        fmt, cue_options = _transcript_query(query)
     except AsrError as error:
         return error_response(error)
-    transcript = kept.transcript()  # from the messages kept for it, longer than the replay log
-    fmt = query.get("format", ["json"])[0]
+    texts, truncated = kept.texts(), kept.truncated  # longer than the replay log; copied here, in the loop
+    return asyncio.to_thread(_transcript_body, texts, truncated, fmt, cue_options)
+
+
+def _transcript_body(texts: list[str], truncated: bool, fmt: str, cue_options: CueOptions) -> Response:
+    from .http import response
+
+    transcript = {**build_transcript(texts), "truncated": truncated}
     if fmt == "srt":
-        return response(http.HTTPStatus.OK, to_srt(transcript).encode(), "application/x-subrip; charset=utf-8")
+        return response(http.HTTPStatus.OK, to_srt(transcript, cue_options).encode(), "application/x-subrip; charset=utf-8")
     if fmt == "vtt":
-        return response(http.HTTPStatus.OK, to_vtt(transcript).encode(), "text/vtt; charset=utf-8")
+        return response(http.HTTPStatus.OK, to_vtt(transcript, cue_options).encode(), "text/vtt; charset=utf-8")
     return response(http.HTTPStatus.OK, json.dumps(transcript).encode(), "application/json")
+
+
+def _transcript_query(query: dict[str, list[str]]) -> tuple[str, CueOptions]:
+    """``format`` (json, srt, vtt) and, for subtitles, ``line_chars`` (10-200) and ``lines`` (1-4)
+    a cue has at most; InvalidOption for anything else."""
+    fmt = query.get("format", ["json"])[0]
+    if fmt not in ("json", "srt", "vtt"):
+        raise InvalidOption(f"format must be json, srt or vtt, not {fmt[:20]!r}")
+    sizes = {}
+    for name, low, high in (("line_chars", 10, 200), ("lines", 1, 4)):
+        raw = query.get(name, [None])[0]
+        if raw is None:
+            continue
+        if not (raw.isdigit() and low <= int(raw) <= high):
+            raise InvalidOption(f"{name} must be a whole number from {low} to {high}, not {raw[:20]!r}")
+        sizes[name] = int(raw)
+    return fmt, CueOptions(**sizes)
 
 
 def _from_seq(request_headers: Any, query: dict[str, list[str]]) -> int:

@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -109,6 +110,13 @@ def test_the_whole_transcript_outlasts_the_replay_log(whisper_runner):
                 time.sleep(0.02)
             with urllib.request.urlopen(f"{server.http}/v1/sessions/{sid}/transcript", timeout=30) as answer:
                 got = json.loads(answer.read())
+            with urllib.request.urlopen(f"{server.http}/v1/sessions/{sid}/transcript?format=srt&line_chars=20&lines=1", timeout=30) as answer:
+                narrow = answer.read().decode()
+            refused = {}
+            for query in ("format=xml", "format=srt&lines=9", "format=vtt&line_chars=wide"):
+                with pytest.raises(urllib.error.HTTPError) as error:
+                    urllib.request.urlopen(f"{server.http}/v1/sessions/{sid}/transcript?{query}", timeout=30)
+                refused[query] = (error.value.code, json.loads(error.value.read())["code"])
             replay_log = server.server.ended.get(sid, time.monotonic()).log
         finally:
             server.stop()
@@ -118,6 +126,11 @@ def test_the_whole_transcript_outlasts_the_replay_log(whisper_runner):
     for t in (hooked, got):
         assert t["complete"] and not t["truncated"]
         assert t["channels"][0]["text"] == whole and t["channels"][0]["segments"][0]["start"] < 2.0
+    # Subtitles as narrow as asked: one line of 20 characters a cue (a longer word alone), every word kept.
+    blocks = [block.split("\n") for block in narrow.strip().split("\n\n")]
+    assert all(len(b) == 3 and (len(b[2]) <= 20 or " " not in b[2]) for b in blocks), narrow
+    assert " ".join(b[2] for b in blocks) == whole
+    assert refused == {q: (400, "invalid_option") for q in refused}
 
 
 def test_a_receiver_that_never_answers_does_not_slow_the_stream(whisper_runner):
