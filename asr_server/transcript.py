@@ -141,6 +141,12 @@ def to_srt(transcript: dict[str, Any], options: CueOptions = CueOptions()) -> st
 
 def to_vtt(transcript: dict[str, Any], options: CueOptions = CueOptions()) -> str:
     """WebVTT, each cue voiced by its speaker (``<v caller>``)."""
-    blocks = [f"{_stamp(cue.start, '.')} --> {_stamp(cue.end, '.')}\n<v {cue.speaker}>" + "\n".join(cue.lines) + "\n"
+    blocks = [f"{_stamp(cue.start, '.')} --> {_stamp(cue.end, '.')}\n<v {_vtt_escaped(cue.speaker)}>" + "\n".join(map(_vtt_escaped, cue.lines)) + "\n"
               for cue in cues(transcript, options)]
     return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def _vtt_escaped(text: str) -> str:
+    """Text as a WebVTT cue holds it: ``&``, ``<`` and ``>`` as character references (a cue's
+    ``<`` starts a tag, ``&`` a reference; "AT&T" would not read as said)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
