@@ -100,7 +100,8 @@ def test_settled_lines_write_each_settled_stretch_once_and_the_rest_at_the_end()
 
 
 def test_only_one_of_json_transcript_and_settled():
-    for pair in (["--json", "--settled"], ["--transcript", "--settled"], ["--turns", "--transcript"], ["--json", "--turns"]):
+    for pair in (["--json", "--settled"], ["--transcript", "--settled"], ["--turns", "--transcript"], ["--json", "--turns"],
+                 ["--subtitles", "srt", "--turns"]):
         done = _client(*pair, "file", "x.wav")
         assert done.returncode == 2 and "choose one" in done.stderr
 

@@ -214,3 +214,34 @@ def test_client_cli_turns_print_a_call_in_the_order_it_was_spoken(live_server, t
     for channel, reference in enumerate(MANIFEST["call_8k_stereo.s16le"]["references"]):
         said = " ".join(text for _, c, text in turns if c == channel)
         assert wer(" ".join(reference), said) < 0.35, said
+
+
+def test_client_cli_subtitles_are_the_servers_cues_of_the_revised_transcript(full_pass_server, whisper_runner):
+    """``--subtitles srt``: once the stream is closed, the server's SubRip of the session, revisions
+    applied, cut for reading (two lines of 42 at most, in time order). A server that keeps no
+    ended session (``--ended-session-ttl 0``) has none to give: a clear message, exit status 1."""
+    from asr_server.options import Limits
+
+    from ..harness import MANIFEST, ServerThread
+    from ..wer import wer
+
+    cmd = [sys.executable, "-m", "asr_client", "--url", full_pass_server.url, "file", str(FIXTURES / "librivox_16k.wav"), "--fast", "--subtitles", "srt"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    blocks = [block.split("\n") for block in done.stdout.strip().split("\n\n")]
+    assert [b[0] for b in blocks] == [str(i) for i in range(1, len(blocks) + 1)] and len(blocks) >= 5
+    times = [re.fullmatch(r"(\d\d:\d\d:\d\d,\d\d\d) --> (\d\d:\d\d:\d\d,\d\d\d)", b[1]).groups() for b in blocks]
+    assert all(a < b for a, b in times) and [a for a, _ in times] == sorted(a for a, _ in times)
+    assert all(1 <= len(b) - 2 <= 2 and all(len(line) <= 42 for line in b[2:]) for b in blocks)
+    text = " ".join(" ".join(b[2:]) for b in blocks)
+    live = " ".join(done.stderr.strip().splitlines())  # the first-pass finals, as they came
+    reference = " ".join(MANIFEST["librivox_16k.wav"]["references"][0])
+    assert wer(reference, text) < wer(reference, live)  # the passes' revisions are in
+    forgetful = ServerThread(whisper_runner, Limits(ended_session_ttl_s=0.0)).start()
+    try:
+        cmd[cmd.index("--url") + 1] = forgetful.url
+        gone = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        forgetful.stop()
+    assert gone.returncode == 1 and "session_not_found" in gone.stderr and "--ended-session-ttl" in gone.stderr
+    assert gone.stdout == ""

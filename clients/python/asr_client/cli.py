@@ -1,16 +1,18 @@
 """``asr-client``: caption a file or the microphone from a terminal.
 
-    asr-client file PATH [--fast] [--json | --transcript | --turns | --settled]
-    asr-client mic [--device N] [--json | --transcript | --turns | --settled]
+    asr-client file PATH [--fast] [--json | --transcript | --turns | --subtitles srt|vtt | --settled]
+    asr-client mic [--device N] [--json | --transcript | --turns | --subtitles srt|vtt | --settled]
 
 Options that apply to both (``--url``, ``--json``, ``--transcript``,
-``--turns``, ``--settled``, ``--no-interim``, ``--language``,
+``--turns``, ``--subtitles``, ``--settled``, ``--no-interim``, ``--language``,
 ``--endpoint-ms``) may come before or after the command. ``--transcript``
 prints the transcript as the stream left it (the server's revisions applied)
 when it ends, and shows the live captions on stderr meanwhile: ``asr-client
 file talk.wav --fast --transcript > talk.txt``. ``--turns`` prints the same
 transcript one utterance a line, in the order they were spoken, each with its
-time (and channel): a call's turns. ``--settled`` prints the text as it goes:
+time (and channel): a call's turns. ``--subtitles srt`` (or ``vtt``) prints
+it as subtitles, cut for reading by the server: ``asr-client file talk.mp4
+--fast --subtitles srt > talk.srt``. ``--settled`` prints the text as it goes:
 each stretch once the server has settled it (it will not change again), the
 rest when the stream ends: ``asr-client mic --settled >> notes.txt``.
 Exit status: 0 when the server finished the transcript (``closed``), 1 when
@@ -29,7 +31,7 @@ import signal
 import sys
 from typing import Any, TextIO
 
-from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, Transcript, Turn, connect, read_pcm, stream_bytes
+from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, Transcript, Turn, connect, fetch_transcript, read_pcm, stream_bytes
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -195,7 +197,7 @@ async def run_file(args: argparse.Namespace) -> int:
     except AudioFileError as exc:
         print(f"asr-client: {exc}", file=sys.stderr)
         return 2
-    display = Display(sys.stderr if args.transcript or args.turns or args.settled else sys.stdout)
+    display = Display(sys.stderr if args.transcript or args.turns or args.settled or args.subtitles else sys.stdout)
     outcome, transcript = Outcome(), Transcript()
     settled = SettledLines(sys.stdout, transcript) if args.settled else None
     async for item in stream_bytes(args.url, pcm, bytes_per_second=MODEL_RATE * 2 * channels, realtime=not args.fast,
@@ -228,7 +230,25 @@ def finish(args: argparse.Namespace, transcript: Transcript, outcome: Outcome, c
     if args.turns:
         for turn in transcript.turns():
             print(turn_line(turn, channels), flush=True)
-    return outcome.status()
+    status = outcome.status()
+    if args.subtitles and outcome.session_id and status == 0:
+        return print_subtitles(args, outcome.session_id)
+    return status
+
+
+def print_subtitles(args: argparse.Namespace, session_id: str) -> int:
+    """``--subtitles``: the server's subtitles of the finished session, on stdout."""
+    try:
+        sys.stdout.write(fetch_transcript(args.url, session_id, args.subtitles, api_key=args.api_key))
+    except ServerError as exc:
+        print(f"asr-client: the server gave no subtitles ({exc}); it keeps a session's transcript for "
+              f"--ended-session-ttl after its end", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"asr-client: cannot fetch the subtitles from {args.url}: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.flush()
+    return 0
 
 
 def turn_line(turn: Turn, channels: int) -> str:
@@ -255,9 +275,12 @@ class Outcome:
     def __init__(self) -> None:
         self.closed = False
         self.fatal: dict[str, Any] | None = None
+        self.session_id: str | None = None
 
     def see(self, message: dict[str, Any]) -> None:
-        if message["type"] == "closed":
+        if message["type"] == "session":
+            self.session_id = message.get("session_id", self.session_id)
+        elif message["type"] == "closed":
             self.closed = True
         elif message["type"] == "error" and message["code"] not in CONTINUING_ERRORS:
             self.fatal = message
@@ -289,7 +312,7 @@ async def run_mic(args: argparse.Namespace) -> int:
     def on_audio(indata: Any, frames: int, time_info: Any, status: Any) -> None:  # PortAudio's thread
         loop.call_soon_threadsafe(enqueue, bytes(indata))
 
-    display = Display(sys.stderr if args.transcript or args.turns or args.settled else sys.stdout)
+    display = Display(sys.stderr if args.transcript or args.turns or args.settled or args.subtitles else sys.stdout)
     outcome, transcript = Outcome(), Transcript()
     settled = SettledLines(sys.stdout, transcript) if args.settled else None
     async with connect(args.url, encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=1, **_options(args)) as stream:
@@ -346,6 +369,9 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--turns", action="store_true", default=d(False),
                    help="when the stream ends, print the transcript with the server's revisions applied, one line per "
                         "utterance in the order they were spoken, each with its start time and channel (a call's turns)")
+    p.add_argument("--subtitles", choices=("srt", "vtt"), default=d(None),
+                   help="when the stream ends, print the transcript as SubRip or WebVTT subtitles, revisions applied, "
+                        "cut into cues by the server (the live captions go to stderr)")
     p.add_argument("--settled", action="store_true", default=d(False),
                    help="print the transcript as the server settles it: each stretch once it will not change again, "
                         "revisions applied, and the rest when the stream ends (the live captions go to stderr)")
@@ -373,8 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if sum((args.json, args.transcript, args.turns, args.settled)) > 1:
-        parser.error("--json, --transcript, --turns and --settled all write to stdout: choose one")
+    if sum((args.json, args.transcript, args.turns, bool(args.subtitles), args.settled)) > 1:
+        parser.error("--json, --transcript, --turns, --subtitles and --settled all write to stdout: choose one")
     runner = run_file if args.command == "file" else run_mic
     try:
         return asyncio.run(runner(args))

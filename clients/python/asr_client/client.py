@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.frames import CTRL_OPCODES, Frame
 from websockets.protocol import State
 
-__all__ = ["AsrStream", "connect", "Keepalive", "Transcript", "Turn", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
+__all__ = ["AsrStream", "connect", "fetch_transcript", "Keepalive", "Transcript", "Turn", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
 
 MODEL_RATE = 16000
 
@@ -63,6 +63,29 @@ def listen_url(url: str, **options: Any) -> str:
         base += "/v1/listen"
     query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in options.items() if v is not None}
     return f"{base}?{urlencode(query)}" if query else base
+
+
+def fetch_transcript(url: str, session_id: str, format: str = "json", api_key: str | None = None, timeout: float = 30.0, **query: Any) -> str:
+    """A session's whole transcript from the server (``GET /v1/sessions/{id}/transcript``): JSON,
+    or subtitles (``format="srt"`` or ``"vtt"``; ``line_chars``, ``lines``), revisions applied.
+    ``url`` is the server's WebSocket address, as for :func:`connect`. The server keeps an ended
+    session for ``--ended-session-ttl`` (300 s by default). Raises :class:`ServerError` when it
+    answers with an error (``session_not_found``, ``invalid_option``, ``unauthorized``), OSError
+    when it cannot be reached."""
+    import urllib.error
+    import urllib.request
+
+    parts = urlsplit(url)
+    scheme = "https" if parts.scheme in ("wss", "https") else "http"
+    path = f"/v1/sessions/{quote(session_id, safe='')}/transcript"
+    request = urllib.request.Request(urlunsplit((scheme, parts.netloc, path, urlencode({"format": format, **query}), "")))
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.read().decode()
+    except urllib.error.HTTPError as error:
+        raise refused(error.code, error.read()) from None
 
 
 # Errors after which the session goes on (docs/protocol.md, "Errors"); any other ends it.
