@@ -38,7 +38,7 @@ from .scheduler.policy import CONTEXT_MAX_WAIT_S, CONTEXT_SHARE, BatchLimits
 from .access import AccessOptions, ApiKey, is_loopback, parse_keys
 from .server import AsrServer, Measure
 from .tracing import tracing_from_environment
-from .webhooks import WebhookOptions
+from .webhooks import EVENTS, WebhookOptions
 
 log = logging.getLogger("asr_server")
 
@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keyfile", default=None, help="TLS private key (PEM) for --certfile")
     p.add_argument("--webhook", default=None, metavar="URL", help="POST every final, revision and settled message, and each session's transcript, here (signed with --webhook-secret)")
     p.add_argument("--webhook-secret", default=None, help="secret for the webhooks' HMAC-SHA256 signature (Asr-Signature)")
+    p.add_argument("--webhook-events", type=_webhook_events, default=EVENTS, metavar="LIST",
+                   help=f"the events the webhooks get, comma-separated, of {','.join(EVENTS)} (default: all; "
+                        "final,transcript: first-pass finals and the revised transcript at the end)")
     p.add_argument("--webhook-allow", action="append", default=[], metavar="PREFIX",
                    help="a session's own callback URL (a call's customParameters) is used when it starts with this (repeatable)")
     p.add_argument("--trace-ratio", type=_ratio, default=0.01,
@@ -243,6 +246,14 @@ def _exposed(args: argparse.Namespace, access: AccessOptions) -> str | None:
 def _public_model_name(model: str) -> str:
     """What clients are told the model is: a path's last part only (paths are not echoed)."""
     return os.path.basename(model.rstrip("/\\")) or model
+
+
+def _webhook_events(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in EVENTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"events are some of {','.join(EVENTS)}, not {text!r}")
+    return names
 
 
 def _ratio(text: str) -> float:
@@ -493,7 +504,8 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     server = AsrServer(args.host, args.port, plan.limits, model_name=_public_model_name(args.model), batch=plan.batch,
                        workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=_vad(args),
                        context=_context(args), governor=_governor(args), access=access, tracing=tracing_from_environment(args.trace_ratio),
-                       webhooks=WebhookOptions(args.webhook, args.webhook_secret, tuple(args.webhook_allow)))
+                       webhooks=WebhookOptions(args.webhook, args.webhook_secret, tuple(args.webhook_allow),
+                                                        events=frozenset(args.webhook_events)))
     if server.tracing.enabled:
         log.info("tracing %g of streams with OpenTelemetry", args.trace_ratio)
     # Before anything is printed: a stop sent as soon as the server says it listens is a stop, not a kill.

@@ -442,7 +442,7 @@ class AsrServer:
         summary = conn.summary()
         self.ended.keep(conn.sid, conn.log, conn.transcript, conn.session.key, summary, time.monotonic(),
                         resume_token=conn.session.resume_token, closed_with=conn.closed_with)
-        urls = self._webhook_urls(conn)
+        urls = self._webhook_urls(conn) if "transcript" in self.webhooks.options.events else []
         if urls:
             transcript = conn.transcript.transcript()
             for url in urls:
@@ -450,7 +450,9 @@ class AsrServer:
 
     def notify_transcript_change(self, conn: Connection, message: dict[str, Any]) -> None:
         """A non-empty final, a revision or a settled message was sent: to the webhooks, as an event
-        of its type."""
+        of its type, when they take that event."""
+        if message["type"] not in self.webhooks.options.events:
+            return
         for url in self._webhook_urls(conn):
             self.webhooks.send(url, {"event": message["type"], "session_id": conn.sid, "message": message})
 

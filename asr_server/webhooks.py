@@ -32,14 +32,17 @@ from typing import Any
 
 from .metrics import Metrics
 
-__all__ = ["WebhookOptions", "Delivery", "DeliveryQueue", "WebhookSender", "sign", "verify"]
+__all__ = ["EVENTS", "WebhookOptions", "Delivery", "DeliveryQueue", "WebhookSender", "sign", "verify"]
 
 log = logging.getLogger("asr_server.webhooks")
 
 
+EVENTS = ("final", "revision", "settled", "transcript")
+
+
 @dataclass(frozen=True)
 class WebhookOptions:
-    url: str | None = None  # every session's finals and transcript go here
+    url: str | None = None  # every session's events go here
     secret: str | None = None  # signs each body (HMAC-SHA256)
     allowed_prefixes: tuple[str, ...] = ()  # a session's own `callback` URL must start with one of these
     timeout_s: float = 5.0
@@ -47,6 +50,7 @@ class WebhookOptions:
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 30.0
     queue_limit: int = 1000
+    events: frozenset[str] = frozenset(EVENTS)  # which of EVENTS are sent
 
     @property
     def enabled(self) -> bool:

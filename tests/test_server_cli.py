@@ -192,3 +192,12 @@ def test_device_auto_is_resolved_before_anything_is_sized(monkeypatch):
     monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
     assert resolved_device("auto") == "cuda"
     assert resolved_device("cpu") == "cpu" and resolved_device("cuda") == "cuda"
+
+
+def test_webhook_events_default_to_all_and_take_only_known_ones(capsys):
+    assert set(build_parser().parse_args([]).webhook_events) == {"final", "revision", "settled", "transcript"}
+    assert build_parser().parse_args(["--webhook-events", "final, transcript"]).webhook_events == ("final", "transcript")
+    for bad in ("final,interim", ","):
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args(["--webhook-events", bad])
+        assert exit_info.value.code == 2 and "events are some of" in capsys.readouterr().err

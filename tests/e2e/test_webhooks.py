@@ -93,6 +93,26 @@ def test_finals_and_the_transcript_arrive_signed_in_order_after_retries(whisper_
     assert 'asr_webhook_deliveries_total{outcome="retried"} 2.0' in metrics
 
 
+def test_a_receiver_gets_only_the_events_it_was_set_up_for(whisper_runner):
+    """``--webhook-events final,transcript``: the first-pass finals and the revised transcript at the
+    end, no revision or settled event (the stream itself still gets them)."""
+    with Receiver(failures=0) as receiver:
+        options = WebhookOptions(url=receiver.url, initial_backoff_s=0.05, max_backoff_s=0.2, timeout_s=10.0, events=frozenset({"final", "transcript"}))
+        server = ServerThread(whisper_runner, webhooks=options).start()
+        try:
+            r = asyncio.run(replay(server.url, "cards_16k.wav"))
+            for _ in range(3000):  # polls, bounded (60 s): until the transcript was delivered
+                if any(json.loads(q["body"])["event"] == "transcript" for q in receiver.requests):
+                    break
+                time.sleep(0.02)
+        finally:
+            server.stop()
+    events = [json.loads(q["body"]) for q in receiver.requests]
+    finals = [m.message for m in r.messages if m.message["type"] == "final" and m.message["text"]]
+    assert [e["message"] for e in events[:-1]] == finals and events[-1]["event"] == "transcript"
+    assert events[-1]["transcript"]["channels"][0]["text"] == r.transcript().final_text(0)
+
+
 def test_the_whole_transcript_outlasts_the_replay_log(whisper_runner):
     """A session longer than its replay log holds (here 1500 bytes, some seconds of messages; by
     default 2 MiB, about 40 minutes of continuous speech): the webhook's transcript at the end and ``GET
