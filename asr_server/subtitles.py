@@ -18,6 +18,7 @@ even as its words allow.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +114,10 @@ def _apart(run: list[_Word], word: _Word, others: list[float], options: CueOptio
     too long after, or someone else began speaking since the run began."""
     if not word.opens:
         return False
-    return word.start - run[-1].end > options.join_gap_s or any(run[0].start < t <= word.start for t in others)
+    if word.start - run[-1].end > options.join_gap_s:
+        return True
+    k = bisect.bisect_right(others, run[0].start)  # the first of the others' starts after the run's
+    return k < len(others) and others[k] <= word.start
 
 
 def _cut_run(words: list[_Word], options: CueOptions) -> list[list[_Word]]:
