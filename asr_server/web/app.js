@@ -3,6 +3,7 @@
 // Query parameters: transport=auto|webrtc|websocket, autostart=1, and any
 // stream option of the protocol (interim_ms, endpoint_ms, language, ...).
 import { AsrClient } from "/client/client.js";
+import { PARAGRAPH_GAP_S, paragraphs } from "/client/transcript.js";
 
 const STREAM_OPTIONS = ["language", "interim_results", "interim_ms", "endpoint_ms", "max_utterance_s", "priority", "heartbeat_s"];
 // Errors after which trying again later can work; the rest need the user.
@@ -114,30 +115,59 @@ function render() {
     }
     return;
   }
-  const p = document.createElement("p");
-  p.className = "current";
-  const add = (cls, text) => {
-    if (!text) return;
-    const span = document.createElement("span");
-    span.className = cls;
-    span.textContent = text;
-    p.append(span);
-  };
   // The words a revision (the server's second pass, with more context) changed are marked briefly.
   const revised = app.client?.transcript.revised();
-  const fresh = revised && performance.now() - (app.revisedAt ?? 0) < REVISION_MARK_MS;
-  if (fresh && revised.end <= view.final.length) {
-    add("final", view.final.slice(0, revised.start));
-    add("final revised", view.final.slice(revised.start, revised.end));
-    add("final", view.final.slice(revised.end));
-  } else {
-    add("final", view.final);
+  const fresh = revised && performance.now() - (app.revisedAt ?? 0) < REVISION_MARK_MS && revised.end <= view.final.length;
+  let p = null;
+  for (const range of finalParagraphs(view)) {
+    p = paragraph(box);
+    addFinal(p, view.final, range, fresh ? revised : null);
   }
-  if (view.final && (view.stable || view.unstable)) p.append(" ");
-  add("stable", view.stable);
-  add("unstable", view.unstable);
-  box.append(p);
+  if (view.stable || view.unstable) {
+    // The open utterance goes on the last paragraph, or opens one after a long pause.
+    if (!p || pausedBefore(view)) p = paragraph(box);
+    else p.append(" ");
+    addSpan(p, "stable", view.stable);
+    addSpan(p, "unstable", view.unstable);
+  }
   box.scrollTop = box.scrollHeight;
+}
+
+/** The finalized text's paragraphs (at long pauses, see `paragraphs`): {start, end} ranges of `view.final`. */
+function finalParagraphs(view) {
+  if (!view.final) return [];
+  const ranges = paragraphs(app.client.transcript.turns(0));
+  const whole = ranges.length && ranges.at(-1).end === view.final.length;
+  return whole ? ranges : [{ start: 0, end: view.final.length }];
+}
+
+function pausedBefore(view) {
+  const heard = app.client.transcript.turns(0).at(-1)?.end;
+  return view.start !== null && heard != null && view.start - heard >= PARAGRAPH_GAP_S;
+}
+
+function paragraph(box) {
+  const p = document.createElement("p");
+  p.className = "current";
+  box.append(p);
+  return p;
+}
+
+function addSpan(p, cls, text) {
+  if (!text) return;
+  const span = document.createElement("span");
+  span.className = cls;
+  span.textContent = text;
+  p.append(span);
+}
+
+/** A paragraph's final text, with the words the latest revision changed (`revised`, or null) marked. */
+function addFinal(p, text, range, revised) {
+  const from = revised ? Math.min(Math.max(revised.start, range.start), range.end) : range.end;
+  const to = revised ? Math.min(Math.max(revised.end, range.start), range.end) : range.end;
+  addSpan(p, "final", text.slice(range.start, from));
+  addSpan(p, "final revised", text.slice(from, to));
+  addSpan(p, "final", text.slice(to, range.end));
 }
 
 function seconds(s) {

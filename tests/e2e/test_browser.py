@@ -102,6 +102,7 @@ def caption(playwright, server: ServerThread, transport: str, screenshot: Path |
         page.wait_for_function("window.asrApp.state === 'closed'", timeout=30_000)
         return {
             "final": page.evaluate("window.asrApp.finalText()"),
+            "paragraphs": page.eval_on_selector_all("#transcript p.current", "ps => ps.map((p) => p.textContent)"),
             "messages": page.evaluate("window.asrApp.messages"),
             "errors": page.evaluate("window.asrApp.errors"),
             "status": page.inner_text("#status"),
@@ -135,6 +136,8 @@ def test_page_captions_the_microphone(playwright, page_server, whisper_runner, t
     for m in messages:
         server_view.apply(m)
     assert got["final"] == server_view.final_text(0)
+    # Shown as paragraphs (at pauses of 2 s or more; the fixture has none that long): the same text.
+    assert " ".join(got["paragraphs"]) == got["final"] and len(got["paragraphs"]) == 1
     assert got["status"] == "Stopped" and got["latency"].endswith(" s")
     assert got["shot"] and shot.stat().st_size > 10_000
 

@@ -18,9 +18,10 @@
  */
 
 /**
- * @typedef {{final: string, stable: string, unstable: string}} ChannelView
+ * @typedef {{final: string, stable: string, unstable: string, start: number | null}} ChannelView
  *   `final` ends with the last final (a space is added before interim text by
- *   `text`); `stable` + `unstable` is the open utterance's newest interim.
+ *   `text`); `stable` + `unstable` is the open utterance's newest interim, heard
+ *   from `start` (stream seconds; null without an interim).
  */
 
 class ChannelTranscript {
@@ -58,7 +59,7 @@ class ChannelTranscript {
     if (utterance <= this.lastFinalUtterance) return false; // late interim of a closed utterance
     if (message.type === "interim") {
       if (this.interim && this.interim.utterance > utterance) return false; // out of order
-      const next = { utterance, offset, text, stable: clamp(message.stable ?? 0, 0, text.length) };
+      const next = { utterance, offset, text, stable: clamp(message.stable ?? 0, 0, text.length), start: message.start ?? null };
       const same = this.interim && this.interim.text === next.text && this.interim.stable === next.stable && this.interim.offset === offset;
       this.interim = next;
       return !same;
@@ -84,11 +85,11 @@ class ChannelTranscript {
 
   /** @returns {ChannelView} */
   view() {
-    if (!this.interim) return { final: this.final, stable: "", unstable: "" };
-    const { offset, text, stable } = this.interim;
+    if (!this.interim) return { final: this.final, stable: "", unstable: "", start: null };
+    const { offset, text, stable, start } = this.interim;
     // The interim's offset says where its text starts; finals before it stay as they are.
     const final = offset > 0 ? this.final.slice(0, offset - 1) : "";
-    return { final, stable: text.slice(0, stable), unstable: text.slice(stable) };
+    return { final, stable: text.slice(0, stable), unstable: text.slice(stable), start };
   }
 
   text() {
@@ -143,6 +144,35 @@ function changedWords(before, after) {
   return end > start ? { start, end } : null;
 }
 
+/**
+ * Where a channel's finalized text breaks into paragraphs, for a reader of a long session: at a
+ * pause of `gapS` seconds or more between two utterances, and at the end of an utterance once a
+ * paragraph holds `maxChars` characters. `turns` are the channel's (`Transcript.turns(channel)`);
+ * the answer is `{start, end}` character ranges of its `finalText`, in order, covering it but for
+ * the single spaces between them.
+ * @param {Turn[]} turns
+ * @returns {{start: number, end: number}[]}
+ */
+export function paragraphs(turns, { gapS = PARAGRAPH_GAP_S, maxChars = PARAGRAPH_CHARS } = {}) {
+  const out = [];
+  let at = 0;
+  let heardTo = null;
+  for (const turn of turns) {
+    const last = out.at(-1);
+    const paused = heardTo !== null && turn.start !== null && turn.start - heardTo >= gapS;
+    if (!last || paused || last.end - last.start >= maxChars) out.push({ start: at, end: at + turn.text.length });
+    else last.end = at + turn.text.length;
+    at += turn.text.length + 1;
+    heardTo = turn.end ?? heardTo;
+  }
+  return out;
+}
+
+/** A pause this long (seconds) between utterances starts a paragraph (`paragraphs`). */
+export const PARAGRAPH_GAP_S = 2.0;
+/** ... and so does an utterance after a paragraph of this many characters. */
+export const PARAGRAPH_CHARS = 600;
+
 function clamp(x, lo, hi) {
   return Math.max(lo, Math.min(hi, x));
 }
@@ -175,7 +205,7 @@ export class Transcript extends EventTarget {
   /** @returns {ChannelView} */
   view(channel = 0) {
     const ch = this.channels.get(channel);
-    return ch ? ch.view() : { final: "", stable: "", unstable: "" };
+    return ch ? ch.view() : { final: "", stable: "", unstable: "", start: null };
   }
 
   /** The whole text of a channel: finals, then the open utterance's interim. */

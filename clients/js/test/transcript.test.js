@@ -4,7 +4,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import { Transcript } from "../src/transcript.js";
+import { Transcript, paragraphs } from "../src/transcript.js";
 
 const recorded = (name) => JSON.parse(readFileSync(new URL(`./fixtures/${name}`, import.meta.url), "utf8"));
 
@@ -62,13 +62,13 @@ test("a revision replaces exactly the unstable tail, from the message's offset",
   const t = new Transcript();
   t.apply(final(0, 0, "Hello there."));
   t.apply(interim(1, 13, "How are yo", 8));
-  assert.deepEqual(t.view(), { final: "Hello there.", stable: "How are ", unstable: "yo" });
+  assert.deepEqual(t.view(), { final: "Hello there.", stable: "How are ", unstable: "yo", start: null });
   t.apply(interim(1, 13, "How are you doing", 12));
-  assert.deepEqual(t.view(), { final: "Hello there.", stable: "How are you ", unstable: "doing" });
+  assert.deepEqual(t.view(), { final: "Hello there.", stable: "How are you ", unstable: "doing", start: null });
   assert.equal(t.text(), "Hello there. How are you doing");
   t.apply(final(1, 13, "How are you doing?"));
   assert.equal(t.text(), "Hello there. How are you doing?");
-  assert.deepEqual(t.view(), { final: "Hello there. How are you doing?", stable: "", unstable: "" });
+  assert.deepEqual(t.view(), { final: "Hello there. How are you doing?", stable: "", unstable: "", start: null });
 });
 
 test("an empty final takes no room and clears its interim", () => {
@@ -110,7 +110,7 @@ test("non-transcript messages change nothing; a repeated interim is not a change
 test("stable beyond the text is clamped", () => {
   const t = new Transcript();
   t.apply(interim(0, 0, "abc", 10));
-  assert.deepEqual(t.view(), { final: "", stable: "abc", unstable: "" });
+  assert.deepEqual(t.view(), { final: "", stable: "abc", unstable: "", start: null });
 });
 
 const revision = (first, last, offset, text, channel = 0) => ({ type: "revision", channel, utterances: [first, last], offset, text, words: [] });
@@ -222,4 +222,36 @@ test("a recorded stereo call's turns hold each channel's finals, in the order sp
   const starts = t.turns().map((x) => x.start);
   assert.deepEqual(starts, [...starts].sort((a, b) => a - b));
   assert.deepEqual(new Set(t.turns().map((x) => x.channel)), new Set([0, 1]));
+});
+
+test("paragraphs break at a pause of two seconds between utterances and after a long stretch", () => {
+  const t = new Transcript();
+  t.apply(timedFinal(0, 0, 0, "Good morning.", 0.5, 1.4));
+  t.apply(timedFinal(0, 1, 14, "Let us begin.", 2.2, 3.1)); // 0.8 s later: the same paragraph
+  t.apply(timedFinal(0, 2, 28, "First, the budget.", 6.0, 7.2)); // 2.9 s of quiet: a new one
+  const final = t.finalText();
+  const ranges = paragraphs(t.turns(0));
+  assert.deepEqual(ranges.map((r) => final.slice(r.start, r.end)), ["Good morning. Let us begin.", "First, the budget."]);
+  assert.equal(ranges.map((r) => final.slice(r.start, r.end)).join(" "), final);
+  // A revision that rewrites both sides of the pause keeps the break where the pause is.
+  t.apply({
+    type: "revision", channel: 0, utterances: [1, 2], offset: 14, text: "Let's begin. First: the budget.",
+    segments: [{ utterance: 1, offset: 14, start: 2.2, end: 3.0 }, { utterance: 2, offset: 27, start: 6.0, end: 7.2 }],
+  });
+  const revised = t.finalText();
+  assert.deepEqual(paragraphs(t.turns(0)).map((r) => revised.slice(r.start, r.end)), ["Good morning. Let's begin.", "First: the budget."]);
+  // Talk with no long pause still breaks, at an utterance's end, once a paragraph is long.
+  const talk = Array.from({ length: 30 }, (_, i) => ({ channel: 0, utterance: i, start: i * 3, end: i * 3 + 2.5, text: `Sentence number ${i} is here.` }));
+  const long = paragraphs(talk, { maxChars: 100 });
+  assert.ok(long.length > 5 && long.every((r) => r.end - r.start < 100 + 30));
+  assert.deepEqual(paragraphs([]), []);
+  assert.equal(paragraphs(talk, { gapS: 0.4 }).length, 30); // every pause counts when asked to
+});
+
+test("the view says when the open utterance's interim was heard from", () => {
+  const t = new Transcript();
+  t.apply({ ...interim(0, 0, "hello", 2), start: 4.5, end: 5.1 });
+  assert.equal(t.view().start, 4.5);
+  t.apply(timedFinal(0, 0, 0, "Hello.", 4.5, 5.2));
+  assert.equal(t.view().start, null);
 });
