@@ -445,16 +445,19 @@ class AsrServer:
         urls = self._webhook_urls(conn) if "transcript" in self.webhooks.options.events else []
         if urls:
             transcript = conn.transcript.transcript()
+            conn.webhook_events += 1
             for url in urls:
-                self.webhooks.send(url, {"event": "transcript", "session_id": conn.sid, "session": summary, "transcript": transcript})
+                self.webhooks.send(url, {"event": "transcript", "session_id": conn.sid, "number": conn.webhook_events, "session": summary,
+                                         "transcript": transcript})
 
     def notify_transcript_change(self, conn: Connection, message: dict[str, Any]) -> None:
         """A non-empty final, a revision or a settled message was sent: to the webhooks, as an event
         of its type, when they take that event."""
-        if message["type"] not in self.webhooks.options.events:
-            return
-        for url in self._webhook_urls(conn):
-            self.webhooks.send(url, {"event": message["type"], "session_id": conn.sid, "message": message})
+        urls = self._webhook_urls(conn) if message["type"] in self.webhooks.options.events else []
+        if urls:
+            conn.webhook_events += 1
+        for url in urls:
+            self.webhooks.send(url, {"event": message["type"], "session_id": conn.sid, "number": conn.webhook_events, "message": message})
 
     def _webhook_urls(self, conn: Connection) -> list[str]:
         """The server's webhook, and the session's own callback (a call's) when it is an allowed one."""

@@ -83,6 +83,7 @@ def test_finals_and_the_transcript_arrive_signed_in_order_after_retries(whisper_
     # that applies them as a client does holds the revised transcript before the session ends.
     changes = [m.message for m in r.messages if m.message["type"] in ("revision", "settled") or m.message in finals]
     assert [e["message"] for e in events[:-1]] == changes and all(e["event"] == e["message"]["type"] for e in events[:-1])
+    assert [e["number"] for e in events] == list(range(1, len(events) + 1))  # a receiver can tell it missed none
     from asr_client import Transcript
 
     held = Transcript()
@@ -110,6 +111,7 @@ def test_a_receiver_gets_only_the_events_it_was_set_up_for(whisper_runner):
     events = [json.loads(q["body"]) for q in receiver.requests]
     finals = [m.message for m in r.messages if m.message["type"] == "final" and m.message["text"]]
     assert [e["message"] for e in events[:-1]] == finals and events[-1]["event"] == "transcript"
+    assert [e["number"] for e in events] == list(range(1, len(events) + 1))  # numbered among the events it gets
     assert events[-1]["transcript"]["channels"][0]["text"] == r.transcript().final_text(0)
 
 
