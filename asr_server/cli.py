@@ -84,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     _access_options(p)
     p.add_argument("--certfile", default=None, help="TLS certificate (PEM): serve https and wss, which browsers on other machines need for the microphone")
     p.add_argument("--keyfile", default=None, help="TLS private key (PEM) for --certfile")
+    _webhook_options(p)
+    p.add_argument("--trace-ratio", type=_ratio, default=0.01,
+                   help="share of streams traced whole with OpenTelemetry (needs the otel extra and an exporter in the standard "
+                        "OTEL_* variables, e.g. OTEL_EXPORTER_OTLP_ENDPOINT; default %(default)s; 1 traces every stream)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _webhook_options(p: argparse.ArgumentParser) -> None:
+    """Where finals, revisions and transcripts are POSTed, and which."""
     p.add_argument("--webhook", default=None, metavar="URL", help="POST every final, revision and settled message, and each session's transcript, here (signed with --webhook-secret)")
     p.add_argument("--webhook-secret", default=None, help="secret for the webhooks' HMAC-SHA256 signature (Asr-Signature)")
     p.add_argument("--webhook-events", type=_webhook_events, default=EVENTS, metavar="LIST",
@@ -91,11 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "final,transcript: first-pass finals and the revised transcript at the end)")
     p.add_argument("--webhook-allow", action="append", default=[], metavar="PREFIX",
                    help="a session's own callback URL (a call's customParameters) is used when it starts with this (repeatable)")
-    p.add_argument("--trace-ratio", type=_ratio, default=0.01,
-                   help="share of streams traced whole with OpenTelemetry (needs the otel extra and an exporter in the standard "
-                        "OTEL_* variables, e.g. OTEL_EXPORTER_OTLP_ENDPOINT; default %(default)s; 1 traces every stream)")
-    p.add_argument("--log-level", default="INFO")
-    return p
 
 
 def _decoding_options(p: argparse.ArgumentParser) -> None:

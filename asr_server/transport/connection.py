@@ -129,9 +129,8 @@ class Connection:
         # What the whole transcript is built from, kept longer than the replay log (no interims).
         self.transcript = TranscriptLog(self.limits.max_transcript_bytes)
         self.followers: set[Follower] = set()
-        self.webhook_events = 0  # the session's webhook events so far (each carries its number)
-        # Binary frames' bytes read (where a resumed client's audio goes on from), text frames read, resumes.
-        self.bytes_received = self.commands_received = self.resumes = 0
+        # Bytes of binary frames read (a resume goes on from there), text frames, resumes, webhook events.
+        self.bytes_received = self.commands_received = self.resumes = self.webhook_events = 0
         # _held: the connection dropped, the session waits for its client; _dropped: the last
         # connection ended without a close frame (a lost network).
         self._held = self._dropped = False
