@@ -13,6 +13,8 @@ const RETRY_CODES = new Set([
 ]);
 const MAX_BACKOFF_S = 30;
 const REVISION_MARK_MS = 1500;
+const ANNOUNCED_KEPT = 5; // finals kept in the screen reader's live region
+const LEVEL_FLOOR_DB = -60; // the meter's bottom: quieter than this shows as nothing
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -24,6 +26,8 @@ const ui = {
   noticeText: $("notice-text"),
   retry: $("retry"),
   transcript: $("transcript"),
+  announce: $("announce"),
+  level: $("level"),
   latency: $("latency"),
   interimLag: $("interim-lag"),
   load: $("load"),
@@ -72,6 +76,7 @@ window.asrApp = {
   messages: [],
   errors: [],
   latencies: [],
+  level: null, // the microphone's level now (dBFS) while streaming
 };
 
 function setStatus(state, text) {
@@ -170,6 +175,45 @@ function addFinal(p, text, range, revised) {
   addSpan(p, "final", text.slice(to, range.end));
 }
 
+// The microphone's level, so a user sees that sound arrives (a muted or wrong input sends silence).
+const meter = { ctx: null, source: null, analyser: null, samples: null, timer: null };
+
+function watchLevel(stream) {
+  stopLevel();
+  if (!stream || !meter.ctx) return;
+  meter.source = meter.ctx.createMediaStreamSource(stream);
+  meter.analyser = meter.ctx.createAnalyser();
+  meter.analyser.fftSize = 2048;
+  meter.samples = new Float32Array(meter.analyser.fftSize);
+  meter.source.connect(meter.analyser);
+  meter.timer = setInterval(showLevel, 100);
+}
+
+function showLevel() {
+  meter.analyser.getFloatTimeDomainData(meter.samples);
+  let power = 0;
+  for (const x of meter.samples) power += x * x;
+  const db = 10 * Math.log10(power / meter.samples.length + 1e-12); // dBFS of the last ~43 ms
+  window.asrApp.level = db;
+  ui.level.value = Math.max(LEVEL_FLOOR_DB, Math.min(0, db));
+}
+
+function stopLevel() {
+  clearInterval(meter.timer);
+  meter.source?.disconnect();
+  meter.source = meter.analyser = meter.timer = null;
+  ui.level.value = LEVEL_FLOOR_DB;
+  window.asrApp.level = null;
+}
+
+/** A final for screen readers: added to the live region, which keeps the last few. */
+function announce(text) {
+  const p = document.createElement("p");
+  p.textContent = text;
+  ui.announce.append(p);
+  while (ui.announce.childElementCount > ANNOUNCED_KEPT) ui.announce.firstElementChild.remove();
+}
+
 function seconds(s) {
   return s === null ? "–" : `${s.toFixed(1)} s`;
 }
@@ -196,7 +240,10 @@ async function startSession() {
     app.revisedAt = performance.now();
     setTimeout(render, REVISION_MARK_MS + 50); // unmark
   });
-  client.addEventListener("message", (e) => window.asrApp.messages.push(e.detail));
+  client.addEventListener("message", (e) => {
+    window.asrApp.messages.push(e.detail);
+    if (e.detail.type === "final" && e.detail.text) announce(e.detail.text);
+  });
   client.addEventListener("state", (e) => onState(client, e.detail.state));
   client.addEventListener("error", (e) => window.asrApp.errors.push({ code: e.detail.code, message: e.detail.message }));
   client.addEventListener("latency", (e) => {
@@ -241,11 +288,13 @@ function onState(client, state) {
     case "streaming":
       setStatus("streaming", "Listening");
       hideNotice();
+      watchLevel(client.microphone);
       break;
     case "stopping":
       setStatus("stopping", "Finishing…");
       break;
     case "closed":
+      stopLevel();
       setStatus("idle", app.wanted ? "Ended" : "Stopped");
       setRunning(false);
       if (app.wanted) {
@@ -255,6 +304,7 @@ function onState(client, state) {
       }
       break;
     case "failed":
+      stopLevel();
       onFailure(client.lastError);
       break;
   }
@@ -307,6 +357,8 @@ ui.start.addEventListener("click", async () => {
   app.wanted = true;
   app.attempts = 0;
   setRunning(true);
+  meter.ctx ??= new AudioContext(); // made on the click: browsers start audio only on a user's gesture
+  meter.ctx.resume().catch(() => {});
   await startSession();
 });
 
@@ -318,6 +370,7 @@ ui.retry.addEventListener("click", () => {
 ui.clear.addEventListener("click", () => {
   app.earlier = [];
   app.client?.transcript.clear();
+  ui.announce.replaceChildren();
   render();
 });
 

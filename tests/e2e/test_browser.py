@@ -80,10 +80,12 @@ def caption(playwright, server: ServerThread, transport: str, screenshot: Path |
         page.wait_for_function("window.asrApp.state === 'streaming'", timeout=20_000)
         assert page.evaluate("window.asrApp.transport") == transport
         shot_taken = False
+        levels: list[float] = []
         played = max(e for _, e in MANIFEST[FIXTURE]["spans"][0])
         deadline = time.monotonic() + played + 1.5 + 5
         while time.monotonic() < deadline:
             closed = [m for m in page.evaluate("window.asrApp.messages") if m["type"] == "final" and m["text"]]
+            levels.append(page.evaluate("window.asrApp.level ?? -200"))
             # Mid-sentence: a final, and interim text after it. (Not two finals: the first context
             # pass comes about then, and on a slow machine with a busy core it held the interims
             # back, the governor then sending one a sentence, with its final: a CI run got no
@@ -103,6 +105,10 @@ def caption(playwright, server: ServerThread, transport: str, screenshot: Path |
         return {
             "final": page.evaluate("window.asrApp.finalText()"),
             "paragraphs": page.eval_on_selector_all("#transcript p.current", "ps => ps.map((p) => p.textContent)"),
+            "announced": page.eval_on_selector_all("#announce[aria-live=polite] p", "ps => ps.map((p) => p.textContent)"),
+            "redrawn_live": page.get_attribute("#transcript", "aria-live"),
+            "levels": levels,
+            "level_after": page.evaluate("[window.asrApp.level, document.getElementById('level').value]"),
             "messages": page.evaluate("window.asrApp.messages"),
             "errors": page.evaluate("window.asrApp.errors"),
             "status": page.inner_text("#status"),
@@ -138,6 +144,11 @@ def test_page_captions_the_microphone(playwright, page_server, whisper_runner, t
     assert got["final"] == server_view.final_text(0)
     # Shown as paragraphs (at pauses of 2 s or more; the fixture has none that long): the same text.
     assert " ".join(got["paragraphs"]) == got["final"] and len(got["paragraphs"]) == 1
+    # Screen readers hear each final once (the last five are kept), not the redrawn transcript.
+    assert got["announced"] == [m["text"] for m in messages if m["type"] == "final" and m["text"]][-5:] and got["announced"]
+    assert got["redrawn_live"] is None
+    # The level meter showed the speech while it played (the fixture speaks at about -20 dBFS), and rests after.
+    assert max(got["levels"]) > -40 and got["level_after"] == [None, -60]
     assert got["status"] == "Stopped" and got["latency"].endswith(" s")
     assert got["shot"] and shot.stat().st_size > 10_000
 

@@ -143,6 +143,12 @@ export class AsrClient extends EventTarget {
     this._waiters = new Set();
   }
 
+  /** The audio being streamed (a `MediaStream`: the microphone, or the one given to `start`), or null
+   * before `start` has it; e.g. for a level meter. */
+  get microphone() {
+    return this._stream;
+  }
+
   /** Open the microphone (unless `stream` is given), connect and start streaming. */
   async start(stream = null) {
     if (this.state !== "idle") throw new Error(`start() in state ${this.state}; make a new AsrClient`);
