@@ -14,7 +14,7 @@ const RETRY_CODES = new Set([
 const MAX_BACKOFF_S = 30;
 const REVISION_MARK_MS = 1500;
 const ANNOUNCED_KEPT = 5; // finals kept in the screen reader's live region
-const LEVEL_FLOOR_DB = -60; // the meter's bottom: quieter than this shows as nothing
+const LEVEL_FLOOR_DB = -70; // the meter's bottom (the server raises talkers down to about -62 dBFS): quieter shows as nothing
 
 const $ = (id) => document.getElementById(id);
 const ui = {

@@ -148,7 +148,7 @@ def test_page_captions_the_microphone(playwright, page_server, whisper_runner, t
     assert got["announced"] == [m["text"] for m in messages if m["type"] == "final" and m["text"]][-5:] and got["announced"]
     assert got["redrawn_live"] is None
     # The level meter showed the speech while it played (the fixture speaks at about -20 dBFS), and rests after.
-    assert max(got["levels"]) > -40 and got["level_after"] == [None, -60]
+    assert max(got["levels"]) > -40 and got["level_after"] == [None, -70]
     assert got["status"] == "Stopped" and got["latency"].endswith(" s")
     assert got["shot"] and shot.stat().st_size > 10_000
 
