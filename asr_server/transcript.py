@@ -140,9 +140,10 @@ def to_srt(transcript: dict[str, Any], options: CueOptions = CueOptions()) -> st
 
 
 def to_vtt(transcript: dict[str, Any], options: CueOptions = CueOptions()) -> str:
-    """WebVTT, each cue voiced by its speaker (``<v caller>``)."""
-    blocks = [f"{_stamp(cue.start, '.')} --> {_stamp(cue.end, '.')}\n<v {_vtt_escaped(cue.speaker)}>" + "\n".join(map(_vtt_escaped, cue.lines)) + "\n"
-              for cue in cues(transcript, options)]
+    """WebVTT, each cue voiced by its speaker (``<v caller>``) when there are several channels."""
+    several = len(transcript["channels"]) > 1
+    blocks = [f"{_stamp(cue.start, '.')} --> {_stamp(cue.end, '.')}\n{f'<v {_vtt_escaped(cue.speaker)}>' if several else ''}"
+              + "\n".join(map(_vtt_escaped, cue.lines)) + "\n" for cue in cues(transcript, options)]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 

@@ -117,13 +117,14 @@ def test_srt_and_vtt_cues_in_time_order_with_speakers():
     assert to_vtt(t) == ("WEBVTT\n\n00:00:00.600 --> 00:00:01.900\n<v caller>I lost my card.\n\n00:00:02.500 --> 00:00:03.500\n<v agent>Sorry to hear.\n\n"
                          "00:00:04.100 --> 00:00:05.100\n<v caller>Yesterday.\n")
     one = build_transcript([m for m in messages() if '"channel": 1' not in m])
-    assert to_srt(one).splitlines()[2] == "I lost my card."  # one speaker: no label
+    assert to_srt(one).splitlines()[2] == "I lost my card." == to_vtt(one).splitlines()[3]  # one speaker: no label
     assert not build_transcript(messages()[:3])["complete"]
 
 
 def test_webvtt_escapes_what_would_read_as_markup():
     said = [json.dumps({"type": "session", "session_id": "s", "seq": 1, "call": {"channel_names": ["Tom <sales>", "B&B"]}}),
-            json.dumps({"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "Call AT&T, <3 them.", "start": 0.5, "end": 2.0, "words": []})]
+            json.dumps({"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "Call AT&T, <3 them.", "start": 0.5, "end": 2.0, "words": []}),
+            json.dumps({"type": "final", "channel": 1, "utterance": 0, "offset": 0, "text": "Sure.", "start": 3.0, "end": 3.5, "words": []})]
     vtt = to_vtt(build_transcript(said))
-    assert "<v Tom &lt;sales&gt;>Call AT&amp;T, &lt;3 them.\n" in vtt
+    assert "<v Tom &lt;sales&gt;>Call AT&amp;T, &lt;3 them.\n" in vtt and "<v B&amp;B>Sure.\n" in vtt
     assert "Call AT&T, <3 them." in to_srt(build_transcript(said))  # SubRip takes the text as it is
