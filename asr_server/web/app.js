@@ -178,15 +178,30 @@ function addFinal(p, text, range, revised) {
 // The microphone's level, so a user sees that sound arrives (a muted or wrong input sends silence).
 const meter = { ctx: null, source: null, analyser: null, samples: null, timer: null };
 
+/** The meter's audio context, made on the Start click (browsers start audio only on a user's gesture);
+ * without one the page works on, with no meter. */
+function startMeter() {
+  try {
+    meter.ctx ??= new AudioContext();
+    meter.ctx.resume().catch(() => {});
+  } catch {
+    meter.ctx = null;
+  }
+}
+
 function watchLevel(stream) {
   stopLevel();
   if (!stream || !meter.ctx) return;
-  meter.source = meter.ctx.createMediaStreamSource(stream);
-  meter.analyser = meter.ctx.createAnalyser();
-  meter.analyser.fftSize = 2048;
-  meter.samples = new Float32Array(meter.analyser.fftSize);
-  meter.source.connect(meter.analyser);
-  meter.timer = setInterval(showLevel, 100);
+  try {
+    meter.source = meter.ctx.createMediaStreamSource(stream);
+    meter.analyser = meter.ctx.createAnalyser();
+    meter.analyser.fftSize = 2048;
+    meter.samples = new Float32Array(meter.analyser.fftSize);
+    meter.source.connect(meter.analyser);
+    meter.timer = setInterval(showLevel, 100);
+  } catch {
+    stopLevel(); // a stream the context cannot read (no audio track): no meter, captions go on
+  }
 }
 
 function showLevel() {
@@ -357,8 +372,7 @@ ui.start.addEventListener("click", async () => {
   app.wanted = true;
   app.attempts = 0;
   setRunning(true);
-  meter.ctx ??= new AudioContext(); // made on the click: browsers start audio only on a user's gesture
-  meter.ctx.resume().catch(() => {});
+  startMeter();
   await startSession();
 });
 
