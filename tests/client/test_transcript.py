@@ -130,3 +130,11 @@ def test_without_segments_a_revisions_utterances_become_one_turn():
     t.apply(final(0, 2, 42, "young man.", 5.2, 6.0))
     t.apply({"type": "revision", "channel": 0, "utterances": [1, 2], "offset": 17, "text": "He was not an ill-disposed young man."})
     assert t.turns() == [Turn(0, 0, 0.5, 2.0, "And so it began."), Turn(0, 1, 3.0, 6.0, "He was not an ill-disposed young man.")]
+
+
+def test_the_transcript_address_comes_from_the_websocket_one():
+    from asr_client.client import transcript_url
+
+    assert transcript_url("ws://127.0.0.1:8765", "ab12", format="srt") == "http://127.0.0.1:8765/v1/sessions/ab12/transcript?format=srt"
+    assert transcript_url("wss://asr.example.com/v1/listen", "ab12", format="vtt", lines=1) == "https://asr.example.com/v1/sessions/ab12/transcript?format=vtt&lines=1"
+    assert transcript_url("ws://h:1", "a/b?c") == "http://h:1/v1/sessions/a%2Fb%3Fc/transcript"  # an id cannot leave its path segment

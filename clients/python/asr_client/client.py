@@ -65,6 +65,15 @@ def listen_url(url: str, **options: Any) -> str:
     return f"{base}?{urlencode(query)}" if query else base
 
 
+def transcript_url(url: str, session_id: str, **query: Any) -> str:
+    """The server's ``/v1/sessions/{id}/transcript`` address, from its WebSocket address (``ws``
+    -> ``http``, ``wss`` -> ``https``; any path dropped)."""
+    parts = urlsplit(url)
+    scheme = "https" if parts.scheme in ("wss", "https") else "http"
+    path = f"/v1/sessions/{quote(session_id, safe='')}/transcript"
+    return urlunsplit((scheme, parts.netloc, path, urlencode(query), ""))
+
+
 def fetch_transcript(url: str, session_id: str, format: str = "json", api_key: str | None = None, timeout: float = 30.0, **query: Any) -> str:
     """A session's whole transcript from the server (``GET /v1/sessions/{id}/transcript``): JSON,
     or subtitles (``format="srt"`` or ``"vtt"``; ``line_chars``, ``lines``), revisions applied.
@@ -75,10 +84,7 @@ def fetch_transcript(url: str, session_id: str, format: str = "json", api_key: s
     import urllib.error
     import urllib.request
 
-    parts = urlsplit(url)
-    scheme = "https" if parts.scheme in ("wss", "https") else "http"
-    path = f"/v1/sessions/{quote(session_id, safe='')}/transcript"
-    request = urllib.request.Request(urlunsplit((scheme, parts.netloc, path, urlencode({"format": format, **query}), "")))
+    request = urllib.request.Request(transcript_url(url, session_id, format=format, **query))
     if api_key:
         request.add_header("Authorization", f"Bearer {api_key}")
     try:
