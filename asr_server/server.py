@@ -103,7 +103,7 @@ class AsrServer:
         self.access, self.tracing = Access(access), tracing or Tracing()
         self.clock = time.monotonic  # tokens' lifetimes and quotas' minutes
         self.metrics = Metrics()
-        self.webhooks = WebhookSender(webhooks, self.metrics)  # started with the server
+        self.webhooks, self.transcript_builds = WebhookSender(webhooks, self.metrics), asyncio.Semaphore(1)  # /transcript: one build at a time
         self.scheduler: Scheduler | None = None  # these four come with the model (set_runner)
         self.capacity: CapacityModel | None = None
         self.runner: Runner | None = None

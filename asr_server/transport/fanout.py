@@ -141,8 +141,8 @@ def parse_follow_path(path: str, what: str = "events") -> str | None:
 
 def transcript_response(server: "AsrServer", principal: Principal, session_id: str, query: dict[str, list[str]]) -> Response | Awaitable[Response]:
     """``/v1/sessions/{id}/transcript``: the transcript so far (or whole, once ended), as JSON, SRT or
-    WebVTT. Built in a worker thread from a copy of the messages kept for it: hours of a session
-    take a second or two, which the event loop (every stream's) does not wait for."""
+    WebVTT. Built in a worker thread, one at a time, from a copy of the messages kept for it: hours
+    of a session take a second or two, which the event loop (every stream's) does not wait for."""
     from .http import error_response
 
     try:
@@ -151,7 +151,14 @@ def transcript_response(server: "AsrServer", principal: Principal, session_id: s
     except AsrError as error:
         return error_response(error)
     texts, truncated = kept.texts(), kept.truncated  # longer than the replay log; copied here, in the loop
-    return asyncio.to_thread(_transcript_body, texts, truncated, fmt, cue_options)
+    return _built(server, texts, truncated, fmt, cue_options)
+
+
+async def _built(server: "AsrServer", texts: list[str], truncated: bool, fmt: str, cue_options: CueOptions) -> Response:
+    """One build at a time: clients polling a long session's subtitles take at most one thread's
+    share of the interpreter from the streams, however many they are."""
+    async with server.transcript_builds:
+        return await asyncio.to_thread(_transcript_body, texts, truncated, fmt, cue_options)
 
 
 def _transcript_body(texts: list[str], truncated: bool, fmt: str, cue_options: CueOptions) -> Response:
