@@ -27,8 +27,12 @@ __all__ = ["CueOptions", "Cue", "cues"]
 SENTENCE_ENDS = (".", "?", "!", "…")
 PAUSES = (",", ";", ":", "—")
 ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "st.", "vs.", "e.g.", "i.e.", "etc.", "no.", "mt.", "jr.", "sr.", "prof."})
-# What :func:`_cost` charges: each cue, and ending one after a comma or mid-phrase (after a sentence: nothing).
+# What :func:`_cost` charges: each cue, the room it leaves empty, and ending one after a comma or
+# mid-phrase (after a sentence: nothing). Chosen by reading the cues of nine recordings
+# (docs/benchmarks.md, sixty-second session): with the room weighed double, a reading's long
+# sentences ran across cues rather than leave one a third full.
 CUE_COST = 0.15
+EMPTY_COST = 0.5  # times the share of a cue's room left empty, squared
 PAUSE_BREAK_COST = 0.1
 PHRASE_BREAK_COST = 0.3
 
@@ -155,7 +159,7 @@ def _cost(chars: int, last_word: str, last: bool, options: CueOptions) -> float:
     it ends its run, ending where the words run on: nothing after a sentence end, a little after
     a comma or the like, most mid-phrase."""
     empty = max(0.0, 1 - chars / (options.lines * options.line_chars))
-    return CUE_COST + empty * empty + (0.0 if last else _break_cost(last_word))
+    return CUE_COST + EMPTY_COST * empty * empty + (0.0 if last else _break_cost(last_word))
 
 
 def _break_cost(text: str) -> float:

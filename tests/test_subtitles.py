@@ -35,6 +35,11 @@ def test_a_long_sentence_is_cut_into_cues_of_two_lines_of_42_at_most_within_7_se
         ("He was not an ill-disposed young man.",), ("Unless to be rather cold-hearted and", "rather selfish is to be ill-disposed.")]
     said = "Unless to be rather cold-hearted and rather selfish, is to be ill-disposed, he told everyone who would listen that evening."
     assert [c.lines[-1][-8:] for c in cues(transcript([segment(said, 0.5)]))] == ["selfish,", "evening."]
+    # A long sentence ends a cue where it ends, rather than the cues running on across it.
+    said = ("Your journey is at an end, before you is Babylon, the gate of God, as the old name means about you, is all that "
+            "remains of the second of the seven wonders of the world. Babylon, even in the days of Nebuchadnezzar, was an old old city.")
+    babylon = cues(transcript([segment(said, 0.1, step=0.25)]))
+    assert any(c.lines[-1].endswith("world.") for c in babylon) and all(c.lines[-1].endswith((",", ".")) for c in babylon)
     # A sentence that needs two cues gets two even ones, not a full cue and a scrap.
     said = "And Mr. John Dashwood had then leisure to consider how much there might be prudently in his power to do for them."
     halves = [len(" ".join(c.lines)) for c in cues(transcript([segment(said, 0.5)]))]
