@@ -21,6 +21,7 @@ const ui = {
   start: $("start"),
   transport: $("transport"),
   clear: $("clear"),
+  save: $("save"),
   status: $("status"),
   notice: $("notice"),
   noticeText: $("notice-text"),
@@ -57,7 +58,7 @@ if (["auto", "webrtc", "websocket"].includes(params.get("transport"))) ui.transp
 const app = {
   client: null,
   wanted: false, // the user wants captions: retry after failures that allow it
-  earlier: [], // final text of earlier sessions on this page
+  earlier: [], // earlier sessions on this page: each its final text's paragraphs
   attempts: 0,
   retryTimer: null,
   countdownTimer: null,
@@ -71,8 +72,8 @@ window.asrApp = {
   get transport() {
     return app.client?.transport ?? null;
   },
-  finalText: () => [...app.earlier, app.client?.transcript.finalText() ?? ""].filter(Boolean).join(" "),
-  text: () => [...app.earlier, app.client?.transcript.text() ?? ""].filter(Boolean).join(" "),
+  finalText: () => [...app.earlier.flat(), app.client?.transcript.finalText() ?? ""].filter(Boolean).join(" "),
+  text: () => [...app.earlier.flat(), app.client?.transcript.text() ?? ""].filter(Boolean).join(" "),
   messages: [],
   errors: [],
   latencies: [],
@@ -104,12 +105,13 @@ function setRunning(running) {
 function render() {
   const box = ui.transcript;
   box.replaceChildren();
-  for (const text of app.earlier) {
+  for (const text of app.earlier.flat()) {
     const p = document.createElement("p");
     p.className = "earlier";
     p.textContent = text;
     box.append(p);
   }
+  ui.save.disabled = !(app.earlier.length || app.client?.transcript.finalText());
   const view = app.client?.transcript.view();
   if (!view || !(view.final || view.stable || view.unstable)) {
     if (!app.earlier.length) {
@@ -234,8 +236,32 @@ function seconds(s) {
 }
 
 function keepEarlierText() {
-  const text = app.client?.transcript.finalText();
-  if (text) app.earlier.push(text);
+  const kept = currentParagraphs();
+  if (kept.length) app.earlier.push(kept);
+}
+
+/** The current session's final text, paragraph by paragraph. */
+function currentParagraphs() {
+  const view = app.client?.transcript.view();
+  if (!view?.final) return [];
+  return finalParagraphs(view).map((r) => view.final.slice(r.start, r.end));
+}
+
+/** Everything final on the page (earlier sessions first), paragraphs apart, as a text file. */
+function pageText() {
+  const all = [...app.earlier.flat(), ...currentParagraphs()];
+  return all.length ? all.join("\n\n") + "\n" : "";
+}
+
+function save() {
+  const text = pageText();
+  if (!text) return;
+  const stamp = new Date().toISOString().slice(0, 16).replace(/[T:]/g, "-");
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(new Blob([text], { type: "text/plain;charset=utf-8" }));
+  link.download = `captions-${stamp}.txt`;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 1000);
 }
 
 function clearTimers() {
@@ -380,6 +406,8 @@ ui.retry.addEventListener("click", () => {
   clearTimers();
   startSession();
 });
+
+ui.save.addEventListener("click", save);
 
 ui.clear.addEventListener("click", () => {
   app.earlier = [];

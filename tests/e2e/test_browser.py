@@ -102,7 +102,11 @@ def caption(playwright, server: ServerThread, transport: str, screenshot: Path |
             time.sleep(0.1)
         page.click("#start")  # Stop: the last finals, then closed
         page.wait_for_function("window.asrApp.state === 'closed'", timeout=30_000)
+        with page.expect_download(timeout=10_000) as download:
+            page.click("#save")
+        saved = Path(download.value.path()).read_text(encoding="utf-8")
         return {
+            "saved": (download.value.suggested_filename, saved),
             "final": page.evaluate("window.asrApp.finalText()"),
             "paragraphs": page.eval_on_selector_all("#transcript p.current", "ps => ps.map((p) => p.textContent)"),
             "announced": page.eval_on_selector_all("#announce[aria-live=polite] p", "ps => ps.map((p) => p.textContent)"),
@@ -147,6 +151,9 @@ def test_page_captions_the_microphone(playwright, page_server, whisper_runner, t
     # Screen readers hear each final once (the last five are kept), not the redrawn transcript.
     assert got["announced"] == [m["text"] for m in messages if m["type"] == "final" and m["text"]][-5:] and got["announced"]
     assert got["redrawn_live"] is None
+    # Save downloads what the page shows as final, paragraph by paragraph.
+    name, saved = got["saved"]
+    assert name.startswith("captions-") and name.endswith(".txt") and saved == "\n\n".join(got["paragraphs"]) + "\n"
     # The level meter showed the speech while it played (the fixture speaks at about -20 dBFS), and rests after.
     assert max(got["levels"]) > -40 and got["level_after"] == [None, -70]
     assert got["status"] == "Stopped" and got["latency"].endswith(" s")
