@@ -138,3 +138,5 @@ def test_the_transcript_address_comes_from_the_websocket_one():
     assert transcript_url("ws://127.0.0.1:8765", "ab12", format="srt") == "http://127.0.0.1:8765/v1/sessions/ab12/transcript?format=srt"
     assert transcript_url("wss://asr.example.com/v1/listen", "ab12", format="vtt", lines=1) == "https://asr.example.com/v1/sessions/ab12/transcript?format=vtt&lines=1"
     assert transcript_url("ws://h:1", "a/b?c") == "http://h:1/v1/sessions/a%2Fb%3Fc/transcript"  # an id cannot leave its path segment
+    # Behind a proxy at a path: kept, as listen_url keeps it for the stream.
+    assert transcript_url("wss://h/asr/v1/listen/", "ab12") == transcript_url("wss://h/asr", "ab12") == "https://h/asr/v1/sessions/ab12/transcript"
