@@ -125,14 +125,15 @@ function render() {
   // The words a revision (the server's second pass, with more context) changed are marked briefly.
   const revised = app.client?.transcript.revised();
   const fresh = revised && performance.now() - (app.revisedAt ?? 0) < REVISION_MARK_MS && revised.end <= view.final.length;
+  const turns = app.client.transcript.turns(0);
   let p = null;
-  for (const range of finalParagraphs(view)) {
+  for (const range of finalParagraphs(view, turns)) {
     p = paragraph(box);
     addFinal(p, view.final, range, fresh ? revised : null);
   }
   if (view.stable || view.unstable) {
     // The open utterance goes on the last paragraph, or opens one after a long pause.
-    if (!p || pausedBefore(view)) p = paragraph(box);
+    if (!p || pausedBefore(view, turns)) p = paragraph(box);
     else p.append(" ");
     addSpan(p, "stable", view.stable);
     addSpan(p, "unstable", view.unstable);
@@ -141,15 +142,16 @@ function render() {
 }
 
 /** The finalized text's paragraphs (at long pauses, see `paragraphs`): {start, end} ranges of `view.final`. */
-function finalParagraphs(view) {
+function finalParagraphs(view, turns) {
   if (!view.final) return [];
-  const ranges = paragraphs(app.client.transcript.turns(0));
+  const ranges = paragraphs(turns);
   const whole = ranges.length && ranges.at(-1).end === view.final.length;
   return whole ? ranges : [{ start: 0, end: view.final.length }];
 }
 
-function pausedBefore(view) {
-  const heard = app.client.transcript.turns(0).at(-1)?.end;
+/** Whether the open utterance began a long pause after the last finalized one (`turns`: channel 0's). */
+function pausedBefore(view, turns) {
+  const heard = turns.at(-1)?.end;
   return view.start !== null && heard != null && view.start - heard >= PARAGRAPH_GAP_S;
 }
 
@@ -244,7 +246,7 @@ function keepEarlierText() {
 function currentParagraphs() {
   const view = app.client?.transcript.view();
   if (!view?.final) return [];
-  return finalParagraphs(view).map((r) => view.final.slice(r.start, r.end));
+  return finalParagraphs(view, app.client.transcript.turns(0)).map((r) => view.final.slice(r.start, r.end));
 }
 
 /** Everything final on the page (earlier sessions first), paragraphs apart, as a text file. */
