@@ -1,11 +1,13 @@
 """Webhooks: each final, revision and settled message, and each session's whole transcript at its end,
 POSTed as signed JSON.
 
-:class:`DeliveryQueue` (no I/O, time passed in) holds the deliveries in order,
-bounded, and decides retries: exponential backoff with jitter, up to
-``max_attempts``; a full queue drops the newest delivery (counted) so a stream
-never waits for a slow receiver. :class:`WebhookSender` is the thin shell that
-POSTs the head of the queue (one at a time, so a receiver gets them in order).
+:class:`DeliveryQueue` (no I/O, time passed in) holds the deliveries in a lane
+per receiver, each in order, bounded in all, and decides retries: exponential
+backoff with jitter, up to ``max_attempts``; a full queue drops the newest
+delivery of the receiver holding the most (counted), so a stream never waits
+for a receiver and one that is down costs only its own deliveries.
+:class:`WebhookSender` is the thin shell that POSTs each lane's head (one at a
+time per receiver, so a receiver gets them in order; receivers side by side).
 
 Each request carries ``Asr-Signature: t=<unix seconds>,v1=<hex>``, the
 HMAC-SHA256 of ``<t>.<body>`` with ``--webhook-secret`` (docs/telephony.md
@@ -23,10 +25,12 @@ import json
 import logging
 import random
 import time
+import http.client
 import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +53,8 @@ class WebhookOptions:
     max_attempts: int = 6
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 30.0
-    queue_limit: int = 1000
+    queue_limit: int = 1000  # deliveries held, all receivers together
+    concurrency: int = 8  # receivers sent to at once (one request each)
     events: frozenset[str] = frozenset(EVENTS)  # which of EVENTS are sent
 
     @property
@@ -83,40 +88,62 @@ class Delivery:
     body: bytes
     attempts: int = 0
     due: float = 0.0
+    sending: bool = False  # an attempt is under way
 
 
 @dataclass
 class DeliveryQueue:
-    """Deliveries in order; the head is retried until delivered or out of attempts."""
+    """Deliveries in a lane per receiver (URL), each lane in order: a lane's head is retried
+    until delivered or out of attempts before the next goes, while other receivers' lanes go on.
+    ``queue_limit`` bounds the deliveries held in all lanes; when it is reached, the receiver
+    holding the most loses its newest delivery, so a receiver that is down costs only its own."""
 
     options: WebhookOptions
     rng: Callable[[], float] = random.random
-    _items: deque[Delivery] = field(default_factory=deque)
+    _lanes: dict[str, deque[Delivery]] = field(default_factory=dict)
+    _held: int = 0
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._held
 
-    def push(self, delivery: Delivery, now: float) -> bool:
-        """False (dropped) when the queue is full."""
-        if len(self._items) >= self.options.queue_limit:
-            return False
+    def push(self, delivery: Delivery, now: float) -> Delivery | None:
+        """Queue ``delivery``; when the queue is full, the one dropped for it (``delivery`` itself
+        unless another receiver holds more), else None."""
         delivery.due = now
-        self._items.append(delivery)
-        return True
+        dropped = None
+        if self._held >= self.options.queue_limit:
+            fullest = max(self._lanes.values(), key=len, default=deque())
+            if len(fullest) <= len(self._lanes.get(delivery.url, ())) or fullest[-1].sending:
+                return delivery
+            dropped = fullest.pop()
+            self._held -= 1
+        self._lanes.setdefault(delivery.url, deque()).append(delivery)
+        self._held += 1
+        return dropped
 
-    def head(self, now: float) -> Delivery | None:
-        """The next delivery to attempt, if it is due."""
-        return self._items[0] if self._items and self._items[0].due <= now else None
+    def take(self, now: float, room: int) -> list[Delivery]:
+        """Up to ``room`` lane heads that are due and not being sent, the longest-waiting first;
+        they are marked as being sent."""
+        due = sorted((lane[0] for lane in self._lanes.values() if not lane[0].sending and lane[0].due <= now), key=lambda d: d.due)
+        for delivery in due[: max(0, room)]:
+            delivery.sending = True
+        return due[: max(0, room)]
 
     def wait_s(self, now: float) -> float | None:
-        """Until the head is due (None: nothing queued)."""
-        return max(0.0, self._items[0].due - now) if self._items else None
+        """Until the next lane head not being sent is due (None: none waits)."""
+        dues = [lane[0].due for lane in self._lanes.values() if not lane[0].sending]
+        return max(0.0, min(dues) - now) if dues else None
 
     def done(self, delivery: Delivery, ok: bool, now: float) -> str:
-        """An attempt's outcome: ``delivered``, ``retried`` (back in line after a backoff) or ``failed`` (given up)."""
+        """An attempt's outcome: ``delivered``, ``retried`` (first in its lane again after a backoff) or ``failed`` (given up)."""
         delivery.attempts += 1
+        delivery.sending = False
         if ok or delivery.attempts >= self.options.max_attempts:
-            self._items.remove(delivery)
+            lane = self._lanes[delivery.url]
+            lane.popleft()
+            self._held -= 1
+            if not lane:
+                del self._lanes[delivery.url]
             return "delivered" if ok else "failed"
         backoff = min(self.options.max_backoff_s, self.options.initial_backoff_s * 2 ** (delivery.attempts - 1))
         delivery.due = now + backoff * (0.5 + self.rng() / 2)  # jitter: receivers that recover are not hit all at once
@@ -124,7 +151,8 @@ class DeliveryQueue:
 
 
 class WebhookSender:
-    """POSTs the queue's head, one at a time, in a task of its own (the event loop never waits on a receiver)."""
+    """POSTs each receiver's next delivery, receivers side by side (at most ``concurrency`` requests
+    at once, in threads of its own), from a task of its own: the event loop never waits on a receiver."""
 
     def __init__(self, options: WebhookOptions, metrics: Metrics) -> None:
         self.options = options
@@ -133,42 +161,57 @@ class WebhookSender:
         self._ids = itertools.count(1)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._attempts: set[asyncio.Task[None]] = set()
+        self._pool: ThreadPoolExecutor | None = None
 
     def start(self) -> None:
         if self.options.enabled:
+            self._pool = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="asr-webhook")
             self._task = asyncio.get_running_loop().create_task(self._run(), name="asr-webhooks")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, *self._attempts) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)  # a request under way ends at its timeout
 
     def send(self, url: str, event: dict[str, Any]) -> None:
         body = json.dumps(event, separators=(",", ":")).encode()
-        if not self.queue.push(Delivery(f"d{next(self._ids)}-{int(time.time())}", url, body), time.monotonic()):
+        dropped = self.queue.push(Delivery(f"d{next(self._ids)}-{int(time.time())}", url, body), time.monotonic())
+        if dropped is not None:
             self.metrics.webhook_deliveries.labels("dropped").inc()
-            log.warning("webhook queue full: a %s delivery was dropped", event.get("event"))
+            log.warning("webhook queue full: a delivery to %s was dropped", dropped.url)
         self.metrics.webhook_queue.set(len(self.queue))
         self._wake.set()
 
     async def _run(self) -> None:
         while True:
             now = time.monotonic()
-            delivery = self.queue.head(now)
-            if delivery is None:
-                self._wake.clear()
-                wait = self.queue.wait_s(now)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), wait)  # a timer or a new delivery, not synchronisation
-                except TimeoutError:
-                    pass
-                continue
-            ok = await asyncio.to_thread(self._post, delivery)
-            outcome = self.queue.done(delivery, ok, time.monotonic())
-            self.metrics.webhook_deliveries.labels(outcome).inc()
-            self.metrics.webhook_queue.set(len(self.queue))
-            if outcome == "failed":
-                log.warning("webhook delivery %s to %s failed after %d attempts", delivery.id, delivery.url, delivery.attempts)
+            for delivery in self.queue.take(now, self.options.concurrency - len(self._attempts)):
+                task = asyncio.get_running_loop().create_task(self._attempt(delivery))
+                self._attempts.add(task)
+                task.add_done_callback(self._attempts.discard)
+            self._wake.clear()
+            wait = self.queue.wait_s(now) if len(self._attempts) < self.options.concurrency else None
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait)  # a timer, a new delivery or an attempt's end
+            except TimeoutError:
+                pass
+
+    async def _attempt(self, delivery: Delivery) -> None:
+        try:
+            ok = await asyncio.get_running_loop().run_in_executor(self._pool, self._post, delivery)
+        except Exception:  # whatever went wrong, the attempt failed: the receiver's lane must go on
+            log.exception("webhook delivery %s to %s", delivery.id, delivery.url)
+            ok = False
+        outcome = self.queue.done(delivery, ok, time.monotonic())
+        self.metrics.webhook_deliveries.labels(outcome).inc()
+        self.metrics.webhook_queue.set(len(self.queue))
+        if outcome == "failed":
+            log.warning("webhook delivery %s to %s failed after %d attempts", delivery.id, delivery.url, delivery.attempts)
+        self._wake.set()
 
     def _post(self, delivery: Delivery) -> bool:
         headers = {"Content-Type": "application/json", "Asr-Delivery": delivery.id, "Asr-Attempt": str(delivery.attempts + 1)}
@@ -178,5 +221,5 @@ class WebhookSender:
         try:
             with urllib.request.urlopen(request, timeout=self.options.timeout_s) as answer:
                 return 200 <= answer.status < 300
-        except (urllib.error.URLError, OSError, ValueError):
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):  # HTTPException: an answer that is not HTTP
             return False

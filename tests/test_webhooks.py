@@ -1,8 +1,13 @@
-"""Webhook signing and the delivery queue's order, bound and retries, without I/O."""
+"""Webhook signing and the delivery queue's lanes, order, bound and retries, without I/O."""
 
 from __future__ import annotations
 
-from asr_server.webhooks import Delivery, DeliveryQueue, WebhookOptions, sign, verify
+import asyncio
+import socket
+import threading
+
+from asr_server.metrics import Metrics
+from asr_server.webhooks import Delivery, DeliveryQueue, WebhookOptions, WebhookSender, sign, verify
 
 
 def test_signatures_verify_only_with_the_secret_the_body_and_a_recent_time():
@@ -17,21 +22,112 @@ def test_signatures_verify_only_with_the_secret_the_body_and_a_recent_time():
 def test_the_head_is_retried_with_growing_jittered_backoff_and_order_is_kept():
     q = DeliveryQueue(WebhookOptions(url="http://x", max_attempts=3, initial_backoff_s=1.0, max_backoff_s=10.0), rng=lambda: 1.0)
     first, second = Delivery("1", "http://x", b"1"), Delivery("2", "http://x", b"2")
-    assert q.push(first, now=0.0) and q.push(second, now=0.0)
-    assert q.head(0.0) is first
+    assert q.push(first, now=0.0) is None and q.push(second, now=0.0) is None
+    assert q.take(0.0, room=8) == [first] and q.take(0.0, room=8) == []  # one at a time per receiver
     assert q.done(first, ok=False, now=0.0) == "retried" and first.due == 1.0  # 1 s (jitter at its top)
-    assert q.head(0.5) is None and q.wait_s(0.5) == 0.5  # the second waits behind it: order
-    assert q.done(first, ok=False, now=1.0) == "retried" and first.due == 3.0  # then 2 s
-    assert q.done(first, ok=False, now=3.0) == "failed" and len(q) == 1  # out of attempts: given up
-    assert q.head(3.0) is second and q.done(second, ok=True, now=3.0) == "delivered" and q.wait_s(3.0) is None
+    assert q.take(0.5, room=8) == [] and q.wait_s(0.5) == 0.5  # the second waits behind it: order
+    assert q.take(1.0, room=8) == [first] and q.done(first, ok=False, now=1.0) == "retried" and first.due == 3.0  # then 2 s
+    assert q.take(3.0, room=8) == [first] and q.done(first, ok=False, now=3.0) == "failed" and len(q) == 1  # out of attempts: given up
+    assert q.take(3.0, room=8) == [second] and q.done(second, ok=True, now=3.0) == "delivered" and q.wait_s(3.0) is None
     jittered = DeliveryQueue(WebhookOptions(initial_backoff_s=1.0), rng=lambda: 0.0)
     d = Delivery("3", "http://x", b"3")
     jittered.push(d, 0.0)
+    jittered.take(0.0, room=1)
     jittered.done(d, ok=False, now=0.0)
     assert d.due == 0.5  # jitter at its bottom: half the backoff
 
 
-def test_a_full_queue_drops_the_newest_instead_of_waiting():
-    q = DeliveryQueue(WebhookOptions(queue_limit=2))
-    assert q.push(Delivery("1", "u", b""), 0.0) and q.push(Delivery("2", "u", b""), 0.0)
-    assert not q.push(Delivery("3", "u", b""), 0.0) and len(q) == 2
+def test_a_receiver_that_is_down_does_not_hold_up_the_others():
+    q = DeliveryQueue(WebhookOptions(max_attempts=6, initial_backoff_s=1.0), rng=lambda: 1.0)
+    down = [Delivery(f"d{i}", "http://down", b"") for i in range(3)]
+    up = [Delivery(f"u{i}", "http://up", b"") for i in range(3)]
+    for a, b in zip(down, up):
+        q.push(a, 0.0)
+        q.push(b, 0.0)
+    assert q.take(0.0, room=8) == [down[0], up[0]]  # both receivers' first, side by side
+    assert q.wait_s(0.0) is None  # nothing else may go while they are under way
+    q.done(down[0], ok=False, now=0.0)  # retried in 1 s; the other receiver goes on meanwhile
+    assert q.done(up[0], ok=True, now=0.0) == "delivered"
+    for i in (1, 2):
+        assert q.take(0.0, room=8) == [up[i]] and q.done(up[i], ok=True, now=0.0) == "delivered"
+    assert q.take(0.0, room=8) == [] and q.wait_s(0.0) == 1.0 and len(q) == 3
+    assert q.take(1.0, room=8) == [down[0]]
+
+
+def test_room_limits_the_requests_under_way_oldest_first():
+    q = DeliveryQueue(WebhookOptions())
+    late, early = Delivery("1", "http://a", b""), Delivery("2", "http://b", b"")
+    q.push(late, 5.0)
+    q.push(early, 2.0)
+    assert q.take(5.0, room=1) == [early] and q.take(5.0, room=0) == []
+    assert q.take(5.0, room=1) == [late]
+
+
+def test_a_full_queue_drops_the_newest_of_the_receiver_holding_most():
+    q = DeliveryQueue(WebhookOptions(queue_limit=3))
+    held = [Delivery(str(i), "http://down", b"") for i in range(3)]
+    for d in held:
+        assert q.push(d, 0.0) is None
+    other = Delivery("o", "http://up", b"")
+    assert q.push(other, 0.0) is held[2] and len(q) == 3  # the receiver that is down pays for the room
+    assert q.push(Delivery("4", "http://down", b""), 0.0) is not None and len(q) == 3  # its own newest: dropped
+    second = Delivery("o2", "http://up", b"")
+    assert q.push(second, 0.0) is held[1]  # down held 2, up 1
+    third = Delivery("o3", "http://up", b"")
+    assert q.push(third, 0.0) is third  # up now holds the most: its newest is the one dropped
+    assert q.take(0.0, room=8) == [held[0], other]
+
+
+def test_a_delivery_being_sent_is_never_dropped():
+    q = DeliveryQueue(WebhookOptions(queue_limit=1))
+    first = Delivery("1", "http://a", b"")
+    q.push(first, 0.0)
+    q.take(0.0, room=1)
+    newer = Delivery("2", "http://b", b"")
+    assert q.push(newer, 0.0) is newer and q.done(first, ok=True, now=0.0) == "delivered" and len(q) == 0
+
+
+def test_an_answer_that_is_not_http_is_a_failed_attempt():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def answer_nonsense() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"nonsense\r\n\r\n")
+
+    thread = threading.Thread(target=answer_nonsense, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+    try:
+        assert WebhookSender(WebhookOptions(url=url, timeout_s=30.0), Metrics())._post(Delivery("1", url, b"{}")) is False
+    finally:
+        thread.join(30)
+        listener.close()
+
+
+def test_an_attempt_that_breaks_is_retried_and_the_receiver_s_deliveries_go_on():
+    posted: list[bytes] = []
+    finished = threading.Event()
+
+    def post(delivery: Delivery) -> bool:
+        posted.append(delivery.body)
+        if len(posted) == 1:
+            raise RuntimeError("a bug in an attempt")
+        if len(posted) == 3:
+            finished.set()
+        return True
+
+    async def run() -> None:
+        sender = WebhookSender(WebhookOptions(url="http://x", initial_backoff_s=0.0), Metrics())
+        sender._post = post  # type: ignore[method-assign]
+        sender.start()
+        sender.send("http://x", {"n": 1})
+        sender.send("http://x", {"n": 2})
+        await asyncio.to_thread(finished.wait, 30)
+        await sender.stop()
+
+    asyncio.run(run())
+    assert posted == [b'{"n":1}', b'{"n":1}', b'{"n":2}']

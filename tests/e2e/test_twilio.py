@@ -41,15 +41,16 @@ def legs() -> tuple[bytes, bytes]:
     return mulaw(stereo[:, 1]), mulaw(stereo[:, 0])
 
 
-async def twilio_call(url: str, started: asyncio.Event) -> tuple[list[str], int | None]:
-    """Twilio's events for the whole call; what the server sent back (nothing) and its close code."""
+async def twilio_call(url: str, started: asyncio.Event, parameters: dict[str, str] | None = None) -> tuple[list[str], int | None]:
+    """Twilio's events for the whole call (``parameters``: more custom parameters); what the server
+    sent back (nothing) and its close code."""
     caller, agent = legs()
     received: list[str] = []
     async with websockets.connect(f"{url}/v1/twilio") as ws:
         await ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
         await ws.send(json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": "MZ0001", "start": {
             "accountSid": "AC0001", "streamSid": "MZ0001", "callSid": "CA0001", "tracks": ["inbound", "outbound"],
-            "customParameters": {"language": "en", "interim_results": "true"},
+            "customParameters": {"language": "en", "interim_results": "true", **(parameters or {})},
             "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}))
         started.set()
         sequence = 2

@@ -26,11 +26,15 @@ SECRET = "hook-secret"
 
 
 class Receiver:
-    """An HTTP receiver on a free loopback port that fails its first ``failures`` requests with 500."""
+    """An HTTP receiver on a free loopback port that fails its first ``failures`` requests with 500;
+    with ``held``, it answers no request until :meth:`release` (a receiver that hangs)."""
 
-    def __init__(self, failures: int) -> None:
+    def __init__(self, failures: int, held: bool = False) -> None:
         self.requests: list[dict[str, Any]] = []
         self.failures = failures
+        self.gate = threading.Event()
+        if not held:
+            self.gate.set()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,6 +42,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 failing = len(receiver.requests) < receiver.failures
                 receiver.requests.append({"headers": dict(self.headers), "body": body, "status": 500 if failing else 200})
+                receiver.gate.wait(300)  # bounded; released at the latest when the test leaves the receiver
                 self.send_response(500 if failing else 200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -53,7 +58,20 @@ class Receiver:
         self.thread.start()
         return self
 
+    def release(self) -> None:
+        self.gate.set()
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(q["body"]) for q in self.requests if q["status"] == 200]
+
+    def wait_for_transcript(self) -> None:
+        for _ in range(3000):  # polls, bounded (60 s): until the transcript event came
+            if any(e["event"] == "transcript" for e in self.events()):
+                return
+            time.sleep(0.02)
+
     def __exit__(self, *exc: object) -> None:
+        self.gate.set()
         self.http.shutdown()
         self.http.server_close()
 
@@ -174,3 +192,27 @@ def test_a_receiver_that_never_answers_does_not_slow_the_stream(whisper_runner):
     assert r.messages[-1].message["type"] == "closed" and r.final_text()  # the stream finished, every final sent
     assert 'asr_webhook_deliveries_total{outcome="failed"}' in metrics
     assert 'outcome="delivered"' not in metrics
+
+
+def test_a_receiver_that_hangs_delays_only_its_own_deliveries(whisper_runner):
+    """A call names its own receiver (``callback``), which takes requests and does not answer: the
+    server's webhook still gets every event of the call, the transcript included, while the
+    hanging one holds its first; once it answers, it gets the same events, in order."""
+    from .test_twilio import twilio_call
+
+    with Receiver(failures=0) as main, Receiver(failures=0, held=True) as hanging:
+        options = WebhookOptions(url=main.url, allowed_prefixes=(hanging.url,), timeout_s=60.0, initial_backoff_s=0.05)
+        server = ServerThread(whisper_runner, webhooks=options).start()
+        try:
+            _, code = asyncio.run(twilio_call(server.url, asyncio.Event(), {"callback": hanging.url}))
+            main.wait_for_transcript()
+            main_meanwhile, held_meanwhile = main.events(), len(hanging.requests)
+            hanging.release()
+            hanging.wait_for_transcript()
+        finally:
+            server.stop()
+    assert code == 1000
+    assert main_meanwhile and main_meanwhile[-1]["event"] == "transcript"  # all of it, while the other hung
+    assert held_meanwhile == 1  # the hanging receiver's first request, unanswered; one at a time per receiver
+    assert hanging.events() == main.events() == main_meanwhile  # then everything, in order
+    assert [e["number"] for e in main.events()] == list(range(1, len(main.events()) + 1))
