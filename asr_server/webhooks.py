@@ -150,6 +150,17 @@ class DeliveryQueue:
         return "retried"
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is not followed (it is an answer that is not 2xx): a receiver under an allowed
+    prefix must not send the server to another address."""
+
+    def redirect_request(self, *args: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 class WebhookSender:
     """POSTs each receiver's next delivery, receivers side by side (at most ``concurrency`` requests
     at once, in threads of its own), from a task of its own: the event loop never waits on a receiver."""
@@ -219,7 +230,7 @@ class WebhookSender:
             headers["Asr-Signature"] = sign(self.options.secret, int(time.time()), delivery.body)
         request = urllib.request.Request(delivery.url, data=delivery.body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.options.timeout_s) as answer:
+            with _OPENER.open(request, timeout=self.options.timeout_s) as answer:
                 return 200 <= answer.status < 300
         except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):  # HTTPException: an answer that is not HTTP
             return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from asr_server.metrics import Metrics
 from asr_server.webhooks import Delivery, DeliveryQueue, WebhookOptions, WebhookSender, sign, verify
@@ -131,3 +132,37 @@ def test_an_attempt_that_breaks_is_retried_and_the_receiver_s_deliveries_go_on()
 
     asyncio.run(run())
     assert posted == [b'{"n":1}', b'{"n":1}', b'{"n":2}']
+
+
+def test_a_redirect_is_not_followed():
+    """A receiver under an allowed prefix answering 302 (or 307) must not send the server elsewhere."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            if self.path.startswith("/hook"):
+                self.send_response(int(self.path.rsplit("/", 1)[1]))
+                self.send_header("Location", "/elsewhere")
+            else:
+                self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = _answer  # noqa: N815 (the library's names)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
+    thread.start()
+    sender = WebhookSender(WebhookOptions(timeout_s=30.0), Metrics())
+    try:
+        for code in (302, 307):
+            url = f"http://127.0.0.1:{http.server_address[1]}/hook/{code}"
+            assert sender._post(Delivery("1", url, b"{}")) is False
+    finally:
+        http.shutdown()
+        http.server_close()
+    assert seen == ["POST /hook/302", "POST /hook/307"]
