@@ -21,6 +21,7 @@ one. Ended sessions stay readable for ``--ended-session-ttl`` seconds.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import http
 import json
 import time
@@ -139,14 +140,17 @@ def parse_follow_path(path: str, what: str = "events") -> str | None:
     return None
 
 
-def transcript_response(server: "AsrServer", principal: Principal, session_id: str, query: dict[str, list[str]]) -> Response | Awaitable[Response]:
+def transcript_response(server: "AsrServer", principal: Principal, session_id: str, query: dict[str, list[str]],
+                        resume_token: str | None = None) -> Response | Awaitable[Response]:
     """``/v1/sessions/{id}/transcript``: the transcript so far (or whole, once ended), as JSON, SRT or
-    WebVTT. Built in a worker thread, one at a time, from a copy of the messages kept for it: hours
-    of a session take a second or two, which the event loop (every stream's) does not wait for."""
+    WebVTT; for a key's session, or for the holder of the session's own ``resume_token`` (the
+    client that streamed it, whatever it was let in with). Built in a worker thread, one at a
+    time, from a copy of the messages kept for it: hours of a session take a second or two, which
+    the event loop (every stream's) does not wait for."""
     from .http import error_response
 
     try:
-        _, _, kept = _find(server, principal, session_id)
+        _, _, kept = _find(server, principal, session_id, resume_token)
         fmt, cue_options = _transcript_query(query)
     except AsrError as error:
         return error_response(error)
@@ -194,15 +198,25 @@ def _from_seq(request_headers: Any, query: dict[str, list[str]]) -> int:
     return int(raw) if raw.isdigit() and len(raw) < 12 else 0
 
 
-def _find(server: "AsrServer", principal: Principal, session_id: str) -> tuple["Connection | None", ReplayLog, TranscriptLog]:
-    """The live session (None once ended), its log and its transcript's; SessionNotFound for neither, or another key's."""
+def _find(server: "AsrServer", principal: Principal, session_id: str,
+          resume_token: str | None = None) -> tuple["Connection | None", ReplayLog, TranscriptLog]:
+    """The live session (None once ended), its log and its transcript's; SessionNotFound for neither,
+    another key's, or (``resume_token`` given) one whose resume token is another."""
     conn = server.session_by_id(session_id)
-    if conn is not None and conn.session.key == principal.name:
+    if conn is not None and _owned(conn.session.key, conn.session.resume_token, principal, resume_token):
         return conn, conn.log, conn.transcript
     ended = server.ended.get(session_id, time.monotonic())
-    if ended is not None and ended.key == principal.name:
+    if ended is not None and _owned(ended.key, ended.resume_token, principal, resume_token):
         return None, ended.log, ended.transcript
     raise SessionNotFound(f"no session {session_id[:40]!r} to follow (unknown, ended too long ago, or another key's)")
+
+
+def _owned(key: str | None, token: str | None, principal: Principal, resume_token: str | None) -> bool:
+    """A session is the asker's when it came in with the asker's key or, when the asker shows a
+    resume token, when that is the session's own."""
+    if resume_token is not None:
+        return token is not None and hmac.compare_digest(token.encode(), resume_token.encode())
+    return key == principal.name
 
 
 def session_list(server: "AsrServer", principal: Principal) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ __all__ = ["LISTEN_PATH", "REALTIME_PATH", "TOKENS_PATH", "select_subprotocol", 
 LISTEN_PATH = "/v1/listen"
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 TOKENS_PATH = "/v1/tokens"
+RESUME_TOKEN_HEADER = "Asr-Resume-Token"  # a session's own resume token: its transcript, without a key
 
 
 def route(server: "AsrServer", connection: "OneRequestConnection", request: Request) -> Response | Awaitable[Response] | None:
@@ -53,7 +54,12 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
         query = parse_qs(parts.query)
         upgrade = "websocket" in (request.headers.get("Upgrade") or "").lower()
         handshake = path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH) or (followed is not None and upgrade)
+        resume_token = request.headers.get(RESUME_TOKEN_HEADER) if transcribed is not None else None
         try:
+            if resume_token is not None:
+                # A session's own client may read its transcript with its resume token, whatever it streamed with.
+                server.access.check_origin(request.headers.get("Origin"), server.own_origins(request.headers.get("Host")))
+                return transcript_response(server, ANONYMOUS, transcribed, query, resume_token)
             # Only a handshake may use a token (a token cannot mint another, nor read metrics).
             principal = _authorize(server, request, query.get("token", [None])[0] if handshake else None)
         except AsrError as error:

@@ -22,6 +22,7 @@ const ui = {
   transport: $("transport"),
   clear: $("clear"),
   save: $("save"),
+  subtitles: $("subtitles"),
   status: $("status"),
   notice: $("notice"),
   noticeText: $("notice-text"),
@@ -112,6 +113,7 @@ function render() {
     box.append(p);
   }
   ui.save.disabled = !(app.earlier.length || app.client?.transcript.finalText());
+  ui.subtitles.disabled = !(app.client?.session && app.client.transcript.finalText());
   const view = app.client?.transcript.view();
   if (!view || !(view.final || view.stable || view.unstable)) {
     if (!app.earlier.length) {
@@ -257,11 +259,34 @@ function pageText() {
 
 function save() {
   const text = pageText();
-  if (!text) return;
+  if (text) download(new Blob([text], { type: "text/plain;charset=utf-8" }), "txt");
+}
+
+/** The current (or last) session's subtitles from the server, as an .srt file: the session's own
+ * resume token lets the page read them, whatever key or token it streamed with. */
+async function saveSubtitles() {
+  const session = app.client?.session;
+  if (!session) return;
+  const headers = session.resume_token ? { "Asr-Resume-Token": session.resume_token } : {};
+  try {
+    const answer = await fetch(`/v1/sessions/${encodeURIComponent(session.session_id)}/transcript?format=srt`, { headers });
+    if (!answer.ok) {
+      const body = await answer.json().catch(() => ({}));
+      const why = body.code === "session_not_found" ? "the server no longer holds this session" : body.message || `HTTP ${answer.status}`;
+      showNotice(`Subtitles could not be fetched: ${why}.`);
+      return;
+    }
+    download(await answer.blob(), "srt");
+  } catch (err) {
+    showNotice(`Subtitles could not be fetched: ${err.message}.`);
+  }
+}
+
+function download(blob, extension) {
   const stamp = new Date().toISOString().slice(0, 16).replace(/[T:]/g, "-");
   const link = document.createElement("a");
-  link.href = URL.createObjectURL(new Blob([text], { type: "text/plain;charset=utf-8" }));
-  link.download = `captions-${stamp}.txt`;
+  link.href = URL.createObjectURL(blob);
+  link.download = `captions-${stamp}.${extension}`;
   link.click();
   setTimeout(() => URL.revokeObjectURL(link.href), 1000);
 }
@@ -410,6 +435,7 @@ ui.retry.addEventListener("click", () => {
 });
 
 ui.save.addEventListener("click", save);
+ui.subtitles.addEventListener("click", saveSubtitles);
 
 ui.clear.addEventListener("click", () => {
   app.earlier = [];

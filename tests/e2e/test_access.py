@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from asr_client import ServerError, connect
+from asr_client import ServerError, connect, fetch_transcript
 
 from asr_server.access import AccessOptions, ApiKey
 
@@ -89,6 +89,30 @@ def test_a_minted_token_streams_once_under_its_keys_name(keyed_server):
     assert "clubs" in " ".join(m["text"] for m in messages if m["type"] == "final").lower()
     assert messages[-1]["type"] == "closed"
     assert refused_with(keyed_server, token=minted["token"]).code == "unauthorized"  # used up
+
+
+def test_a_session_s_own_resume_token_reads_its_transcript_and_nothing_else(keyed_server):
+    """A page streams with a single-use token, spent at its handshake: the session's resume token
+    (in its ``session`` message) still lets it read the session's transcript and subtitles."""
+    _, _, body = http(keyed_server, "/v1/tokens", method="POST", headers={"Authorization": f"Bearer {ALICE}"})
+    result = asyncio.run(replay(keyed_server.url, "cards_16k.wav", token=json.loads(body)["token"]))
+    session = result.messages[0].message
+    own, path = session["resume_token"], f"/v1/sessions/{session['session_id']}/transcript"
+    status, _, body = http(keyed_server, path, headers={"Asr-Resume-Token": own})
+    assert status == 200 and json.loads(body)["channels"][0]["text"] == result.transcript().final_text(0)
+    srt = fetch_transcript(keyed_server.url, session["session_id"], "srt", resume_token=own)  # the Python client's way
+    assert srt.startswith("1\n") and " --> " in srt
+    assert http(keyed_server, path)[0] == 401  # nothing shown: as before
+    for token in ("made-up", own[:-1], ""):  # another, a near miss, empty
+        status, _, body = http(keyed_server, path, headers={"Asr-Resume-Token": token})
+        assert status == 404 and json.loads(body)["code"] == "session_not_found"
+    # The token is this session's only: not another (here one of Bob's), nor any other route.
+    other = asyncio.run(replay(keyed_server.url, "cards_16k.wav", api_key=BOB)).messages[0].message["session_id"]
+    assert http(keyed_server, f"/v1/sessions/{other}/transcript", headers={"Asr-Resume-Token": own})[0] == 404
+    assert http(keyed_server, f"/v1/sessions/{session['session_id']}/events", headers={"Asr-Resume-Token": own})[0] == 401
+    assert http(keyed_server, "/v1/sessions", headers={"Asr-Resume-Token": own})[0] == 401
+    refused = http(keyed_server, path, headers={"Asr-Resume-Token": own, "Origin": "https://evil.example"})
+    assert refused[0] == 403 and json.loads(refused[2])["code"] == "origin_not_allowed"
 
 
 def test_a_key_past_its_channels_is_refused_while_its_open_stream_goes_on(keyed_server):

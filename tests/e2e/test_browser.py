@@ -105,8 +105,18 @@ def caption(playwright, server: ServerThread, transport: str, screenshot: Path |
         with page.expect_download(timeout=10_000) as download:
             page.click("#save")
         saved = Path(download.value.path()).read_text(encoding="utf-8")
+        with page.expect_download(timeout=30_000) as subtitles:
+            page.click("#subtitles")
+        srt = Path(subtitles.value.path()).read_text(encoding="utf-8")
+        # A session the server no longer holds: the page says so.
+        gone = json.dumps({"type": "error", "code": "session_not_found", "message": "no session", "retryable": False})
+        page.route("**/transcript?format=srt", lambda route: route.fulfill(status=404, content_type="application/json", body=gone))
+        page.click("#subtitles")
+        page.wait_for_function("!document.getElementById('notice').hidden", timeout=10_000)
         return {
             "saved": (download.value.suggested_filename, saved),
+            "srt": (subtitles.value.suggested_filename, srt),
+            "subtitles_gone": page.inner_text("#notice-text"),
             "final": page.evaluate("window.asrApp.finalText()"),
             "paragraphs": page.eval_on_selector_all("#transcript p.current", "ps => ps.map((p) => p.textContent)"),
             "announced": page.eval_on_selector_all("#announce[aria-live=polite] p", "ps => ps.map((p) => p.textContent)"),
@@ -154,6 +164,12 @@ def test_page_captions_the_microphone(playwright, page_server, whisper_runner, t
     # Save downloads what the page shows as final, paragraph by paragraph.
     name, saved = got["saved"]
     assert name.startswith("captions-") and name.endswith(".txt") and saved == "\n\n".join(got["paragraphs"]) + "\n"
+    # Subtitles downloads the server's SRT of the session: the final text in numbered cues.
+    name, srt = got["srt"]
+    blocks = [block.split("\n") for block in srt.strip().split("\n\n")]
+    assert name.endswith(".srt") and [b[0] for b in blocks] == [str(i) for i in range(1, len(blocks) + 1)]
+    assert " ".join(line for b in blocks for line in b[2:]).split() == got["final"].split()
+    assert "no longer holds this session" in got["subtitles_gone"]
     # The level meter showed the speech while it played (the fixture speaks at about -20 dBFS), and rests after.
     assert max(got["levels"]) > -40 and got["level_after"] == [None, -70]
     assert got["status"] == "Stopped" and got["latency"].endswith(" s")
@@ -161,7 +177,9 @@ def test_page_captions_the_microphone(playwright, page_server, whisper_runner, t
 
 
 def test_page_streams_on_a_server_with_keys_with_the_token_in_its_url(playwright, whisper_runner):
-    """A backend mints the token with its key; the page passes it on and is let in under the key's name."""
+    """A backend mints the token with its key; the page passes it on and is let in under the key's name.
+    The page's single-use token is spent, yet Subtitles downloads the session's SRT (the page shows
+    the session's own resume token); another session's id with that token is not found."""
     import json
     import urllib.request
 
@@ -183,6 +201,16 @@ def test_page_streams_on_a_server_with_keys_with_the_token_in_its_url(playwright
             messages = page.evaluate("window.asrApp.messages")
             assert messages[0]["type"] == "session" and messages[0]["key"] == "site"
             assert messages[-1]["type"] == "closed" and page.evaluate("window.asrApp.errors") == []
+            with page.expect_download(timeout=30_000) as download:
+                page.click("#subtitles")
+            name, srt = download.value.suggested_filename, Path(download.value.path()).read_text(encoding="utf-8")
+            blocks = [block.split("\n") for block in srt.strip().split("\n\n")]
+            assert name.endswith(".srt") and [b[0] for b in blocks] == [str(i) for i in range(1, len(blocks) + 1)]
+            assert " ".join(line for b in blocks for line in b[2:]).split() == page.evaluate("window.asrApp.finalText()").split()
+            # The token reads its own session only: another id (the server never had it) is not found.
+            other = page.evaluate("""async (token) => (await fetch('/v1/sessions/0123456789abcdef/transcript',
+                { headers: { 'Asr-Resume-Token': token } })).status""", messages[0]["resume_token"])
+            assert other == 404
         finally:
             browser.close()
     finally:

@@ -76,18 +76,23 @@ def transcript_url(url: str, session_id: str, **query: Any) -> str:
     return urlunsplit((scheme, parts.netloc, path, urlencode(query), ""))
 
 
-def fetch_transcript(url: str, session_id: str, format: str = "json", api_key: str | None = None, timeout: float = 30.0, **query: Any) -> str:
+def fetch_transcript(url: str, session_id: str, format: str = "json", api_key: str | None = None, timeout: float = 30.0,
+                     resume_token: str | None = None, **query: Any) -> str:
     """A session's whole transcript from the server (``GET /v1/sessions/{id}/transcript``): JSON,
     or subtitles (``format="srt"`` or ``"vtt"``; ``line_chars``, ``lines``), revisions applied.
-    ``url`` is the server's WebSocket address, as for :func:`connect`. The server keeps an ended
-    session for ``--ended-session-ttl`` (300 s by default). Raises :class:`ServerError` when it
-    answers with an error (``session_not_found``, ``invalid_option``, ``unauthorized``), OSError
-    when it cannot be reached."""
+    ``url`` is the server's WebSocket address, as for :func:`connect`. With the key the session
+    streamed with, or with the session's own ``resume_token`` (its ``session`` message's: a stream
+    let in with a single-use token has no key). The server keeps an ended session for
+    ``--ended-session-ttl`` (300 s by default). Raises :class:`ServerError` when it answers with
+    an error (``session_not_found``, ``invalid_option``, ``unauthorized``), OSError when it cannot
+    be reached."""
     import urllib.error
     import urllib.request
 
     request = urllib.request.Request(transcript_url(url, session_id, format=format, **query))
-    if api_key:
+    if resume_token:
+        request.add_header("Asr-Resume-Token", resume_token)
+    elif api_key:
         request.add_header("Authorization", f"Bearer {api_key}")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
