@@ -13,7 +13,8 @@ run when it follows within ``join_gap_s`` and no one else began to speak meanwhi
 call's turns stay apart and in the order they were spoken. A run is cut into the cues that
 cost a reader least: few, evenly filled (not a full cue and a scrap), and ending at a
 sentence's end where they can, else at a comma, rather than mid-phrase. A cue's lines are as
-even as its words allow.
+even as its words allow. A speaker's label shown before a cue's text (``[caller] ``, SRT's with
+several channels) is counted in its first line.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Cue:
     start: float
     end: float
     speaker: str
-    lines: tuple[str, ...]
+    lines: tuple[str, ...]  # with the speaker's label before the first, when asked for
 
 
 @dataclass(frozen=True)
@@ -62,15 +63,16 @@ class _Word:
     opens: bool  # the first word of its segment (an utterance)
 
 
-def cues(transcript: dict[str, Any], options: CueOptions = CueOptions()) -> list[Cue]:
+def cues(transcript: dict[str, Any], options: CueOptions = CueOptions(), labelled: bool = False) -> list[Cue]:
     """Every channel's cues (``transcript`` as :func:`asr_server.transcript.build_transcript`
-    makes it), in time order."""
+    makes it), in time order; ``labelled``: each cue's first line starts with ``[speaker]``."""
     starts = {c["channel"]: [s["start"] for s in c["segments"]] for c in transcript["channels"]}
     out: list[Cue] = []
     for channel in transcript["channels"]:
         others = sorted(t for ch, ts in starts.items() if ch != channel["channel"] for t in ts)
-        groups = _pack(_words(channel["segments"]), others, options)
-        out.extend(_timed(groups, channel["speaker"], options))
+        label = f"[{channel['speaker']}]" if labelled else ""
+        groups = _pack(_words(channel["segments"]), others, options, label)
+        out.extend(_timed(groups, channel["speaker"], options, label))
     return sorted(out, key=lambda cue: (cue.start, cue.end))
 
 
@@ -98,18 +100,18 @@ def _shared(texts: list[str], start: float, end: float) -> list[tuple[float, flo
     return out
 
 
-def _pack(words: list[_Word], others: list[float], options: CueOptions) -> list[list[_Word]]:
+def _pack(words: list[_Word], others: list[float], options: CueOptions, label: str) -> list[list[_Word]]:
     """The channel's words in runs that may share cues (:func:`_apart`), each run cut into cues
-    by :func:`_cut_run`."""
+    by :func:`_cut_run` (``label``: shown before each cue's words)."""
     groups: list[list[_Word]] = []
     run: list[_Word] = []
     for word in words:
         if run and _apart(run, word, others, options):
-            groups.extend(_cut_run(run, options))
+            groups.extend(_cut_run(run, options, label))
             run = []
         run.append(word)
     if run:
-        groups.extend(_cut_run(run, options))
+        groups.extend(_cut_run(run, options, label))
     return groups
 
 
@@ -124,9 +126,10 @@ def _apart(run: list[_Word], word: _Word, others: list[float], options: CueOptio
     return k < len(others) and others[k] <= word.start
 
 
-def _cut_run(words: list[_Word], options: CueOptions) -> list[list[_Word]]:
+def _cut_run(words: list[_Word], options: CueOptions, label: str) -> list[list[_Word]]:
     """The cues of a run of words: of all the ways to cut it into cues that fit, the cheapest
     (:func:`_cost`), found by dynamic programming over where each cue ends."""
+    lead = len(label) + 1 if label else 0  # a cue's characters before its words
     ends = [0]  # ends[k]: the characters of the first k words, a space after each
     for word in words:
         ends.append(ends[-1] + len(word.text) + 1)
@@ -134,9 +137,9 @@ def _cut_run(words: list[_Word], options: CueOptions) -> list[list[_Word]]:
     back = [0] * (len(words) + 1)
     for j in range(1, len(words) + 1):
         for i in range(j - 1, -1, -1):
-            if i < j - 1 and not _fits(words, i, j, ends[j] - ends[i] - 1, options):
+            if i < j - 1 and not _fits(words, i, j, lead + ends[j] - ends[i] - 1, options, label):
                 break  # taking in more words never fits again
-            cost = best[i] + _cost(ends[j] - ends[i] - 1, words[j - 1].text, j == len(words), options)
+            cost = best[i] + _cost(lead + ends[j] - ends[i] - 1, words[j - 1].text, j == len(words), options)
             if cost < best[j]:
                 best[j], back[j] = cost, i
     cuts = [len(words)]
@@ -146,11 +149,16 @@ def _cut_run(words: list[_Word], options: CueOptions) -> list[list[_Word]]:
     return [words[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
-def _fits(words: list[_Word], i: int, j: int, chars: int, options: CueOptions) -> bool:
-    """Whether ``words[i:j]`` (``chars`` characters with their spaces) fit one cue."""
+def _fits(words: list[_Word], i: int, j: int, chars: int, options: CueOptions, label: str) -> bool:
+    """Whether ``words[i:j]`` after ``label`` (``chars`` characters with their spaces) fit one cue."""
     if words[j - 1].end - words[i].start > options.max_s or chars > options.lines * options.line_chars:
         return False
-    return chars <= options.line_chars or len(_wrap([w.text for w in words[i:j]], options.line_chars)) <= options.lines
+    return chars <= options.line_chars or len(_wrap(_texts(words[i:j], label), options.line_chars)) <= options.lines
+
+
+def _texts(words: list[_Word], label: str) -> list[str]:
+    """What a cue shows, word by word: the label (when there is one) first."""
+    return ([label] if label else []) + [w.text for w in words]
 
 
 def _cost(chars: int, last_word: str, last: bool, options: CueOptions) -> float:
@@ -193,11 +201,11 @@ def _lines(texts: list[str], options: CueOptions) -> tuple[str, ...]:
     return tuple(fewest)
 
 
-def _timed(groups: list[list[_Word]], speaker: str, options: CueOptions) -> list[Cue]:
+def _timed(groups: list[list[_Word]], speaker: str, options: CueOptions, label: str) -> list[Cue]:
     out = []
     for k, group in enumerate(groups):
         start, end = group[0].start, group[-1].end
         after = groups[k + 1][0].start if k + 1 < len(groups) else float("inf")
         end = max(end, min(start + options.min_s, after))
-        out.append(Cue(round(start, 3), round(end, 3), speaker, _lines([w.text for w in group], options)))
+        out.append(Cue(round(start, 3), round(end, 3), speaker, _lines(_texts(group, label), options)))
     return out

@@ -132,10 +132,10 @@ def _stamp(seconds: float, separator: str) -> str:
 
 def to_srt(transcript: dict[str, Any], options: CueOptions = CueOptions()) -> str:
     """SubRip: numbered cues (:func:`asr_server.subtitles.cues`), the speaker in brackets before
-    each when there are several channels."""
+    each (counted in its first line) when there are several channels."""
     several = len(transcript["channels"]) > 1
-    blocks = [f"{i}\n{_stamp(cue.start, ',')} --> {_stamp(cue.end, ',')}\n{f'[{cue.speaker}] ' if several else ''}" + "\n".join(cue.lines) + "\n"
-              for i, cue in enumerate(cues(transcript, options), 1)]
+    blocks = [f"{i}\n{_stamp(cue.start, ',')} --> {_stamp(cue.end, ',')}\n" + "\n".join(cue.lines) + "\n"
+              for i, cue in enumerate(cues(transcript, options, labelled=several), 1)]
     return "\n".join(blocks)
 
 

@@ -97,3 +97,16 @@ def test_a_word_longer_than_a_line_or_a_cue_gets_its_own():
     assert text_of(shown) == f"It was {long_word} indeed." and any(long_word in c.lines for c in shown)
     slow = cues(transcript([segment("Well then.", 0.0, step=9.0)]))
     assert [c.lines for c in slow] == [("Well",), ("then.",)]
+
+
+def test_a_speakers_label_counts_in_its_cues_first_line():
+    """SRT shows ``[channel 1] `` before a cue of a call: a reader sees it, so it takes room."""
+    call = transcript([segment("Thank you for calling.", 0.0)], [segment(READING, 2.0, utterance=1, step=0.2)])
+    labelled = cues(call, labelled=True)
+    for cue in labelled:
+        assert cue.lines[0].startswith(f"[{cue.speaker}] ") and all(len(line) <= 42 for line in cue.lines), cue.lines
+    assert " ".join(" ".join(c.lines) for c in labelled if c.speaker == "channel 1").replace("[channel 1] ", "") == READING
+    plain = cues(call)
+    assert not any(line.startswith("[") for c in plain for line in c.lines)
+    # Without its room, the label would have run the first line past 42 (what SRT showed before).
+    assert any(len(f"[{c.speaker}] " + c.lines[0]) > 42 for c in plain)
