@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import http.client
 import itertools
 import json
 import logging
 import random
+import socket
+import threading
 import time
-import http.client
 import urllib.error
 import urllib.request
 from collections import deque
@@ -158,7 +160,61 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects)
+class _Watched:
+    """The sockets of one request, shut when its time is up: a socket's timeout bounds each read,
+    so a receiver that answers a byte at a time would otherwise hold the request for as long as it
+    likes."""
+
+    def __init__(self) -> None:
+        self.sockets: list[socket.socket] = []
+        self.expired = False  # an answer read after this is cut short, whatever it says
+
+    def connection(self, cls: type[http.client.HTTPConnection]) -> Callable[..., http.client.HTTPConnection]:
+        """A factory of ``cls`` connections whose sockets are kept here (the plain one before TLS
+        wraps it, and the one it reads from)."""
+
+        def make(host: str, **kwargs: Any) -> http.client.HTTPConnection:
+            conn = cls(host, **kwargs)
+            connect, create = conn.connect, conn._create_connection  # type: ignore[attr-defined]
+
+            def created(*args: Any, **kw: Any) -> socket.socket:
+                self.sockets.append(create(*args, **kw))
+                return self.sockets[-1]
+
+            def connected() -> None:
+                connect()
+                self.sockets.append(conn.sock)
+
+            conn._create_connection, conn.connect = created, connected  # type: ignore[attr-defined, method-assign]
+            return conn
+
+        return make
+
+    def shut(self) -> None:
+        self.expired = True
+        for sock in self.sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # a read under way returns at once
+            except OSError:
+                pass
+
+
+class _WatchedHTTP(urllib.request.HTTPHandler):
+    def __init__(self, watched: _Watched) -> None:
+        super().__init__()
+        self.watched = watched
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self.watched.connection(http.client.HTTPConnection), req)  # type: ignore[arg-type]
+
+
+class _WatchedHTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, watched: _Watched) -> None:
+        super().__init__()
+        self.watched = watched
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self.watched.connection(http.client.HTTPSConnection), req, context=self._context)  # type: ignore[arg-type, attr-defined]
 
 
 class WebhookSender:
@@ -229,8 +285,14 @@ class WebhookSender:
         if self.options.secret:
             headers["Asr-Signature"] = sign(self.options.secret, int(time.time()), delivery.body)
         request = urllib.request.Request(delivery.url, data=delivery.body, headers=headers, method="POST")
+        watched = _Watched()
+        deadline = threading.Timer(self.options.timeout_s, watched.shut)  # the whole request, not each read
+        deadline.start()
         try:
-            with _OPENER.open(request, timeout=self.options.timeout_s) as answer:
-                return 200 <= answer.status < 300
+            opener = urllib.request.build_opener(_NoRedirects, _WatchedHTTP(watched), _WatchedHTTPS(watched))
+            with opener.open(request, timeout=self.options.timeout_s) as answer:
+                return 200 <= answer.status < 300 and not watched.expired
         except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):  # HTTPException: an answer that is not HTTP
             return False
+        finally:
+            deadline.cancel()

@@ -166,3 +166,37 @@ def test_a_redirect_is_not_followed():
         http.shutdown()
         http.server_close()
     assert seen == ["POST /hook/302", "POST /hook/307"]
+
+
+def test_an_answer_trickled_a_byte_at_a_time_is_cut_at_the_timeout():
+    """Each read gets a byte before the socket's timeout, so only a deadline on the whole request
+    ends it: without one the sender's thread was the receiver's for as long as it trickled."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(600):  # at most a minute
+                if stop.wait(0.1):
+                    return
+                try:
+                    conn.sendall(b"X")
+                except OSError:  # the sender hung up: what it should do
+                    return
+            conn.sendall(b": y\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+    try:
+        assert WebhookSender(WebhookOptions(url=url, timeout_s=1.0), Metrics())._post(Delivery("1", url, b"{}")) is False
+        assert thread.is_alive()  # cut while the receiver was still trickling
+    finally:
+        stop.set()
+        thread.join(30)
+        listener.close()
