@@ -287,6 +287,7 @@ class WebhookSender:
         request = urllib.request.Request(delivery.url, data=delivery.body, headers=headers, method="POST")
         watched = _Watched()
         deadline = threading.Timer(self.options.timeout_s, watched.shut)  # the whole request, not each read
+        deadline.daemon = True
         deadline.start()
         try:
             opener = urllib.request.build_opener(_NoRedirects, _WatchedHTTP(watched), _WatchedHTTPS(watched))
