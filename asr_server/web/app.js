@@ -262,23 +262,15 @@ function save() {
   if (text) download(new Blob([text], { type: "text/plain;charset=utf-8" }), "txt");
 }
 
-/** The current (or last) session's subtitles from the server, as an .srt file: the session's own
- * resume token lets the page read them, whatever key or token it streamed with. */
+/** The current (or last) session's subtitles from the server, as an .srt file (read with the
+ * session's own resume token, whatever key or token it streamed with). */
 async function saveSubtitles() {
-  const session = app.client?.session;
-  if (!session) return;
-  const headers = session.resume_token ? { "Asr-Resume-Token": session.resume_token } : {};
+  if (!app.client?.session) return;
   try {
-    const answer = await fetch(`/v1/sessions/${encodeURIComponent(session.session_id)}/transcript?format=srt`, { headers });
-    if (!answer.ok) {
-      const body = await answer.json().catch(() => ({}));
-      const why = body.code === "session_not_found" ? "the server no longer holds this session" : body.message || `HTTP ${answer.status}`;
-      showNotice(`Subtitles could not be fetched: ${why}.`);
-      return;
-    }
-    download(await answer.blob(), "srt");
+    download(new Blob([await app.client.fetchTranscript("srt")], { type: "application/x-subrip;charset=utf-8" }), "srt");
   } catch (err) {
-    showNotice(`Subtitles could not be fetched: ${err.message}.`);
+    const why = err.code === "session_not_found" ? "the server no longer holds this session" : err.message;
+    showNotice(`Subtitles could not be fetched: ${why}.`);
   }
 }
 

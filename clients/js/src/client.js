@@ -172,6 +172,33 @@ export class AsrClient extends EventTarget {
     }
   }
 
+  /**
+   * This session's whole transcript from the server (`GET /v1/sessions/{id}/transcript`), revisions
+   * applied: `"json"` (parsed), or subtitles as text, `"srt"` or `"vtt"` (`lineChars`, `lines` for
+   * the cues). Read with the session's own resume token, whatever the stream was let in with; the
+   * server keeps an ended session for `--ended-session-ttl` (300 s by default). Throws an `AsrError`:
+   * `session_not_found` (no longer held), another server code, or `connect_failed`.
+   */
+  async fetchTranscript(format = "json", { lineChars, lines } = {}) {
+    if (!this.session) throw new AsrError("session_not_found", "no session has started yet");
+    const query = new URLSearchParams({ format });
+    if (lineChars) query.set("line_chars", String(lineChars));
+    if (lines) query.set("lines", String(lines));
+    const headers = this.session.resume_token ? { "Asr-Resume-Token": this.session.resume_token } : {};
+    const url = `${this.url.replace(/^ws/, "http")}/v1/sessions/${encodeURIComponent(this.session.session_id)}/transcript?${query}`;
+    let answer;
+    try {
+      answer = await fetch(url, { headers });
+    } catch (err) {
+      throw new AsrError("connect_failed", `could not fetch the transcript: ${err.message}`, { retryable: true });
+    }
+    if (!answer.ok) {
+      const body = await answer.json().catch(() => ({}));
+      throw new AsrError(body.code ?? "connect_failed", body.message ?? `the server answered ${answer.status}`, { fromServer: Boolean(body.code) });
+    }
+    return format === "json" ? answer.json() : answer.text();
+  }
+
   /** Close the current utterance now: its final comes at once. */
   finalize() {
     this._send({ type: "finalize" });

@@ -1,0 +1,51 @@
+// AsrClient.fetchTranscript against a stand-in fetch: the address, the session's resume token, and
+// the server's errors as AsrError codes.
+import assert from "node:assert/strict";
+import { afterEach, test } from "node:test";
+
+import { AsrClient, AsrError } from "../src/client.js";
+
+const realFetch = globalThis.fetch;
+afterEach(() => {
+  globalThis.fetch = realFetch;
+});
+
+function answering(status, body, asked) {
+  globalThis.fetch = async (url, init) => {
+    asked.push({ url, headers: init?.headers ?? {} });
+    return new Response(typeof body === "string" ? body : JSON.stringify(body), { status });
+  };
+}
+
+function clientWithSession(url, session) {
+  const client = new AsrClient({ url });
+  client.session = session;
+  return client;
+}
+
+test("fetchTranscript asks the server behind the stream's address, with the session's resume token", async () => {
+  const asked = [];
+  answering(200, "1\n00:00:00,500 --> 00:00:02,000\nHello there.\n", asked);
+  const client = clientWithSession("wss://example.org/asr", { session_id: "9f3c", resume_token: "q7Xk" });
+  const srt = await client.fetchTranscript("srt", { lineChars: 32, lines: 1 });
+  assert.equal(srt, "1\n00:00:00,500 --> 00:00:02,000\nHello there.\n");
+  assert.equal(asked[0].url, "https://example.org/asr/v1/sessions/9f3c/transcript?format=srt&line_chars=32&lines=1");
+  assert.deepEqual(asked[0].headers, { "Asr-Resume-Token": "q7Xk" });
+
+  answering(200, { session_id: "9f3c", channels: [] }, asked);
+  const plain = clientWithSession("ws://127.0.0.1:8765", { session_id: "9f3c" }); // no resume token (--resume-ttl 0)
+  assert.deepEqual(await plain.fetchTranscript(), { session_id: "9f3c", channels: [] });
+  assert.equal(asked[1].url, "http://127.0.0.1:8765/v1/sessions/9f3c/transcript?format=json");
+  assert.deepEqual(asked[1].headers, {});
+});
+
+test("fetchTranscript turns the server's error into an AsrError with its code", async () => {
+  answering(404, { type: "error", code: "session_not_found", message: "no session '9f3c' to follow", retryable: false }, []);
+  const client = clientWithSession("ws://127.0.0.1:8765", { session_id: "9f3c", resume_token: "q7Xk" });
+  await assert.rejects(client.fetchTranscript("srt"), (err) => err instanceof AsrError && err.code === "session_not_found" && err.fromServer);
+  globalThis.fetch = async () => {
+    throw new TypeError("Failed to fetch");
+  };
+  await assert.rejects(client.fetchTranscript("srt"), (err) => err.code === "connect_failed" && err.retryable);
+  await assert.rejects(new AsrClient({ url: "ws://127.0.0.1:8765" }).fetchTranscript(), (err) => err.code === "session_not_found");
+});
