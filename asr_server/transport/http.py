@@ -42,14 +42,16 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
     parts = urlsplit(request.path)
     path = parts.path
     post = path == TOKENS_PATH
+    followed = parse_follow_path(path)
+    transcribed = parse_follow_path(path, "transcript")
+    if request.method == "OPTIONS" and transcribed is not None:
+        return _preflight(server, request)
     if request.method != ("POST" if post else "GET"):
         return response(http.HTTPStatus.METHOD_NOT_ALLOWED, b'{"error": "method not allowed"}', "application/json",
                         extra=[("Allow", "POST" if post else "GET")])
     if path == "/healthz":
         status = http.HTTPStatus.OK if server.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
         return response(status, json.dumps(health(server)).encode(), "application/json")
-    followed = parse_follow_path(path)
-    transcribed = parse_follow_path(path, "transcript")
     if path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH, TOKENS_PATH, "/metrics", SESSIONS_PATH) or followed or transcribed:
         query = parse_qs(parts.query)
         upgrade = "websocket" in (request.headers.get("Upgrade") or "").lower()
@@ -59,7 +61,7 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
             if resume_token is not None:
                 # A session's own client may read its transcript with its resume token, whatever it streamed with.
                 server.access.check_origin(request.headers.get("Origin"), server.own_origins(request.headers.get("Host")))
-                return transcript_response(server, ANONYMOUS, transcribed, query, resume_token)
+                return _shared(transcript_response(server, ANONYMOUS, transcribed, query, resume_token), request)
             # Only a handshake may use a token (a token cannot mint another, nor read metrics).
             principal = _authorize(server, request, query.get("token", [None])[0] if handshake else None)
         except AsrError as error:
@@ -73,7 +75,7 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
         if path == SESSIONS_PATH:
             return response(http.HTTPStatus.OK, json.dumps({"sessions": session_list(server, principal)}).encode(), "application/json")
         if transcribed is not None:
-            return transcript_response(server, principal, transcribed, query)
+            return _shared(transcript_response(server, principal, transcribed, query), request)
         if followed is not None:
             return sse_events(server, principal, followed, request, query)  # awaited by websockets
         return _metrics(server, request)
@@ -81,6 +83,40 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
     if page is not None:
         return response(http.HTTPStatus.OK, page.body, page.content_type, cache="no-cache")
     return response(http.HTTPStatus.NOT_FOUND, b'{"error": "not found"}', "application/json")
+
+
+def _preflight(server: "AsrServer", request: Request) -> Response:
+    """A browser's CORS preflight for a transcript read from an allowed origin's page (its
+    ``Asr-Resume-Token`` or ``Authorization`` header needs one): 204 with what it may send, or
+    403 ``origin_not_allowed``."""
+    origin = request.headers.get("Origin")
+    try:
+        server.access.check_origin(origin, server.own_origins(request.headers.get("Host")))
+    except AsrError as error:
+        return error_response(error)
+    return response(http.HTTPStatus.NO_CONTENT, b"", "text/plain", extra=[
+        *_cors_headers(origin), ("Access-Control-Allow-Methods", "GET"),
+        ("Access-Control-Allow-Headers", f"{RESUME_TOKEN_HEADER}, Authorization"), ("Access-Control-Max-Age", "600")])
+
+
+def _cors_headers(origin: str | None) -> list[tuple[str, str]]:
+    return [("Access-Control-Allow-Origin", origin), ("Vary", "Origin")] if origin else []
+
+
+def _shared(answer: Response | Awaitable[Response], request: Request) -> Response | Awaitable[Response]:
+    """A transcript answer that an allowed origin's page may read (its origin was checked before)."""
+    extra = _cors_headers(request.headers.get("Origin"))
+    if not extra:
+        return answer
+    if isinstance(answer, Response):
+        for name, value in extra:
+            answer.headers[name] = value
+        return answer
+
+    async def shared() -> Response:
+        return _shared(await answer, request)  # type: ignore[return-value]
+
+    return shared()
 
 
 def _authorize(server: "AsrServer", request: Request, token: str | None) -> Principal:

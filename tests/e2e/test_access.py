@@ -113,6 +113,16 @@ def test_a_session_s_own_resume_token_reads_its_transcript_and_nothing_else(keye
     assert http(keyed_server, "/v1/sessions", headers={"Asr-Resume-Token": own})[0] == 401
     refused = http(keyed_server, path, headers={"Asr-Resume-Token": own, "Origin": "https://evil.example"})
     assert refused[0] == 403 and json.loads(refused[2])["code"] == "origin_not_allowed"
+    # A page of an allowed origin may read it too (CORS): the preflight its header needs, then the answer.
+    site = "https://app.example.com"
+    status, headers, _ = http(keyed_server, path, method="OPTIONS", headers={
+        "Origin": site, "Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "asr-resume-token"})
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == site
+    assert "Asr-Resume-Token" in headers["Access-Control-Allow-Headers"] and headers["Access-Control-Allow-Methods"] == "GET"
+    status, headers, _ = http(keyed_server, path, headers={"Asr-Resume-Token": own, "Origin": site})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == site and headers["Vary"] == "Origin"
+    assert http(keyed_server, path, method="OPTIONS", headers={"Origin": "https://evil.example"})[0] == 403
+    assert "Access-Control-Allow-Origin" not in http(keyed_server, path, headers={"Asr-Resume-Token": own})[1]  # no Origin: not asked
 
 
 def test_a_key_past_its_channels_is_refused_while_its_open_stream_goes_on(keyed_server):

@@ -9,6 +9,7 @@ A screenshot of the page mid-sentence is saved under ``test-artifacts/`` (or
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -215,6 +216,64 @@ def test_page_streams_on_a_server_with_keys_with_the_token_in_its_url(playwright
             browser.close()
     finally:
         server.stop()
+
+
+def test_a_page_of_an_allowed_origin_reads_its_sessions_subtitles(playwright, whisper_runner):
+    """A site's own page (another origin, let in with ``--allowed-origin``) reads its session's SRT
+    with the session's resume token: the browser's CORS preflight for the header and the answer's
+    ``Access-Control-Allow-Origin`` let it; a page of another origin gets nothing."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from asr_server.access import AccessOptions, ApiKey
+
+    from ..harness import replay
+
+    class Site(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the library's name)
+            body = b"<!doctype html><title>site</title>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    sites = [ThreadingHTTPServer(("127.0.0.1", 0), Site) for _ in range(2)]
+    for site in sites:
+        threading.Thread(target=site.serve_forever, daemon=True).start()
+    allowed, other = (f"http://127.0.0.1:{site.server_address[1]}" for site in sites)
+    server = ServerThread(whisper_runner, access=AccessOptions(keys=(ApiKey("site", "site-key-89"),), allowed_origins=(allowed,))).start()
+    read = """async ([url, token]) => {
+        try {
+          const answer = await fetch(url, { headers: { "Asr-Resume-Token": token } });
+          return [answer.status, await answer.text()];
+        } catch (err) { return [0, String(err)]; }
+    }"""
+    try:
+        with ThreadPoolExecutor(1) as pool:  # Playwright's loop runs in this thread
+            streamed = pool.submit(asyncio.run, replay(server.url, "cards_16k.wav", api_key="site-key-89")).result()
+        session = streamed.messages[0].message
+        url = f"{server.http}/v1/sessions/{session['session_id']}/transcript?format=srt"
+        browser = launch(playwright, [])
+        try:
+            page = browser.new_page()
+            page.goto(allowed)
+            status, srt = page.evaluate(read, [url, session["resume_token"]])
+            page.goto(other)
+            refused = page.evaluate(read, [url, session["resume_token"]])
+        finally:
+            browser.close()
+    finally:
+        server.stop()
+        for site in sites:
+            site.shutdown()
+            site.server_close()
+    assert status == 200 and srt.startswith("1\n") and " --> " in srt, (status, srt)
+    assert refused[0] == 0 and "Failed to fetch" in refused[1]  # the preflight was refused: the page learns nothing
 
 
 def test_page_reports_a_refused_microphone(playwright, page_server):
