@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from asr_server.metrics import Metrics
@@ -88,25 +90,36 @@ def test_a_delivery_being_sent_is_never_dropped():
     assert q.push(newer, 0.0) is newer and q.done(first, ok=True, now=0.0) == "delivered" and len(q) == 0
 
 
-def test_an_answer_that_is_not_http_is_a_failed_attempt():
+@contextmanager
+def raw_receiver(answer: Callable[[socket.socket], None]) -> Iterator[tuple[str, threading.Thread]]:
+    """A loopback receiver that reads one request and lets ``answer`` write to the socket as it
+    likes; its URL, and the thread answering."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
 
-    def answer_nonsense() -> None:
+    def serve() -> None:
         conn, _ = listener.accept()
         with conn:
             conn.recv(65536)
-            conn.sendall(b"nonsense\r\n\r\n")
+            answer(conn)
 
-    thread = threading.Thread(target=answer_nonsense, daemon=True)
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
     try:
-        assert WebhookSender(WebhookOptions(url=url, timeout_s=30.0), Metrics())._post(Delivery("1", url, b"{}")) is False
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/hook", thread
     finally:
         thread.join(30)
         listener.close()
+
+
+def post_once(url: str, timeout_s: float) -> bool:
+    return WebhookSender(WebhookOptions(url=url, timeout_s=timeout_s), Metrics())._post(Delivery("1", url, b"{}"))
+
+
+def test_an_answer_that_is_not_http_is_a_failed_attempt():
+    with raw_receiver(lambda conn: conn.sendall(b"nonsense\r\n\r\n")) as (url, _):
+        assert post_once(url, timeout_s=30.0) is False
 
 
 def test_an_attempt_that_breaks_is_retried_and_the_receiver_s_deliveries_go_on():
@@ -171,32 +184,22 @@ def test_a_redirect_is_not_followed():
 def test_an_answer_trickled_a_byte_at_a_time_is_cut_at_the_timeout():
     """Each read gets a byte before the socket's timeout, so only a deadline on the whole request
     ends it: without one the sender's thread was the receiver's for as long as it trickled."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
     stop = threading.Event()
 
-    def trickle() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\n")
-            for _ in range(600):  # at most a minute
-                if stop.wait(0.1):
-                    return
-                try:
-                    conn.sendall(b"X")
-                except OSError:  # the sender hung up: what it should do
-                    return
-            conn.sendall(b": y\r\nContent-Length: 0\r\n\r\n")
+    def trickle(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(600):  # at most a minute
+            if stop.wait(0.1):
+                return
+            try:
+                conn.sendall(b"X")
+            except OSError:  # the sender hung up: what it should do
+                return
+        conn.sendall(b": y\r\nContent-Length: 0\r\n\r\n")
 
-    thread = threading.Thread(target=trickle, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
-    try:
-        assert WebhookSender(WebhookOptions(url=url, timeout_s=1.0), Metrics())._post(Delivery("1", url, b"{}")) is False
-        assert thread.is_alive()  # cut while the receiver was still trickling
-    finally:
-        stop.set()
-        thread.join(30)
-        listener.close()
+    with raw_receiver(trickle) as (url, thread):
+        try:
+            assert post_once(url, timeout_s=1.0) is False
+            assert thread.is_alive()  # cut while the receiver was still trickling
+        finally:
+            stop.set()
