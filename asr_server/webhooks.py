@@ -127,9 +127,10 @@ class DeliveryQueue:
         """Up to ``room`` lane heads that are due and not being sent, the longest-waiting first;
         they are marked as being sent."""
         due = sorted((lane[0] for lane in self._lanes.values() if not lane[0].sending and lane[0].due <= now), key=lambda d: d.due)
-        for delivery in due[: max(0, room)]:
+        taken = due[: max(0, room)]
+        for delivery in taken:
             delivery.sending = True
-        return due[: max(0, room)]
+        return taken
 
     def wait_s(self, now: float) -> float | None:
         """Until the next lane head not being sent is due (None: none waits)."""
@@ -199,19 +200,23 @@ class _Watched:
                 pass
 
 
-class _WatchedHTTP(urllib.request.HTTPHandler):
+class _Watching:
+    """A urllib handler whose connections' sockets ``watched`` keeps."""
+
     def __init__(self, watched: _Watched) -> None:
         super().__init__()
         self.watched = watched
+
+
+class _WatchedHTTP(_Watching, urllib.request.HTTPHandler):
+    watched: _Watched
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(self.watched.connection(http.client.HTTPConnection), req)  # type: ignore[arg-type]
 
 
-class _WatchedHTTPS(urllib.request.HTTPSHandler):
-    def __init__(self, watched: _Watched) -> None:
-        super().__init__()
-        self.watched = watched
+class _WatchedHTTPS(_Watching, urllib.request.HTTPSHandler):
+    watched: _Watched
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(self.watched.connection(http.client.HTTPSConnection), req, context=self._context)  # type: ignore[arg-type, attr-defined]
