@@ -36,6 +36,7 @@ LISTEN_PATH = "/v1/listen"
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 TOKENS_PATH = "/v1/tokens"
 RESUME_TOKEN_HEADER = "Asr-Resume-Token"  # a session's own resume token: its transcript, without a key
+CLIENT_PREFIX = "/client/"  # the browser client's modules, which allowed origins' pages may import
 
 
 def route(server: "AsrServer", connection: "OneRequestConnection", request: Request) -> Response | Awaitable[Response] | None:
@@ -81,7 +82,7 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
         return _metrics(server, request)
     page = server.static.get(path)
     if page is not None:
-        return response(http.HTTPStatus.OK, page.body, page.content_type, cache="no-cache")
+        return response(http.HTTPStatus.OK, page.body, page.content_type, cache="no-cache", extra=_module_cors(server, request, path))
     return response(http.HTTPStatus.NOT_FOUND, b'{"error": "not found"}', "application/json")
 
 
@@ -101,6 +102,20 @@ def _preflight(server: "AsrServer", request: Request) -> Response:
 
 def _cors_headers(origin: str | None) -> list[tuple[str, str]]:
     return [("Access-Control-Allow-Origin", origin), ("Vary", "Origin")] if origin else []
+
+
+def _module_cors(server: "AsrServer", request: Request, path: str) -> list[tuple[str, str]]:
+    """CORS headers for the browser client's files (``/client/``) fetched by an allowed origin's page:
+    a module script and an audio worklet from another origin load only with them. Other pages get
+    the files without (their browser then refuses the import); nothing is refused here."""
+    if not path.startswith(CLIENT_PREFIX):
+        return []
+    origin = request.headers.get("Origin")
+    try:
+        server.access.check_origin(origin, server.own_origins(request.headers.get("Host")))
+    except AsrError:
+        origin = None
+    return _cors_headers(origin) or [("Vary", "Origin")]  # one answer per origin, for any cache between
 
 
 def _shared(answer: Response | Awaitable[Response], request: Request) -> Response | Awaitable[Response]:

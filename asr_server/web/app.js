@@ -2,8 +2,8 @@
 //
 // Query parameters: transport=auto|webrtc|websocket, autostart=1, and any
 // stream option of the protocol (interim_ms, endpoint_ms, language, ...).
-import { AsrClient } from "/client/client.js";
-import { PARAGRAPH_GAP_S, paragraphs } from "/client/transcript.js";
+import { AsrClient } from "./client/client.js";
+import { PARAGRAPH_GAP_S, paragraphs } from "./client/transcript.js";
 
 const STREAM_OPTIONS = ["language", "interim_results", "interim_ms", "endpoint_ms", "max_utterance_s", "priority", "heartbeat_s"];
 // Errors after which trying again later can work; the rest need the user.

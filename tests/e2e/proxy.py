@@ -13,10 +13,16 @@ class CutProxy:
 through it go dead, open but carrying nothing either way, closes included (``freeze``; later
 connections pass), as a network does.
     (Frames are compressed: what was lost is read from the server's replay log.)
-    ``target_port`` may be set after the proxy started, before the first connection."""
+    ``target_port`` may be set after the proxy started, before the first connection.
+    ``prefix`` (say ``/asr``): serve the server under that path, as a reverse proxy's
+    ``location /asr/`` does: it is taken off each request's path, and any other path is 404
+    (the server answers one HTTP request per connection, so each connection's first line is
+    all there is to rewrite)."""
 
-    def __init__(self, target_port: int = 0) -> None:
+    def __init__(self, target_port: int = 0, prefix: str = "") -> None:
         self.target_port = target_port
+        self.prefix = prefix
+        self.outside: list[str] = []  # request lines refused for a path outside the prefix
         self.port = 0
         self._links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -57,12 +63,30 @@ connections pass), as a network does.
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        first = await self._first_line(reader, writer) if self.prefix else b""
+        if first is None:
+            return
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        up_writer.write(first)
         self._links.append((writer, up_writer))
         for task in (self._copy(reader, up_writer, writer, lose=False), self._copy(up_reader, writer, writer, lose=True)):
             t = asyncio.ensure_future(task)
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
+
+    async def _first_line(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
+        """The request line with the prefix taken off its path, or None (answered 404 here)."""
+        line = await reader.readline()
+        method, _, rest = line.decode("latin-1").partition(" ")
+        path, _, version = rest.partition(" ")
+        if path == self.prefix or path.startswith(self.prefix + "/") or path.startswith(self.prefix + "?"):
+            inner = path[len(self.prefix):]
+            return f"{method} {inner if inner.startswith('/') else '/' + inner} {version}".encode("latin-1")
+        self.outside.append(line.decode("latin-1").strip())
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        return None
 
     async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: asyncio.StreamWriter, *, lose: bool) -> None:
         try:
@@ -81,8 +105,8 @@ connections pass), as a network does.
 class ProxyThread:
     """A :class:`CutProxy` in a thread of its own, for synchronous tests (the browser's)."""
 
-    def __init__(self) -> None:
-        self.proxy = CutProxy()
+    def __init__(self, prefix: str = "") -> None:
+        self.proxy = CutProxy(prefix=prefix)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="cut-proxy", daemon=True)
 

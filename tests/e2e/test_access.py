@@ -78,6 +78,21 @@ def test_pages_from_other_origins_are_refused_even_with_a_good_key(keyed_server)
     assert http(keyed_server, "/v1/listen", headers={**good, "Origin": "https://app.example.com"})[0] == 426
 
 
+def test_the_browser_client_is_importable_by_allowed_origins_pages_only(keyed_server):
+    """The client's modules (``/client/``) carry CORS headers for an allowed origin's page, which
+    imports them across origins; no key is needed for them, and nobody is refused them (a page of
+    another origin gets the file without the header, and its browser refuses the import)."""
+    for path in ("/client/client.js", "/client/pcm-worklet.js"):
+        status, headers, body = http(keyed_server, path, headers={"Origin": "https://app.example.com"})
+        assert status == 200 and headers["Access-Control-Allow-Origin"] == "https://app.example.com" and body
+        assert headers["Content-Type"].startswith("text/javascript") and headers["Vary"] == "Origin"
+        status, headers, body = http(keyed_server, path, headers={"Origin": "https://evil.example"})
+        assert status == 200 and "Access-Control-Allow-Origin" not in headers and headers["Vary"] == "Origin" and body
+        assert "Access-Control-Allow-Origin" not in http(keyed_server, path)[1]
+    # The page's own files are for its own origin only.
+    assert "Access-Control-Allow-Origin" not in http(keyed_server, "/app.js", headers={"Origin": "https://app.example.com"})[1]
+
+
 def test_a_minted_token_streams_once_under_its_keys_name(keyed_server):
     status, _, body = http(keyed_server, "/v1/tokens?ttl_s=30", method="POST", headers={"Authorization": f"Bearer {ALICE}"})
     minted = json.loads(body)

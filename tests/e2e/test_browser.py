@@ -10,10 +10,13 @@ A screenshot of the page mid-sentence is saved under ``test-artifacts/`` (or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -218,17 +221,11 @@ def test_page_streams_on_a_server_with_keys_with_the_token_in_its_url(playwright
         server.stop()
 
 
-def test_a_page_of_an_allowed_origin_reads_its_sessions_subtitles(playwright, whisper_runner):
-    """A site's own page (another origin, let in with ``--allowed-origin``) reads its session's SRT
-    with the session's resume token: the browser's CORS preflight for the header and the answer's
-    ``Access-Control-Allow-Origin`` let it; a page of another origin gets nothing."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
+@contextlib.contextmanager
+def other_sites(count: int) -> Iterator[list[str]]:
+    """``count`` other web sites on loopback (other origins than the server's), each serving an
+    empty page: their origins."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from asr_server.access import AccessOptions, ApiKey
-
-    from ..harness import replay
 
     class Site(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the library's name)
@@ -242,10 +239,71 @@ def test_a_page_of_an_allowed_origin_reads_its_sessions_subtitles(playwright, wh
         def log_message(self, *args: object) -> None:
             pass
 
-    sites = [ThreadingHTTPServer(("127.0.0.1", 0), Site) for _ in range(2)]
+    sites = [ThreadingHTTPServer(("127.0.0.1", 0), Site) for _ in range(count)]
     for site in sites:
         threading.Thread(target=site.serve_forever, daemon=True).start()
-    allowed, other = (f"http://127.0.0.1:{site.server_address[1]}" for site in sites)
+    try:
+        yield [f"http://127.0.0.1:{site.server_address[1]}" for site in sites]
+    finally:
+        for site in sites:
+            site.shutdown()
+            site.server_close()
+
+
+def test_a_page_of_an_allowed_origin_captions_with_the_servers_client(playwright, whisper_runner):
+    """A site's own page (another origin, let in with ``--allowed-origin``) imports the browser
+    client from the server (``<server>/client/client.js``, its audio worklet with it) and captions
+    its microphone without being told the server's address; a page of an origin not let in cannot
+    import it."""
+    from asr_server.access import AccessOptions
+
+    run = """async (server) => {
+        const timer = new Promise((_, reject) => setTimeout(() => reject(new Error("no final in 60 s")), 60000));
+        try {
+          const { AsrClient } = await import(`${server}/client/client.js`);
+          const client = new AsrClient({ transport: "websocket" });
+          const finals = [];
+          const first = new Promise((resolve) => client.addEventListener("message", (e) => {
+            if (e.detail.type === "final" && e.detail.text) { finals.push(e.detail.text); resolve(); }
+          }));
+          await Promise.race([client.start().then(() => first), timer]);
+          await client.stop();
+          return { url: client.url, finals };
+        } catch (err) { return { error: String(err) }; }
+    }"""
+    with other_sites(2) as (allowed, other):
+        server = ServerThread(whisper_runner, Limits(idle_timeout_s=10.0), access=AccessOptions(allowed_origins=(allowed,))).start()
+        try:
+            browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+            try:
+                page = browser.new_page()
+                page.goto(allowed)
+                captioned = page.evaluate(run, server.http)
+                page.goto(other)
+                refused = page.evaluate(run, server.http)
+            finally:
+                browser.close()
+        finally:
+            server.stop()
+    assert captioned.get("url") == server.url and captioned["finals"], captioned
+    assert "Failed to fetch dynamically imported module" in refused.get("error", ""), refused
+
+
+def test_a_page_of_an_allowed_origin_reads_its_sessions_subtitles(playwright, whisper_runner):
+    """A site's own page (another origin, let in with ``--allowed-origin``) reads its session's SRT
+    with the session's resume token: the browser's CORS preflight for the header and the answer's
+    ``Access-Control-Allow-Origin`` let it; a page of another origin gets nothing."""
+    with other_sites(2) as (allowed, other):
+        _read_subtitles_from(playwright, whisper_runner, allowed, other)
+
+
+def _read_subtitles_from(playwright, whisper_runner, allowed: str, other: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asr_server.access import AccessOptions, ApiKey
+
+    from ..harness import replay
+
     server = ServerThread(whisper_runner, access=AccessOptions(keys=(ApiKey("site", "site-key-89"),), allowed_origins=(allowed,))).start()
     read = """async ([url, token]) => {
         try {
@@ -269,9 +327,6 @@ def test_a_page_of_an_allowed_origin_reads_its_sessions_subtitles(playwright, wh
             browser.close()
     finally:
         server.stop()
-        for site in sites:
-            site.shutdown()
-            site.server_close()
     assert status == 200 and srt.startswith("1\n") and " --> " in srt, (status, srt)
     assert refused[0] == 0 and "Failed to fetch" in refused[1]  # the preflight was refused: the page learns nothing
 
@@ -358,14 +413,15 @@ def test_page_works_on_a_phone_screen(playwright, page_server):
         browser.close()
 
 
-def _behind_proxy(playwright, whisper_runner, limits: Limits):
-    """A server that takes pages from the origin of a proxy in front of it (tests/e2e/proxy.py),
-    and a browser whose microphone plays the fixture: (proxy, server, browser)."""
+def _behind_proxy(playwright, whisper_runner, limits: Limits, prefix: str = ""):
+    """A server that takes pages from the origin of a proxy in front of it (tests/e2e/proxy.py;
+    under ``prefix`` on the proxy's site), and a browser whose microphone plays the fixture:
+    (proxy, server, browser)."""
     from asr_server.access import AccessOptions
 
     from .proxy import ProxyThread
 
-    proxy = ProxyThread().start()
+    proxy = ProxyThread(prefix).start()
     page_origin = f"http://127.0.0.1:{proxy.proxy.port}"
     server = ServerThread(whisper_runner, limits, rtc=RtcOptions(host_addresses=("127.0.0.1",)),
                           access=AccessOptions(allowed_origins=(page_origin,))).start()
@@ -381,6 +437,34 @@ def _captioning(browser, proxy, transport: str, drop: str):
     page.click("#start")
     page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
     return page
+
+
+def test_page_captions_behind_a_proxy_path(playwright, whisper_runner):
+    """The server behind a reverse proxy at ``/asr/`` (nginx's ``location /asr/ { proxy_pass
+    http://127.0.0.1:8765/; }``; every other path of the site is not the server's): the page loads
+    its files, streams, and saves its subtitles, all under ``/asr/``."""
+    proxy, server, browser = _behind_proxy(playwright, whisper_runner, Limits(idle_timeout_s=10.0), prefix="/asr")
+    try:
+        page = browser.new_page()
+        page_errors: list[str] = []
+        page.on("pageerror", lambda e: page_errors.append(str(e)))
+        page.goto(f"http://127.0.0.1:{proxy.proxy.port}/asr/?transport=websocket")
+        page.click("#start")
+        page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
+        page.click("#start")
+        page.wait_for_function("window.asrApp.state === 'closed'", timeout=30_000)
+        messages, errors = page.evaluate("window.asrApp.messages"), page.evaluate("window.asrApp.errors")
+        with page.expect_download(timeout=30_000) as subtitles:
+            page.click("#subtitles")
+        srt = Path(subtitles.value.path()).read_text(encoding="utf-8")
+        final = page.evaluate("window.asrApp.finalText()")
+    finally:
+        browser.close()
+        server.stop()
+        proxy.stop()
+    assert page_errors == [] and errors == [] and proxy.proxy.outside == []  # nothing asked outside /asr/
+    assert messages[0]["type"] == "session" and messages[-1]["type"] == "closed"
+    assert " ".join(line for block in srt.strip().split("\n\n") for line in block.split("\n")[2:]).split() == final.split() != []
 
 
 @pytest.mark.parametrize("drop", ["cut", "dead"])

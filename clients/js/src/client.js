@@ -59,10 +59,22 @@ export class AsrError extends Error {
   }
 }
 
-/** ws(s)://host:port of the page's own server (the page is served by asr-server). */
-export function defaultServerUrl(loc = globalThis.location) {
-  if (!loc) return "ws://127.0.0.1:8765";
-  return `${loc.protocol === "https:" ? "wss:" : "ws:"}//${loc.host}`;
+/**
+ * The server's ws(s) address when none is given: the asr-server this module was imported from
+ * (`<server>/client/client.js`: its own page, a page of another origin, or a server behind a
+ * proxy path such as `https://host/asr/`), else the page's own host. A copy of this module kept
+ * in a site (or bundled) should be given `url`.
+ */
+export function defaultServerUrl(loc = globalThis.location, moduleUrl = import.meta.url) {
+  let base = null;
+  try {
+    const module = new URL(moduleUrl);
+    if (/^https?:$/.test(module.protocol) && module.pathname.endsWith("/client/client.js")) base = new URL("..", module);
+  } catch { /* not a URL: a bundler's or a test's module */ }
+  if (!base && !loc) return "ws://127.0.0.1:8765";
+  const path = base ? base.pathname.replace(/\/$/, "") : "";
+  const { protocol, host } = base ?? loc;
+  return `${protocol === "https:" ? "wss:" : "ws:"}//${host}${path}`;
 }
 
 const MIC_CONSTRAINTS = { echoCancellation: false, noiseSuppression: false, autoGainControl: false, channelCount: 1 };
@@ -83,7 +95,8 @@ const MIC_CONSTRAINTS = { echoCancellation: false, noiseSuppression: false, auto
 export class AsrClient extends EventTarget {
   /**
    * @param {object} [config]
-   * @param {string} [config.url] ws(s)://host:port of the server (default: the page's own)
+   * @param {string} [config.url] ws(s)://host:port of the server, with a proxy's path if any (default:
+   *   the server the module was imported from, else the page's own; see defaultServerUrl)
    * @param {"auto"|"webrtc"|"websocket"} [config.transport]
    * @param {Record<string, string|number|boolean>} [config.options] query options (interim_ms, endpoint_ms, ...)
    * @param {MediaTrackConstraints} [config.audio] extra microphone constraints (deviceId, ...)

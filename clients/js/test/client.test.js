@@ -1,9 +1,9 @@
 // AsrClient.fetchTranscript against a stand-in fetch: the address, the session's resume token, and
-// the server's errors as AsrError codes.
+// the server's errors as AsrError codes. defaultServerUrl: the server a page finds without a url.
 import assert from "node:assert/strict";
 import { afterEach, test } from "node:test";
 
-import { AsrClient, AsrError } from "../src/client.js";
+import { AsrClient, AsrError, defaultServerUrl } from "../src/client.js";
 
 const realFetch = globalThis.fetch;
 afterEach(() => {
@@ -48,4 +48,17 @@ test("fetchTranscript turns the server's error into an AsrError with its code", 
   };
   await assert.rejects(client.fetchTranscript("srt"), (err) => err.code === "connect_failed" && err.retryable);
   await assert.rejects(new AsrClient({ url: "ws://127.0.0.1:8765" }).fetchTranscript(), (err) => err.code === "session_not_found");
+});
+
+test("without a url the client talks to the server it was imported from, a proxy's path included", () => {
+  const page = (href) => new URL(href);
+  // The server's own page, at the root and behind a proxy path (TLS at the proxy).
+  assert.equal(defaultServerUrl(page("http://127.0.0.1:8765/"), "http://127.0.0.1:8765/client/client.js"), "ws://127.0.0.1:8765");
+  assert.equal(defaultServerUrl(page("https://host.example/asr/?token=t"), "https://host.example/asr/client/client.js"), "wss://host.example/asr");
+  // A site's page importing the client from the server: the server, not the site.
+  assert.equal(defaultServerUrl(page("https://app.example/live"), "https://asr.example:8443/client/client.js"), "wss://asr.example:8443");
+  // A copy of the module inside a site (or a bundle, or node): the page's own host, as before.
+  assert.equal(defaultServerUrl(page("https://app.example/live"), "https://app.example/js/asr.js"), "wss://app.example");
+  assert.equal(defaultServerUrl(page("http://localhost:3000/"), "file:///srv/app/client.js"), "ws://localhost:3000");
+  assert.equal(defaultServerUrl(undefined, "file:///srv/app/client.js"), "ws://127.0.0.1:8765");
 });
