@@ -9,6 +9,7 @@ any WebSocket exists. When API keys are configured, every route but
 
 from __future__ import annotations
 
+import dataclasses
 import http
 import json
 from collections.abc import Awaitable, Sequence
@@ -40,6 +41,19 @@ CLIENT_PREFIX = "/client/"  # the browser client's modules, which allowed origin
 
 
 def route(server: "AsrServer", connection: "OneRequestConnection", request: Request) -> Response | Awaitable[Response] | None:
+    if request.method == "HEAD" and _headable(server, urlsplit(request.path).path):
+        # Uptime monitors and load balancers often ask HEAD: the GET answer's status and headers.
+        answer = _route(server, connection, dataclasses.replace(request, method="GET"))
+        assert isinstance(answer, Response)  # the health check and the page's files answer at once
+        return dataclasses.replace(answer, body=b"")
+    return _route(server, connection, request)
+
+
+def _headable(server: "AsrServer", path: str) -> bool:
+    return path == "/healthz" or path in server.static
+
+
+def _route(server: "AsrServer", connection: "OneRequestConnection", request: Request) -> Response | Awaitable[Response] | None:
     parts = urlsplit(request.path)
     path = parts.path
     post = path == TOKENS_PATH
@@ -49,7 +63,7 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
         return _preflight(server, request)
     if request.method != ("POST" if post else "GET"):
         return response(http.HTTPStatus.METHOD_NOT_ALLOWED, b'{"error": "method not allowed"}', "application/json",
-                        extra=[("Allow", "POST" if post else "GET")])
+                        extra=[("Allow", "POST" if post else "GET, HEAD" if _headable(server, path) else "GET")])
     if path == "/healthz":
         status = http.HTTPStatus.OK if server.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
         return response(status, json.dumps(health(server)).encode(), "application/json")

@@ -66,6 +66,20 @@ def test_health_is_open_metrics_and_tokens_need_a_key(keyed_server):
     assert http(keyed_server, "/v1/tokens", headers={"Authorization": f"Bearer {ALICE}"})[0] == 405  # GET
 
 
+def test_head_asks_the_health_check_and_the_page_as_uptime_monitors_do(keyed_server):
+    """HEAD gets GET's status and headers without the body, for the health check and the page's
+    files; the other routes say what they take."""
+    for path in ("/healthz", "/", "/client/client.js"):
+        status, headers, body = http(keyed_server, path, method="HEAD")
+        got, got_headers, got_body = http(keyed_server, path)
+        assert status == got == 200 and body == b"" and got_body
+        assert headers["Content-Type"] == got_headers["Content-Type"] and int(headers["Content-Length"]) > 0
+    status, headers, _ = http(keyed_server, "/healthz", method="POST")
+    assert status == 405 and headers["Allow"] == "GET, HEAD"
+    status, headers, _ = http(keyed_server, "/metrics", method="HEAD", headers={"Authorization": f"Bearer {ALICE}"})
+    assert status == 405 and headers["Allow"] == "GET"
+
+
 def test_pages_from_other_origins_are_refused_even_with_a_good_key(keyed_server):
     good = {"Authorization": f"Token {ALICE}"}
     status, _, body = http(keyed_server, "/v1/listen", headers={**good, "Origin": "https://evil.example"})
