@@ -18,10 +18,22 @@ def test_global_options_work_before_or_after_the_command(argv):
     assert (args.command, args.path, args.url, args.json, args.no_interim, args.fast) == ("file", "x.wav", "ws://h:1", True, True, True)
 
 
-def test_defaults_hold_when_nothing_is_given():
+def test_defaults_hold_when_nothing_is_given(monkeypatch):
+    monkeypatch.delenv("ASR_URL", raising=False)
     args = build_parser().parse_args(["mic"])
     assert args.url == "ws://127.0.0.1:8765" and not args.json and args.language == "en" and args.endpoint_ms == 500
     assert _options(args)["heartbeat_s"] == 5.0  # the server's heartbeats tell a dead connection from a quiet one
+    assert not {"prompt", "priority", "revisions"} & set(_options(args))  # the server's defaults
+
+
+def test_the_stream_options_a_terminal_user_sets_reach_the_query(monkeypatch):
+    monkeypatch.setenv("ASR_URL", "wss://host.example/asr")
+    args = build_parser().parse_args(["file", "call.wav", "--prompt", "Dashwood, Norland Park", "--priority", "batch", "--no-revisions"])
+    assert args.url == "wss://host.example/asr"
+    assert {k: _options(args)[k] for k in ("prompt", "priority", "revisions")} == {"prompt": "Dashwood, Norland Park", "priority": "batch", "revisions": False}
+    assert build_parser().parse_args(["--url", "ws://h:1", "mic"]).url == "ws://h:1"  # --url wins over $ASR_URL
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["mic", "--priority", "urgent"])
 
 
 def test_heartbeats_can_be_turned_off():

@@ -96,6 +96,15 @@ def test_client_cli_prints_finals_and_json(live_server):
     messages = [json.loads(line) for line in raw.stdout.splitlines()]
     assert messages[0]["type"] == "session" and messages[-1]["type"] == "closed"
     assert {m["type"] for m in messages} >= {"speech_start", "interim", "final"}
+    # The server's address from $ASR_URL; a prompt, a priority and no revisions, as the server took them.
+    env = {**os.environ, "ASR_URL": live_server.url}
+    optioned = subprocess.run([sys.executable, "-m", "asr_client", "--json", "--prompt", "Ten of clubs", "--priority", "batch",
+                               "--no-revisions", "file", path, "--fast"], capture_output=True, text=True, timeout=120, env=env)
+    assert optioned.returncode == 0, optioned.stderr
+    messages = [json.loads(line) for line in optioned.stdout.splitlines()]
+    config = messages[0]["config"]
+    assert (config["prompt"], config["priority"], config["revisions"]) == ("Ten of clubs", "batch", False)
+    assert messages[-1]["type"] == "closed" and "revision" not in {m["type"] for m in messages}
 
 
 def test_client_cli_reports_an_unreachable_server():

@@ -188,6 +188,12 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         opts["interim_results"] = False
     if args.heartbeat > 0:
         opts["heartbeat_s"] = args.heartbeat
+    if args.prompt:
+        opts["prompt"] = args.prompt
+    if args.priority:
+        opts["priority"] = args.priority
+    if args.no_revisions:
+        opts["revisions"] = False
     return opts
 
 
@@ -358,10 +364,19 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     def d(value: Any) -> Any:
         return value if defaults else argparse.SUPPRESS
 
-    p.add_argument("--url", default=d(DEFAULT_URL), help=f"server address (default {DEFAULT_URL})")
+    p.add_argument("--url", default=d(os.environ.get("ASR_URL") or DEFAULT_URL),
+                   help=f"server address, with a proxy's path if any (default: $ASR_URL, else {DEFAULT_URL})")
     p.add_argument("--language", default=d("en"))
     p.add_argument("--endpoint-ms", type=int, default=d(500))
     p.add_argument("--no-interim", action="store_true", default=d(False), help="finals only")
+    p.add_argument("--prompt", default=d(None),
+                   help="words the audio is likely to hold, for the model to prefer (names, jargon: 'Dashwood, Norland Park'; "
+                        "up to 200 characters)")
+    p.add_argument("--priority", choices=("interactive", "standard", "batch"), default=d(None),
+                   help="the stream's share of the server when streams compete (default interactive; batch for a file "
+                        "that need not keep up with live captions)")
+    p.add_argument("--no-revisions", action="store_true", default=d(False),
+                   help="no context pass: the first-pass finals are the transcript")
     p.add_argument("--json", action="store_true", default=d(False), help="print every server message as JSON")
     p.add_argument("--transcript", action="store_true", default=d(False),
                    help="when the stream ends, print the transcript with the server's revisions applied, one line per "
