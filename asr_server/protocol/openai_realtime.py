@@ -55,6 +55,16 @@ class Reconfigure:
 Action = str | bytes | dict[str, Any] | Reconfigure  # our command text, audio, an event for the client, new options
 
 
+def _object(parent: dict[str, Any], name: str) -> dict[str, Any]:
+    """``parent[name]``, an object in a client's event (absent or null: empty)."""
+    value = parent.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidMessage(f"{name!r} must be an object")
+    return value
+
+
 class OpenAiDialect:
     """One transcription session's translation, both ways."""
 
@@ -103,8 +113,8 @@ class OpenAiDialect:
 
     def _update(self, event: dict[str, Any]) -> list[Action]:
         self.legacy = event["type"] == "transcription_session.update"
-        session = event.get("session") if isinstance(event.get("session"), dict) else {}
         try:
+            session = _object(event, "session")
             options = self._legacy_options(session) if self.legacy else self._options(session)
         except AsrError as error:
             return [self._error(error, event)]
@@ -112,18 +122,17 @@ class OpenAiDialect:
         return [Reconfigure(options), self._event(f"{self._prefix()}.updated", {"session": self.session_object()})]
 
     def _options(self, session: dict[str, Any]) -> StreamOptions:
-        audio_in = ((session.get("audio") or {}).get("input") or {})
-        fmt = audio_in.get("format") or {}
-        transcription = audio_in.get("transcription") or {}
-        return self._apply(fmt.get("type"), transcription, audio_in.get("turn_detection", "keep"))
+        audio_in = _object(_object(session, "audio"), "input")
+        transcription = _object(audio_in, "transcription")
+        return self._apply(_object(audio_in, "format").get("type"), transcription, audio_in.get("turn_detection", "keep"))
 
     def _legacy_options(self, session: dict[str, Any]) -> StreamOptions:
-        return self._apply(session.get("input_audio_format"), session.get("input_audio_transcription") or {}, session.get("turn_detection", "keep"))
+        return self._apply(session.get("input_audio_format"), _object(session, "input_audio_transcription"), session.get("turn_detection", "keep"))
 
-    def _apply(self, fmt: str | None, transcription: dict[str, Any], turn: Any) -> StreamOptions:
+    def _apply(self, fmt: Any, transcription: dict[str, Any], turn: Any) -> StreamOptions:
         options = self.options
         if fmt is not None:
-            if fmt not in _FORMATS:
+            if not isinstance(fmt, str) or fmt not in _FORMATS:
                 raise InvalidMessage(f"unsupported input audio format {str(fmt)[:40]!r}; supported: {', '.join(_FORMATS)}")
             encoding, rate = _FORMATS[fmt]
             options = replace(options, encoding=encoding, sample_rate=rate)

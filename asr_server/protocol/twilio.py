@@ -106,6 +106,13 @@ class CallInfo:
                 "custom_parameters": self.custom_parameters}
 
 
+def _rate(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 class TwilioDialect:
     """One media stream: Twilio's events in, nothing out (results go to the session's followers)."""
 
@@ -126,10 +133,11 @@ class TwilioDialect:
         except ValueError:
             return [text]  # our parser reports it (logged and on the followers' channel)
         kind = event.get("event") if isinstance(event, dict) else None
-        if kind == "start":
-            return self._start(event.get("start") or {})
-        if kind == "media":
-            return self._media(event.get("media") or {})
+        if kind in ("start", "media"):
+            body = event.get(kind) or {}
+            if not isinstance(body, dict):
+                return [InvalidMessage(f"a {kind} event's {kind!r} must be an object")]
+            return self._start(body) if kind == "start" else self._media(body)
         if kind == "stop":
             self.stopped = True
             tail = self._aligner.flush() if self._aligner is not None else b""
@@ -137,11 +145,13 @@ class TwilioDialect:
         return []  # connected, mark, dtmf: nothing for the transcript
 
     def _start(self, start: dict[str, Any]) -> list[Any]:
-        tracks = tuple(t for t in TRACKS if t in (start.get("tracks") or ["inbound"]))
-        fmt = start.get("mediaFormat") or {}
-        if fmt and (fmt.get("encoding") != "audio/x-mulaw" or int(fmt.get("sampleRate", RATE)) != RATE):
+        listed, fmt, given = start.get("tracks") or ["inbound"], start.get("mediaFormat") or {}, start.get("customParameters") or {}
+        if not (isinstance(listed, list) and isinstance(fmt, dict) and isinstance(given, dict)):
+            return [InvalidMessage("a start event's tracks must be a list, its mediaFormat and customParameters objects")]
+        tracks = tuple(t for t in TRACKS if t in listed)
+        if fmt and (fmt.get("encoding") != "audio/x-mulaw" or _rate(fmt.get("sampleRate", RATE)) != RATE):
             return [AudioFormatMismatch(f"Twilio media must be audio/x-mulaw at 8000 Hz, got {fmt.get('encoding')} at {fmt.get('sampleRate')}")]
-        custom = {str(k): str(v) for k, v in (start.get("customParameters") or {}).items()}
+        custom = {str(k): str(v) for k, v in given.items()}
         self.call = CallInfo(str(start.get("streamSid", "")), str(start.get("callSid", "")), str(start.get("accountSid", "")), tracks, custom)
         self._tracks = tracks or ("inbound",)
         self._aligner = TrackAligner(len(self._tracks))

@@ -36,6 +36,25 @@ def test_session_updates_in_both_shapes_reconfigure_the_stream():
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error" and error["error"]["event_id"] == "c1"
 
 
+def test_session_updates_of_the_wrong_shape_are_error_events_not_a_crash():
+    """What JSON allows where objects and strings belong: an invalid_request_error event each, and
+    the session keeps its options."""
+    shapes = [
+        event("session.update", session="transcription"), event("session.update", session={"audio": "pcm"}),
+        event("session.update", session={"audio": {"input": [1]}}), event("session.update", session={"audio": {"input": {"format": "audio/pcm"}}}),
+        event("session.update", session={"audio": {"input": {"format": {"type": {"a": 1}}}}}),
+        event("session.update", session={"audio": {"input": {"format": {"type": ["audio/pcm"]}}}}),
+        event("session.update", session={"audio": {"input": {"transcription": "en"}}}),
+        event("transcription_session.update", session={"input_audio_format": {"x": 1}}),
+        event("transcription_session.update", session={"input_audio_transcription": "whisper-1"}),
+    ]
+    d = dialect()
+    for shape in shapes:
+        (error,) = d.incoming(shape)
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error" and error["error"]["code"] == "invalid_message", shape
+    assert (d.options.encoding, d.options.sample_rate) == ("pcm_s16le", 24000)
+
+
 def test_audio_commits_clears_and_unknown_events():
     d = dialect()
     assert d.incoming(event("input_audio_buffer.append", audio=base64.b64encode(b"\x01\x02").decode())) == [b"\x01\x02"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 
-from asr_server.errors import AudioFormatMismatch, InvalidOption
+from asr_server.errors import AudioFormatMismatch, InvalidMessage, InvalidOption
 from asr_server.protocol.openai_realtime import Reconfigure
 from asr_server.protocol.twilio import SILENCE, TrackAligner, TwilioDialect, twilio_options
 
@@ -71,3 +71,22 @@ def test_one_track_calls_bad_parameters_and_other_formats():
     assert isinstance(error, InvalidOption)
     (error,) = TwilioDialect(twilio_options(), ("en",)).incoming(start(["inbound"], fmt={"encoding": "audio/l16", "sampleRate": 16000}))
     assert isinstance(error, AudioFormatMismatch)
+
+
+def test_events_of_the_wrong_shape_are_invalid_messages_not_a_crash():
+    """A client posing as Twilio sends what JSON allows where objects, lists and numbers belong:
+    each is an invalid_message (the call goes on), never an exception in the session."""
+    bad_starts = [{"event": "start", "start": "MZ1"}, {"event": "start", "start": 7},
+                  {"event": "start", "start": {"tracks": "inbound"}}, {"event": "start", "start": {"tracks": [{"a": 1}], "mediaFormat": [1]}},
+                  {"event": "start", "start": {"customParameters": ["x"]}}, {"event": "media", "media": 12}, {"event": "media", "media": [1]}]
+    for event in bad_starts:
+        (error,) = TwilioDialect(twilio_options(), ("en",)).incoming(json.dumps(event))
+        assert isinstance(error, InvalidMessage) and error.code == "invalid_message", event
+    for fmt in ({"encoding": "audio/x-mulaw", "sampleRate": "fast"}, {"encoding": "audio/x-mulaw", "sampleRate": [8000]}):
+        (error,) = TwilioDialect(twilio_options(), ("en",)).incoming(start(["inbound"], fmt=fmt))
+        assert isinstance(error, AudioFormatMismatch)
+    d = TwilioDialect(twilio_options(), ("en",))
+    d.incoming(start(["inbound"]))
+    for media_body in ({"track": {"a": 1}, "payload": "AAAA"}, {"track": "inbound", "payload": {"b": 2}}, {"track": "inbound", "payload": "AAAA", "timestamp": [1]}):
+        assert all(isinstance(out, InvalidMessage) for out in d.incoming(json.dumps({"event": "media", "media": media_body})))
+    assert d.incoming(media("inbound", 0, b"\x11" * 160)) == [b"\x11" * 160]  # the call goes on
