@@ -194,8 +194,12 @@ def _transcript_query(query: dict[str, list[str]]) -> tuple[str, CueOptions]:
 
 
 def _from_seq(request_headers: Any, query: dict[str, list[str]]) -> int:
+    """Where a follower takes up the log: ``Last-Event-ID`` (an EventSource asking again), else
+    ``from_seq``; anything but a whole number is refused rather than read as 0 (all again)."""
     raw = (request_headers.get("Last-Event-ID") or query.get("from_seq", ["0"])[0]).strip()
-    return int(raw) if raw.isdigit() and len(raw) < 12 else 0
+    if not (raw.isascii() and raw.isdigit()):
+        raise InvalidOption(f"from_seq must be a whole number (the seq of the last message held), got {raw[:20]!r}")
+    return int(raw)
 
 
 def _find(server: "AsrServer", principal: Principal, session_id: str,

@@ -120,6 +120,10 @@ def test_a_twilio_call_is_transcribed_per_party_and_followed_live_and_after(whis
             out["late"] = await ws_follow(server.url, session_id)  # after the end: the kept log
             out["late_sse"] = await asyncio.to_thread(sse_follow, server.http, session_id)
             out["late_from"] = await ws_follow(server.url, session_id, from_seq=5)
+            async with websockets.connect(f"{server.url}/v1/sessions/{session_id}/events?from_seq=5th") as refused:
+                out["bad_from"] = [json.loads(await refused.recv())]
+                await refused.wait_closed()
+                out["bad_from_code"] = refused.close_code
             return out
 
         out = asyncio.run(main())
@@ -129,9 +133,14 @@ def test_a_twilio_call_is_transcribed_per_party_and_followed_live_and_after(whis
                 transcript[fmt] = answer.read().decode()
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(f"{server.http}/v1/sessions/nope/events", timeout=30)
+        with pytest.raises(urllib.error.HTTPError) as bad_from:
+            urllib.request.urlopen(f"{server.http}/v1/sessions/{out['listing'][0]['session_id']}/events?from_seq=-1", timeout=30)
     finally:
         server.stop()
     assert missing.value.code == 404
+    # A from_seq that is not a whole number is refused, not read as 0 (everything again).
+    assert bad_from.value.code == 400 and json.loads(bad_from.value.read())["code"] == "invalid_option"
+    assert [(m["type"], m.get("code")) for m in out["bad_from"]] == [("error", "invalid_option")] and out["bad_from_code"] == 1008
     assert out["sent_back"] == [] and out["code"] == 1000  # Twilio gets nothing, and a clean close after stop
     call = out["listing"][0]["call"]
     assert call["call_sid"] == "CA0001" and call["channel_names"] == ["caller", "agent"] and out["listing"][0]["dialect"] == "twilio"
