@@ -423,7 +423,8 @@ class ContainerDecoder:
         except _BAD_INPUT as exc:
             if self.received_bytes == 0:
                 return  # the stream ended before any audio: nothing to decode
-            raise InvalidAudio(f"could not read a {self.encoding} stream: {getattr(exc, 'strerror', None) or 'unrecognised data'}") from None
+            what = "the audio as any container format (encoding=auto)" if self.encoding == "auto" else f"a {self.encoding} stream"
+            raise InvalidAudio(f"could not read {what}: {getattr(exc, 'strerror', None) or 'unrecognised data'}") from None
         try:
             yield from self._decode(container)
         finally:
