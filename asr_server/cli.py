@@ -25,6 +25,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
 os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 
+from . import __version__
 from .audio.vad import DETECTORS, VadOptions
 from .decoding.context import ContextOptions
 from .inference.priority import BACKGROUND_NICE
@@ -45,6 +46,7 @@ log = logging.getLogger("asr_server")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asr-server", description="Real-time speech recognition over WebSocket.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765, help="port to listen on; 0 picks a free one (default 8765)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="tiny.en (embedded, default), a CTranslate2 model directory, or a faster-whisper size name")

@@ -201,3 +201,21 @@ def test_webhook_events_default_to_all_and_take_only_known_ones(capsys):
         with pytest.raises(SystemExit) as exit_info:
             build_parser().parse_args(["--webhook-events", bad])
         assert exit_info.value.code == 2 and "events are some of" in capsys.readouterr().err
+
+
+def test_both_programs_say_their_version_which_is_the_packages(capsys):
+    import tomllib
+    from pathlib import Path
+
+    import asr_client
+    import asr_server
+    from asr_client.cli import build_parser as client_parser
+
+    root = Path(__file__).resolve().parents[1]
+    for parser, package, pyproject in ((build_parser(), asr_server, root / "pyproject.toml"),
+                                       (client_parser(), asr_client, root / "clients" / "python" / "pyproject.toml")):
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args(["--version"])
+        assert exit_info.value.code == 0
+        version = tomllib.loads(pyproject.read_text())["project"]["version"]
+        assert capsys.readouterr().out.split() == [parser.prog, version] and package.__version__ == version

@@ -20,6 +20,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from .. import __version__
 from ..access import ANONYMOUS, Principal
 from ..errors import AsrError, TokensDisabled, wire_info
 from ..metrics import OPENMETRICS, TEXT
@@ -200,6 +201,7 @@ def health(server: "AsrServer") -> dict:
     budget = server.budget
     return {
         "status": "ok" if server.ready else ("stopping" if server.stopping else "starting"),
+        "version": __version__,
         "model": server.model_name,
         "active_channels": server.active_channels,
         "max_channels": server.max_channels,

@@ -58,7 +58,10 @@ def test_a_handshake_without_a_valid_key_gets_401_with_a_stable_code_before_any_
 
 
 def test_health_is_open_metrics_and_tokens_need_a_key(keyed_server):
-    assert http(keyed_server, "/healthz")[0] == 200
+    import asr_server
+
+    status, _, body = http(keyed_server, "/healthz")
+    assert status == 200 and json.loads(body)["version"] == asr_server.__version__
     assert http(keyed_server, "/")[0] == 200  # the page itself; its streams need a token
     assert http(keyed_server, "/metrics")[0] == 401
     assert http(keyed_server, "/metrics", headers={"Authorization": f"Bearer {ALICE}"})[0] == 200

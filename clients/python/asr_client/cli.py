@@ -31,6 +31,7 @@ import signal
 import sys
 from typing import Any, TextIO
 
+from . import __version__
 from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, Transcript, Turn, connect, fetch_transcript, read_pcm, stream_bytes
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
@@ -398,6 +399,7 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asr-client", description="Live captions from asr-server.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_common(p, defaults=True)
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, defaults=False)
