@@ -439,7 +439,8 @@ def _captioning(browser, proxy, transport: str, drop: str):
     return page
 
 
-def test_page_captions_behind_a_proxy_path(playwright, whisper_runner):
+@pytest.mark.parametrize("transport", ["webrtc", "websocket"])
+def test_page_captions_behind_a_proxy_path(playwright, whisper_runner, transport):
     """The server behind a reverse proxy at ``/asr/`` (nginx's ``location /asr/ { proxy_pass
     http://127.0.0.1:8765/; }``; every other path of the site is not the server's): the page loads
     its files, streams, and saves its subtitles, all under ``/asr/``."""
@@ -448,7 +449,7 @@ def test_page_captions_behind_a_proxy_path(playwright, whisper_runner):
         page = browser.new_page()
         page_errors: list[str] = []
         page.on("pageerror", lambda e: page_errors.append(str(e)))
-        page.goto(f"http://127.0.0.1:{proxy.proxy.port}/asr/?transport=websocket")
+        page.goto(f"http://127.0.0.1:{proxy.proxy.port}/asr/?transport={transport}")
         page.click("#start")
         page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
         page.click("#start")
@@ -464,6 +465,7 @@ def test_page_captions_behind_a_proxy_path(playwright, whisper_runner):
         proxy.stop()
     assert page_errors == [] and errors == [] and proxy.proxy.outside == []  # nothing asked outside /asr/
     assert messages[0]["type"] == "session" and messages[-1]["type"] == "closed"
+    assert messages[0]["config"]["encoding"] == ("webrtc" if transport == "webrtc" else "pcm_s16le")
     assert " ".join(line for block in srt.strip().split("\n\n") for line in block.split("\n")[2:]).split() == final.split() != []
 
 
