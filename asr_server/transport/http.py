@@ -27,6 +27,7 @@ from ..metrics import OPENMETRICS, TEXT
 from ..protocol.openai_realtime import REALTIME_PATH
 from ..protocol.twilio import TWILIO_PATH
 from .fanout import SESSIONS_PATH, parse_follow_path, session_list, sse_events, transcript_response
+from .static import StaticFile
 from ..scheduler.policy import Priority
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def _route(server: "AsrServer", connection: "OneRequestConnection", request: Req
         return _metrics(server, request)
     page = server.static.get(path)
     if page is not None:
-        return response(http.HTTPStatus.OK, page.body, page.content_type, cache="no-cache", extra=_module_cors(server, request, path))
+        return _static(server, request, path, page)
     return response(http.HTTPStatus.NOT_FOUND, b'{"error": "not found"}', "application/json")
 
 
@@ -117,6 +118,17 @@ def _preflight(server: "AsrServer", request: Request) -> Response:
 
 def _cors_headers(origin: str | None) -> list[tuple[str, str]]:
     return [("Access-Control-Allow-Origin", origin), ("Vary", "Origin")] if origin else []
+
+
+def _static(server: "AsrServer", request: Request, path: str, page: StaticFile) -> Response:
+    """A page file, or 304 when the browser holds this version (``If-None-Match``): the files are
+    checked on every load (``no-cache``), and sent again only when the server's copy changed."""
+    extra = [("ETag", page.etag), *_module_cors(server, request, path)]
+    if page.etag in (request.headers.get("If-None-Match") or ""):
+        # No Content-Length: in a 304 it would have to be the file's, and no body follows.
+        headers = Headers([("Cache-Control", "no-cache"), ("Connection", "close"), *extra])
+        return Response(http.HTTPStatus.NOT_MODIFIED.value, http.HTTPStatus.NOT_MODIFIED.phrase, headers, b"")
+    return response(http.HTTPStatus.OK, page.body, page.content_type, cache="no-cache", extra=extra)
 
 
 def _module_cors(server: "AsrServer", request: Request, path: str) -> list[tuple[str, str]]:

@@ -8,8 +8,10 @@ wheel).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 __all__ = ["StaticFile", "load_static", "WEB_ROOT"]
@@ -29,6 +31,11 @@ _TYPES = {
 class StaticFile:
     body: bytes
     content_type: str
+
+    @cached_property
+    def etag(self) -> str:
+        """A strong validator of the content: a browser asking again with it gets 304, no body."""
+        return f'"{hashlib.sha256(self.body).hexdigest()[:20]}"'
 
 
 def load_static(root: Path = WEB_ROOT) -> dict[str, StaticFile]:

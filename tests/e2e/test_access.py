@@ -110,6 +110,19 @@ def test_the_browser_client_is_importable_by_allowed_origins_pages_only(keyed_se
     assert "Access-Control-Allow-Origin" not in http(keyed_server, "/app.js", headers={"Origin": "https://app.example.com"})[1]
 
 
+def test_a_page_file_the_browser_holds_is_not_sent_again(keyed_server):
+    """Each page file carries an ETag; asked again with it (If-None-Match, as a browser revalidates
+    its ``no-cache`` copy), the answer is 304 without the body; another tag gets the file."""
+    for path in ("/", "/app.js", "/client/client.js"):
+        status, headers, body = http(keyed_server, path)
+        tag = headers["ETag"]
+        assert status == 200 and headers["Cache-Control"] == "no-cache" and tag.startswith('"') and body
+        status, again, body = http(keyed_server, path, headers={"If-None-Match": tag})
+        assert status == 304 and body == b"" and again["ETag"] == tag and "Content-Length" not in again
+        assert http(keyed_server, path, headers={"If-None-Match": '"another"'})[0] == 200
+    assert http(keyed_server, "/")[1]["ETag"] != http(keyed_server, "/app.js")[1]["ETag"]
+
+
 def test_a_minted_token_streams_once_under_its_keys_name(keyed_server):
     status, _, body = http(keyed_server, "/v1/tokens?ttl_s=30", method="POST", headers={"Authorization": f"Bearer {ALICE}"})
     minted = json.loads(body)
