@@ -24,6 +24,7 @@ import aioice.ice
 import numpy as np
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.sdp import SessionDescription
 
 from ..audio.decode import FrameConverter
 from ..errors import AsrError, InvalidOffer, WebRtcFailed
@@ -78,6 +79,13 @@ def restrict_host_addresses(addresses: Iterable[str]) -> Callable[[], None]:
 def _restricted(use_ipv4: bool, use_ipv6: bool) -> list[str]:
     chosen = _restrictions[-1]
     return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
+
+
+
+def _lacks_fingerprint(offer_sdp: str) -> bool:
+    """Whether a media section of a parsed offer has a DTLS role but no certificate fingerprint
+    (aiortc refuses a section without the role itself)."""
+    return any(media.dtls is not None and not media.dtls.fingerprints for media in SessionDescription.parse(offer_sdp).media)
 
 
 class RtcIngest:
@@ -135,6 +143,11 @@ class RtcIngest:
         audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
         if not audio:
             raise InvalidOffer("the offer has no audio track")
+        if _lacks_fingerprint(offer_sdp):
+            # aiortc would answer, then fail in its own task when it starts DTLS (an assertion, logged
+            # as an unretrieved task error) and leave the client waiting for the connect timeout.
+            log.info("session=%s event=bad_offer error=no DTLS fingerprint", self.label)
+            raise InvalidOffer("the offer has no DTLS certificate fingerprint (a=fingerprint), which WebRTC media needs")
         for t in pc.getTransceivers():
             if t.kind != "audio" or t is not audio[0]:
                 t.direction = "inactive"  # only one audio track is transcribed; nothing else is received
