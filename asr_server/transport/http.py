@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import http
 import json
+import math
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
@@ -22,7 +23,7 @@ from websockets.http11 import Request, Response
 
 from .. import __version__
 from ..access import ANONYMOUS, Principal
-from ..errors import AsrError, TokensDisabled, wire_info
+from ..errors import AsrError, InvalidOption, TokensDisabled, wire_info
 from ..metrics import OPENMETRICS, TEXT
 from ..protocol.openai_realtime import REALTIME_PATH
 from ..protocol.twilio import TWILIO_PATH
@@ -182,16 +183,27 @@ def _mint(server: "AsrServer", principal: Principal, query: dict[str, list[str]]
     if principal is ANONYMOUS:
         return error_response(TokensDisabled("this server has no API keys: streams need no token"))
     try:
-        ttl = float(query["ttl_s"][0]) if "ttl_s" in query else None
-    except ValueError:
-        ttl = None
-    try:
-        token, lifetime = server.access.mint_token(principal, server.clock(), ttl)
+        token, lifetime = server.access.mint_token(principal, server.clock(), _ttl(query))
     except AsrError as error:
         return error_response(error)
     server.metrics.tokens_minted.labels(principal.name).inc()
     body = {"token": token, "expires_in": lifetime, "key": principal.name}
     return response(http.HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+
+
+def _ttl(query: dict[str, list[str]]) -> float | None:
+    """A token's asked-for life (``ttl_s``), None for the server's; InvalidOption for anything but
+    a positive number of seconds (it used to be the server's default without a word)."""
+    if "ttl_s" not in query:
+        return None
+    raw = query["ttl_s"][0]
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = math.nan
+    if not (math.isfinite(ttl) and ttl > 0):
+        raise InvalidOption(f"ttl_s must be a positive number of seconds, got {raw[:20]!r}")
+    return ttl
 
 
 def error_response(error: AsrError) -> Response:

@@ -133,6 +133,10 @@ def test_a_minted_token_streams_once_under_its_keys_name(keyed_server):
     assert ALICE not in json.dumps(messages)
     assert "clubs" in " ".join(m["text"] for m in messages if m["type"] == "final").lower()
     assert messages[-1]["type"] == "closed"
+    # A life that is not a positive number of seconds is refused, not quietly the server's default.
+    for ttl in ("soon", "-5", "0", "nan", "inf"):
+        status, _, body = http(keyed_server, f"/v1/tokens?ttl_s={ttl}", method="POST", headers={"Authorization": f"Bearer {ALICE}"})
+        assert status == 400 and json.loads(body)["code"] == "invalid_option", ttl
     assert refused_with(keyed_server, token=minted["token"]).code == "unauthorized"  # used up
 
 
