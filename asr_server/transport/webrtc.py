@@ -81,7 +81,6 @@ def _restricted(use_ipv4: bool, use_ipv6: bool) -> list[str]:
     return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
 
 
-
 def _lacks_fingerprint(offer_sdp: str) -> bool:
     """Whether a media section of a parsed offer has a DTLS role but no certificate fingerprint
     (aiortc refuses a section without the role itself)."""

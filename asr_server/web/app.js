@@ -5,7 +5,8 @@
 import { AsrClient } from "./client/client.js";
 import { PARAGRAPH_GAP_S, paragraphs } from "./client/transcript.js";
 
-const STREAM_OPTIONS = ["language", "interim_results", "interim_ms", "endpoint_ms", "max_utterance_s", "priority", "heartbeat_s"];
+const STREAM_OPTIONS = ["language", "interim_results", "interim_ms", "endpoint_ms", "max_utterance_s", "priority", "heartbeat_s",
+  "prompt", "revisions", "split_after_s"];
 // Errors after which trying again later can work; the rest need the user.
 const RETRY_CODES = new Set([
   "overloaded", "not_ready", "shutting_down", "memory_pressure", "audio_overrun",

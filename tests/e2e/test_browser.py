@@ -449,7 +449,7 @@ def test_page_captions_behind_a_proxy_path(playwright, whisper_runner, transport
         page = browser.new_page()
         page_errors: list[str] = []
         page.on("pageerror", lambda e: page_errors.append(str(e)))
-        page.goto(f"http://127.0.0.1:{proxy.proxy.port}/asr/?transport={transport}")
+        page.goto(f"http://127.0.0.1:{proxy.proxy.port}/asr/?transport={transport}&prompt=Norland%20Park")
         page.click("#start")
         page.wait_for_function("window.asrApp.messages.some(m => m.type === 'final' && m.text)", timeout=60_000)
         page.click("#start")
@@ -466,6 +466,7 @@ def test_page_captions_behind_a_proxy_path(playwright, whisper_runner, transport
     assert page_errors == [] and errors == [] and proxy.proxy.outside == []  # nothing asked outside /asr/
     assert messages[0]["type"] == "session" and messages[-1]["type"] == "closed"
     assert messages[0]["config"]["encoding"] == ("webrtc" if transport == "webrtc" else "pcm_s16le")
+    assert messages[0]["config"]["prompt"] == "Norland Park"  # the page's address carries stream options
     assert " ".join(line for block in srt.strip().split("\n\n") for line in block.split("\n")[2:]).split() == final.split() != []
 
 
