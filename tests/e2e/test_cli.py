@@ -29,7 +29,7 @@ def test_server_starts_reports_healthy_and_stops_on_sigterm():
         assert proc.stdout.readline().startswith("access: no API keys: anyone who can reach")  # said, not hidden
         assert "ready" in proc.stdout.readline()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
-            assert r.status == 200 and r.headers["Content-Type"].startswith("text/html") and b"/app.js" in r.read()
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/html") and b'src="app.js"' in r.read()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/client/client.js", timeout=5) as r:
             assert r.headers["Content-Type"].startswith("text/javascript") and b"export class AsrClient" in r.read()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
