@@ -66,6 +66,7 @@ const app = {
   countdownTimer: null,
   lastFinalLatency: null,
   lastInterimLag: null,
+  everStreamed: false, // this page has streamed to the server at least once
 };
 window.asrApp = {
   get state() {
@@ -347,6 +348,7 @@ function onState(client, state) {
       setRunning(true);
       break;
     case "streaming":
+      app.everStreamed = true;
       setStatus("streaming", "Listening");
       hideNotice();
       watchLevel(client.microphone);
@@ -388,7 +390,12 @@ function onFailure(error) {
   app.attempts += 1;
   const wait = Math.min(MAX_BACKOFF_S, error?.retryAfter ?? 2 ** Math.min(app.attempts - 1, 5));
   const busy = ["overloaded", "not_ready", "memory_pressure", "audio_overrun", "shutting_down"].includes(code);
-  const why = busy ? "The server is busy" : "The connection was lost";
+  // Never connected at all: a server that refuses this page's origin (behind a proxy, say) looks
+  // just like one that is down, as browsers hide the handshake's 403; say what fixes the first.
+  const why = busy ? "The server is busy"
+    : code === "connect_failed" && !app.everStreamed
+      ? `Could not connect to the server (if it runs behind a proxy, it must be started with --allowed-origin ${location.origin})`
+      : "The connection was lost";
   setStatus("retrying", busy ? "Server busy" : "Reconnecting");
   let left = Math.ceil(wait);
   const tell = () => showNotice(`${why} (${code}). Trying again in ${left} s…`, "warn", true);

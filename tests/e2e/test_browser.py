@@ -470,6 +470,30 @@ def test_page_captions_behind_a_proxy_path(playwright, whisper_runner, transport
     assert " ".join(line for block in srt.strip().split("\n\n") for line in block.split("\n")[2:]).split() == final.split() != []
 
 
+def test_page_behind_a_proxy_not_allowed_says_what_the_server_needs(playwright, whisper_runner):
+    """Behind a proxy the page's origin is the proxy's site; a server not told to allow it refuses
+    the handshake (403), which the browser hides: the page says which option lets it in."""
+    from .proxy import ProxyThread
+
+    proxy = ProxyThread().start()
+    server = ServerThread(whisper_runner, Limits(idle_timeout_s=10.0)).start()
+    proxy.proxy.target_port = server.server.port
+    browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+    try:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{proxy.proxy.port}/?transport=websocket")
+        page.click("#start")
+        page.wait_for_function("document.getElementById('notice-text').textContent.includes('--allowed-origin')", timeout=30_000)
+        notice = page.inner_text("#notice-text")
+        refused = server.call(lambda: server.server.metrics.access_refusals.labels("origin_not_allowed")._value.get())
+    finally:
+        browser.close()
+        server.stop()
+        proxy.stop()
+    assert f"--allowed-origin http://127.0.0.1:{proxy.proxy.port}" in notice and "Trying again" in notice
+    assert refused >= 1 and not server.server._connections
+
+
 @pytest.mark.parametrize("drop", ["cut", "dead"])
 @pytest.mark.parametrize("transport", ["websocket", "webrtc"])
 def test_page_resumes_after_its_connection_drops_and_loses_nothing(playwright, whisper_runner, transport, drop):

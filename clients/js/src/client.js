@@ -347,12 +347,16 @@ export class AsrClient extends EventTarget {
       ws.binaryType = "arraybuffer";
       this._ws = ws;
       const timer = setTimeout(() => reject(new AsrError("timeout", "the server did not accept the connection in time", { retryable: true })), this.connectTimeoutMs);
+      let opened = false;
       ws.onclose = (e) => {
         clearTimeout(timer);
-        reject(new AsrError("connect_failed", `could not connect to ${this.url}`, { retryable: true }));
-        this._onSocketClosed(e, ws);
+        // Never opened (unreachable, or the handshake refused: browsers hide its status): a connection
+        // that failed, not one that was lost, which _onSocketClosed would have made of it first.
+        if (!opened) reject(new AsrError("connect_failed", `could not connect to ${this.url}`, { retryable: true }));
+        else this._onSocketClosed(e, ws);
       };
       ws.onopen = () => {
+        opened = true;
         clearTimeout(timer);
         resolve();
       };
