@@ -78,7 +78,7 @@ def _route(server: "AsrServer", connection: "OneRequestConnection", request: Req
         try:
             if resume_token is not None:
                 # A session's own client may read its transcript with its resume token, whatever it streamed with.
-                server.access.check_origin(request.headers.get("Origin"), server.own_origins(request.headers.get("Host")))
+                _check_origin(server, request.headers)
                 return _shared(transcript_response(server, ANONYMOUS, transcribed, query, resume_token), request)
             # Only a handshake may use a token (a token cannot mint another, nor read metrics).
             principal = _authorize(server, request, query.get("token", [None])[0] if handshake else None)
@@ -109,12 +109,17 @@ def _preflight(server: "AsrServer", request: Request) -> Response:
     403 ``origin_not_allowed``."""
     origin = request.headers.get("Origin")
     try:
-        server.access.check_origin(origin, server.own_origins(request.headers.get("Host")))
+        _check_origin(server, request.headers)
     except AsrError as error:
         return error_response(error)
     return response(http.HTTPStatus.NO_CONTENT, b"", "text/plain", extra=[
         *_cors_headers(origin), ("Access-Control-Allow-Methods", "GET"),
         ("Access-Control-Allow-Headers", f"{RESUME_TOKEN_HEADER}, Authorization"), ("Access-Control-Max-Age", "600")])
+
+
+def _check_origin(server: "AsrServer", headers: Headers) -> None:
+    """Refuse (``origin_not_allowed``) a browser request whose page is neither the server's own nor allowed."""
+    server.access.check_origin(headers.get("Origin"), server.own_origins(headers.get("Host")))
 
 
 def _cors_headers(origin: str | None) -> list[tuple[str, str]]:
@@ -140,7 +145,7 @@ def _module_cors(server: "AsrServer", request: Request, path: str) -> list[tuple
         return []
     origin = request.headers.get("Origin")
     try:
-        server.access.check_origin(origin, server.own_origins(request.headers.get("Host")))
+        _check_origin(server, request.headers)
     except AsrError:
         origin = None
     return _cors_headers(origin) or [("Vary", "Origin")]  # one answer per origin, for any cache between
@@ -164,7 +169,7 @@ def _shared(answer: Response | Awaitable[Response], request: Request) -> Respons
 
 def _authorize(server: "AsrServer", request: Request, token: str | None) -> Principal:
     headers = request.headers
-    server.access.check_origin(headers.get("Origin"), server.own_origins(headers.get("Host")))
+    _check_origin(server, headers)
     authorization = headers.get("Authorization")
     if authorization is None:
         # Browsers cannot set headers on a WebSocket: OpenAI's clients there put the key in a subprotocol.
