@@ -11,6 +11,7 @@ import signal
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -39,6 +40,7 @@ from .scheduler.policy import CONTEXT_MAX_WAIT_S, CONTEXT_SHARE, BatchLimits
 from .access import AccessOptions, ApiKey, is_loopback, parse_keys
 from .server import AsrServer, Measure
 from .tracing import tracing_from_environment
+from .transport.gate import MAX_AUTO_CONNECTIONS, RESERVED_DESCRIPTORS, GateOptions, connections_for
 from .webhooks import EVENTS, WebhookOptions
 
 log = logging.getLogger("asr_server")
@@ -64,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-channels", type=int, default=None,
                    help="channels transcribed at once; more streams are refused with 'overloaded' (default: measured: as many as "
                         "can all get a final within 1.5 s of speaking in step, from the model time of a final in a burst; 0: no limit)")
+    _connection_options(p)
     p.add_argument("--max-batch", type=int, default=None, help="decodes per model call (default 8 on CPU, 32 on CUDA)")
     p.add_argument("--max-batch-seconds", type=float, default=None,
                    help="padded encoder seconds per model call, which bounds how long one call takes (default 60 on CPU: two 30 s finals or four 15 s interims; 30 x max-batch on CUDA)")
@@ -103,6 +106,17 @@ def _webhook_options(p: argparse.ArgumentParser) -> None:
                         "final,transcript: first-pass finals and the revised transcript at the end)")
     p.add_argument("--webhook-allow", action="append", default=[], metavar="PREFIX",
                    help="a session's own callback URL (a call's customParameters) is used when it starts with this (repeatable)")
+
+
+def _connection_options(p: argparse.ArgumentParser) -> None:
+    """How many connections the server holds at once (:mod:`asr_server.transport.gate`)."""
+    p.add_argument("--max-connections", type=_count_or_zero, default=None,
+                   help="TCP connections held at once (streams, followers, page and health requests); more are answered 503 'overloaded' "
+                        f"and closed (default: the open-files limit, which the server raises to its hard limit, less {RESERVED_DESCRIPTORS}, "
+                        f"at most {MAX_AUTO_CONNECTIONS}; 0: no limit)")
+    p.add_argument("--max-opening-per-address", type=_count_or_zero, default=GateOptions.max_opening_per_address,
+                   help="connections from one address that have not sent their request yet; more are refused the same way "
+                        "(a client that opens connections and says nothing; 0: no limit)")
 
 
 def _decoding_options(p: argparse.ArgumentParser) -> None:
@@ -506,13 +520,67 @@ def _vad(args: argparse.Namespace) -> VadOptions:
     return VadOptions(detector=args.vad, talker_floor_db=args.talker_floor_db)
 
 
+def raise_open_files() -> int:
+    """The soft limit on open files raised to the hard one, as Go's runtime does (services often get
+    1024 against a hard limit of half a million, and every connection takes one); the limit now
+    (0 where there is none to read)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    unlimited = resource.RLIM_INFINITY
+    if soft != unlimited and (hard == unlimited or soft < hard):
+        for want in ((hard,) if hard != unlimited else ()) + (1 << 20, 10240):  # 10240: macOS's most without a hard limit
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+                soft = want
+                break
+            except (ValueError, OSError):
+                continue
+    return 1 << 20 if soft == unlimited else soft
+
+
+def _gate(args: argparse.Namespace) -> GateOptions:
+    open_files = raise_open_files()
+    if args.max_connections is not None:
+        connections = args.max_connections
+    else:
+        connections = connections_for(open_files) if open_files else GateOptions.max_connections
+    log.info("open files limit %s: up to %s connections at once", open_files or "unknown", connections or "any number of")
+    return GateOptions(connections, args.max_opening_per_address)
+
+
+class AcceptErrorsEvery(logging.Filter):
+    """asyncio logs a traceback for each accept that fails for want of descriptors, hundreds a second
+    while they last: let one through every ``every_s`` seconds, with how many were left out."""
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every_s, self.clock = every_s, clock
+        self._last: float | None = None
+        self._left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("socket.accept() out of system resource"):
+            return True
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every_s:
+            self._left_out += 1
+            return False
+        if self._left_out:
+            record.msg = f"{record.msg} ({self._left_out} more like it in the last {now - self._last:.0f} s not logged)"
+        self._last, self._left_out = now, 0
+        return True
+
+
 async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None, access: AccessOptions) -> int:
     plan = _plan(args, model_path)
     server = AsrServer(args.host, args.port, plan.limits, model_name=_public_model_name(args.model), batch=plan.batch,
                        workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=_vad(args),
                        context=_context(args), governor=_governor(args), access=access, tracing=tracing_from_environment(args.trace_ratio),
                        webhooks=WebhookOptions(args.webhook, args.webhook_secret, tuple(args.webhook_allow),
-                                                        events=frozenset(args.webhook_events)))
+                                                        events=frozenset(args.webhook_events)), gate=_gate(args))
     if server.tracing.enabled:
         log.info("tracing %g of streams with OpenTelemetry", args.trace_ratio)
     # Before anything is printed: a stop sent as soon as the server says it listens is a stop, not a kill.
@@ -612,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("faster_whisper").setLevel(logging.WARNING)
     logging.getLogger("websockets").setLevel(logging.WARNING)
+    logging.getLogger("asyncio").addFilter(AcceptErrorsEvery())
     args.device = resolved_device(args.device)
     try:
         model_path = resolve_model(args.model)

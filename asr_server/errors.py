@@ -235,7 +235,7 @@ WIRE_TABLE: dict[str, WireInfo] = {
     "resume_failed": WireInfo(False, 1008),
     "session_not_found": WireInfo(False, 1008, 404),
     "follower_too_slow": WireInfo(True, 1013),
-    "overloaded": WireInfo(True, 1013),
+    "overloaded": WireInfo(True, 1013, 503),
     "not_ready": WireInfo(True, 1013),
     "shutting_down": WireInfo(True, 1001),
     "memory_pressure": WireInfo(True, 1013),

@@ -19,6 +19,10 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.active_sessions = Gauge("asr_active_sessions", "Sessions currently streaming", registry=r)
+        self.connections = Gauge("asr_connections", "TCP connections open (WebSockets, followers, HTTP requests)", registry=r)
+        self.connections_refused = Counter(
+            "asr_connections_refused_total", "Connections answered 503 and closed at once, by reason (connections: --max-connections; "
+            "address: --max-opening-per-address)", ["reason"], registry=r)
         self.sessions_started = Counter("asr_sessions_started_total", "Sessions accepted", registry=r)
         self.sessions_ended = Counter(
             "asr_sessions_ended_total", "Sessions ended, by outcome", ["outcome"], registry=r

@@ -50,6 +50,7 @@ from .tracing import Tracing
 from .webhooks import WebhookOptions, WebhookSender
 from .transport.connection import Connection, Dialect, replay_ended
 from .transport.fanout import EndedSessions, follow, parse_follow_path
+from .transport.gate import LOG_EVERY_S, ConnectionGate, GateOptions, Refusal, Ticket
 from .transport.http import LISTEN_PATH, REALTIME_PATH, OneRequestConnection, route, select_subprotocol
 from .transport.static import load_static
 from .transport.webrtc import RtcIngest, restrict_host_addresses
@@ -75,17 +76,14 @@ class AsrServer:
         self,
         host: str = "127.0.0.1", port: int = 8765, limits: Limits = Limits(), model_name: str = "",
         *,
-        budget: MemoryBudget | None = None,
-        governor: GovernorOptions = GovernorOptions(),
-        batch: BatchLimits = BatchLimits(),
-        memory_probe: Callable[[], int] = process_rss,
-        tick_s: float = 0.25,
-        workers: int = 1,
+        budget: MemoryBudget | None = None, governor: GovernorOptions = GovernorOptions(), batch: BatchLimits = BatchLimits(),
+        memory_probe: Callable[[], int] = process_rss, tick_s: float = 0.25, workers: int = 1,
         rtc: RtcOptions = RtcOptions(), ssl: Any = None, vad: VadOptions = VadOptions(),
         context: ContextOptions = ContextOptions(),
         access: AccessOptions = AccessOptions(),
         tracing: Tracing | None = None,
         webhooks: WebhookOptions = WebhookOptions(),
+        gate: GateOptions = GateOptions(),
     ) -> None:
         """``budget``: memory admission (None: none); ``memory_probe``: bytes in use now, for
         the governor's memory-critical step (compared with ``budget.total``); ``rtc``:
@@ -95,14 +93,16 @@ class AsrServer:
         context pass of streams with ``revisions`` on; ``access``: API keys, browser origins,
         tokens and TURN credentials (:mod:`asr_server.access`); ``tracing``: spans of sampled
         streams (:mod:`asr_server.tracing`; default none); ``webhooks``: where finals and
-        transcripts are POSTed (:mod:`asr_server.webhooks`; default nowhere)."""
+        transcripts are POSTed (:mod:`asr_server.webhooks`; default nowhere); ``gate``: how many connections
+        are held at once (:mod:`asr_server.transport.gate`)."""
         self.host, self.port, self.limits, self.model_name = host, port, limits, model_name
         self.budget, self.batch_limits, self.governor = budget, batch, LoadGovernor(governor)
         self.memory_probe, self.tick_s, self.workers = memory_probe, tick_s, workers
         self.rtc, self.ssl, self.vad, self.context = rtc, ssl, vad, context
         self.access, self.tracing = Access(access), tracing or Tracing()
         self.clock = time.monotonic  # tokens' lifetimes and quotas' minutes
-        self.metrics = Metrics()
+        self.metrics, self.gate = Metrics(), ConnectionGate(gate)
+        self.metrics.connections.set_function(lambda: self.gate.open)
         self.webhooks, self.transcript_builds = WebhookSender(webhooks, self.metrics), asyncio.Semaphore(1)  # /transcript: one build at a time
         self.scheduler: Scheduler | None = None  # these four come with the model (set_runner)
         self.capacity: CapacityModel | None = None
@@ -159,7 +159,7 @@ class AsrServer:
             self.host,
             self.port,
             process_request=lambda connection, request: route(self, connection, request),
-            create_connection=OneRequestConnection,
+            create_connection=lambda *args, **kwargs: OneRequestConnection(*args, admit=self._let_in, **kwargs),
             select_subprotocol=select_subprotocol,
             # Frames up to twice the limit are read so that we can answer with our own
             # frame_too_large error; anything larger is cut off by websockets (close 1009).
@@ -174,6 +174,18 @@ class AsrServer:
         sock = next(iter(self._server.sockets))
         self.port = sock.getsockname()[1]
         server_log.info("listening on %s://%s:%d%s", "wss" if self.ssl else "ws", self.host, self.port, LISTEN_PATH)
+
+    def _let_in(self, transport: asyncio.Transport) -> Ticket | Refusal:
+        """A connection just accepted: its ticket from the gate, or why it is refused (counted and
+        logged here; the connection answers it)."""
+        peer = transport.get_extra_info("peername")
+        entry = self.gate.enter(peer[0] if isinstance(peer, tuple) else "", time.monotonic())
+        if isinstance(entry, Refusal):
+            self.metrics.connections_refused.labels(entry.reason).inc()
+            if entry.log:
+                server_log.warning("refusing connections (%d since the last such line, at most one every %g s): %s",
+                                   entry.unlogged, LOG_EVERY_S, entry.message)
+        return entry
 
     def set_runner(
         self, runner: Runner, interim_runner: Runner | None = None, budget: MemoryBudget | None = None, capacity: CapacityModel | None = None,

@@ -219,3 +219,53 @@ def test_both_programs_say_their_version_which_is_the_packages(capsys):
         assert exit_info.value.code == 0
         version = tomllib.loads(pyproject.read_text())["project"]["version"]
         assert capsys.readouterr().out.split() == [parser.prog, version] and package.__version__ == version
+
+
+def test_connection_limits_reach_the_server_and_the_open_files_limit_is_raised_for_them(capsys, monkeypatch):
+    import resource
+    import subprocess
+    import sys
+
+    from asr_server import cli
+    from asr_server.transport.gate import RESERVED_DESCRIPTORS, GateOptions
+
+    monkeypatch.setattr(cli, "raise_open_files", lambda: 1024)  # this process's own limit is left alone
+    assert cli._gate(build_parser().parse_args(["--max-connections", "0", "--max-opening-per-address", "5"])) == GateOptions(0, 5)
+    assert cli._gate(build_parser().parse_args([])) == GateOptions(1024 - RESERVED_DESCRIPTORS, 64)
+    monkeypatch.setattr(cli, "raise_open_files", lambda: 0)  # no limit to read (Windows)
+    assert cli._gate(build_parser().parse_args([])) == GateOptions()
+    for flag in ("--max-connections", "--max-opening-per-address"):
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args([flag, "-1"])
+        assert exit_info.value.code == 2 and "0 (no limit) or more" in capsys.readouterr().err
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip("the hard open-files limit leaves nothing to raise")
+    # A service started with a low soft limit (systemd's 1024, here 256) gets the hard one.
+    script = ("import resource; n = resource.RLIMIT_NOFILE; resource.setrlimit(n, (256, resource.getrlimit(n)[1]));"
+              "from asr_server.cli import raise_open_files; got = raise_open_files(); print(got, resource.getrlimit(n)[0])")
+    got, soft = map(int, subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split())
+    assert soft > 256 and got == min(soft, 1 << 20)
+
+
+def test_accept_failures_for_want_of_descriptors_are_logged_once_in_a_while():
+    import logging
+
+    from asr_server.cli import AcceptErrorsEvery
+
+    now = [0.0]
+    quiet = AcceptErrorsEvery(10.0, clock=lambda: now[0])
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)
+
+    assert quiet.filter(record("socket.accept() out of system resource"))
+    kept = []
+    for t in range(1, 10):
+        now[0] = float(t)
+        kept.append(quiet.filter(record("socket.accept() out of system resource")))
+    assert not any(kept)
+    assert quiet.filter(record("Task exception was never retrieved"))  # asyncio's other records all pass
+    now[0] = 10.0
+    later = record("socket.accept() out of system resource")
+    assert quiet.filter(later) and "9 more like it" in later.getMessage()

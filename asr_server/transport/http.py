@@ -9,11 +9,12 @@ any WebSocket exists. When API keys are configured, every route but
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import http
 import json
 import math
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
@@ -23,11 +24,12 @@ from websockets.http11 import Request, Response
 
 from .. import __version__
 from ..access import ANONYMOUS, Principal
-from ..errors import AsrError, InvalidOption, TokensDisabled, wire_info
+from ..errors import AsrError, InvalidOption, OverloadError, TokensDisabled, wire_info
 from ..metrics import OPENMETRICS, TEXT
 from ..protocol.openai_realtime import REALTIME_PATH
 from ..protocol.twilio import TWILIO_PATH
 from .fanout import SESSIONS_PATH, parse_follow_path, session_list, sse_events, transcript_response
+from .gate import LINGER_S, Refusal, Ticket
 from .static import StaticFile
 from ..scheduler.policy import Priority
 
@@ -263,14 +265,44 @@ class OneRequestConnection(ServerConnection):
     after its one answer.
     """
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: object, admit: Callable[[asyncio.Transport], Ticket | Refusal] | None = None, **kwargs: object) -> None:
+        """``admit``: asked for every accepted connection (:class:`~.gate.ConnectionGate`): a refused one
+        is answered 503 ``overloaded`` and closed once its request head has come (or at once)."""
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._admit = admit
+        self._ticket: Ticket | Refusal | None = None
         self.principal: Principal = ANONYMOUS  # who the handshake was let in as (see route)
         self._reading_head = True  # until the first request head has been fed
         self._tail = b""  # the last bytes of the request head seen so far (to find its end across reads)
         self._held: bytes | None = None  # bytes after the request head, until the handshake is over
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self._admit is not None:
+            self._ticket = self._admit(transport)  # type: ignore[arg-type]
+            if isinstance(self._ticket, Refusal):
+                self._refuse(self._ticket)
+
+    def _refuse(self, refusal: Refusal) -> None:
+        """Answer at once; close when the request head is in (closing on unread bytes resets the
+        connection, and the client may lose the answer), after ``LINGER_S``, or at once."""
+        self.transport.write(error_response(OverloadError(refusal.message, retry_after=1.0)).serialize())
+        if refusal.linger:
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._ticket is not None:
+            self._ticket.close()
+        super().connection_lost(exc)
+
     def data_received(self, data: bytes) -> None:
+        if isinstance(self._ticket, Refusal):  # answered already: read the request only to close cleanly
+            seen, self._tail = self._tail + data, (self._tail + data)[-3:]
+            if b"\r\n\r\n" in seen:
+                self.transport.close()
+            return
         if not self._reading_head:  # the handshake is over: a WebSocket's frames go straight through
             super().data_received(data)
             return
@@ -283,6 +315,8 @@ class OneRequestConnection(ServerConnection):
             self._tail = seen[-3:]
             super().data_received(data)
             return
+        if self._ticket is not None:
+            self._ticket.opened()  # its request head is in (an SSE answer then runs for as long as it follows)
         cut = end + 4 - len(self._tail)
         self._held = data[cut:]
         super().data_received(data[:cut])
