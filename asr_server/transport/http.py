@@ -42,6 +42,7 @@ LISTEN_PATH = "/v1/listen"
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 TOKENS_PATH = "/v1/tokens"
 RESUME_TOKEN_HEADER = "Asr-Resume-Token"  # a session's own resume token: its transcript, without a key
+MAX_HELD_BYTES = 64 * 1024  # bytes after a request head held until its answer is out (a WebSocket client sends none)
 CLIENT_PREFIX = "/client/"  # the browser client's modules, which allowed origins' pages may import
 
 
@@ -262,7 +263,10 @@ class OneRequestConnection(ServerConnection):
     error). Here what follows the first request is held back until the
     handshake is over: fed on for a WebSocket (a client sends no frame
     before our 101 anyway), dropped for plain HTTP, whose connection closes
-    after its one answer.
+    after its one answer. What is held is bounded: past
+    ``MAX_HELD_BYTES`` the connection is not read until the answer is out (an
+    SSE answer lasts for as long as its reader follows, and a client could
+    send it gigabytes meanwhile).
     """
 
     def __init__(self, *args: object, admit: Callable[[asyncio.Transport], Ticket | Refusal] | None = None, **kwargs: object) -> None:
@@ -308,6 +312,8 @@ class OneRequestConnection(ServerConnection):
             return
         if self._held is not None:
             self._held += data
+            if len(self._held) > MAX_HELD_BYTES:  # stop reading until the answer is out (an SSE answer lasts)
+                self.transport.pause_reading()
             return
         seen = self._tail + data
         end = seen.find(b"\r\n\r\n")
@@ -330,6 +336,8 @@ class OneRequestConnection(ServerConnection):
         upgraded = self.response is not None and self.response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS
         if held and upgraded:
             super().data_received(held)
+            if len(held) > MAX_HELD_BYTES and not self.transport.is_closing():
+                self.transport.resume_reading()
 
 
 def _metrics(server: "AsrServer", request: Request) -> Response:

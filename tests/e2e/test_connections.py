@@ -139,3 +139,51 @@ def test_a_follower_reading_events_holds_no_place_among_those_still_opening(whis
         assert second[0] == 503 and "--max-opening-per-address" in second[1]["message"]
     finally:
         server.stop()
+
+
+def test_bytes_sent_behind_a_request_whose_answer_lasts_are_not_read_without_bound(whisper_runner):
+    """An SSE answer lasts for as long as its reader follows; what the client sent behind its request
+    was held in memory until the answer was out (90 MiB in 10 s, found by a throwaway fuzz script).
+    Now the server stops reading it, so the client's writes block once the socket buffers are full."""
+    import socket
+
+    server = ServerThread(whisper_runner).start()
+    port = server.server.port
+    junk = b"x" * (64 << 20)
+
+    def flood(sock: socket.socket) -> int:
+        sent = 0
+        try:
+            while sent < len(junk):
+                sent += sock.send(junk[sent:sent + (1 << 20)])
+        except TimeoutError:
+            pass  # blocked: the server does not read
+        return sent
+
+    async def main():
+        async with connect(server.url) as stream:
+            session = await stream.recv()
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            try:
+                sock.sendall(f"GET /v1/sessions/{session['session_id']}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += sock.recv(4096)
+                sock.settimeout(5.0)
+                flooding = asyncio.ensure_future(asyncio.to_thread(flood, sock))
+                while not flooding.done():  # the session stays alive (it would end at its idle timeout)
+                    await stream.send_audio(bytes(3200))
+                    await asyncio.sleep(0.1)
+                sent = flooding.result()
+            finally:
+                sock.close()
+            await stream.close_stream()
+            _ = [m async for m in stream]
+        return head, sent
+
+    try:
+        head, sent = asyncio.run(main())
+        assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
+        assert sent < len(junk) // 2, sent  # socket buffers only (a few MiB), not what the client had to send
+    finally:
+        server.stop()
