@@ -242,6 +242,7 @@ async def follow(server: "AsrServer", ws: ServerConnection, principal: Principal
     else:
         follower.end()
     server.metrics.followers.inc()
+    ignoring = asyncio.ensure_future(_ignore_input(ws))
     try:
         for text in backlog:
             await ws.send(text)
@@ -254,9 +255,20 @@ async def follow(server: "AsrServer", ws: ServerConnection, principal: Principal
     except ConnectionClosed:
         pass
     finally:
+        ignoring.cancel()
         server.metrics.followers.dec()
         if conn is not None:
             conn.followers.discard(follower)
+
+
+async def _ignore_input(ws: ServerConnection) -> None:
+    """Read what a follower sends, and drop it: a follower has nothing to say, and frames left unread
+    were held (up to 16 of 2 MiB each per follower) until it went."""
+    try:
+        async for _ in ws:
+            pass
+    except ConnectionClosed:
+        pass
 
 
 async def sse_events(server: "AsrServer", principal: Principal, session_id: str, request: Request, query: dict[str, list[str]]) -> Response:

