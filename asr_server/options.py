@@ -18,6 +18,7 @@ __all__ = [
     "ENCODINGS",
     "StreamOptions",
     "Limits",
+    "FRAMES_READ_AHEAD",
     "ServerOptions",
     "IceServer",
     "RtcOptions",
@@ -79,6 +80,9 @@ class StreamOptions:
         return asdict(self)
 
 
+FRAMES_READ_AHEAD = 4  # frames a connection reads before the session takes them (then the socket is not read)
+
+
 @dataclass(frozen=True)
 class Limits:
     """Server-wide bounds applied to every session (reported in ``session``)."""
@@ -125,6 +129,13 @@ class Limits:
     @property
     def resumable(self) -> bool:
         return self.resume_ttl_s > 0
+
+    @property
+    def read_ahead_bytes(self) -> int:
+        """What a stream's connection may hold of frames it read but the session has not taken (while
+        it holds back reading for backpressure): ``FRAMES_READ_AHEAD`` frames of up to twice
+        ``max_frame_bytes`` (the most read, to answer ``frame_too_large``)."""
+        return FRAMES_READ_AHEAD * 2 * self.max_frame_bytes
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

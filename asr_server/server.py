@@ -31,7 +31,7 @@ from .audio.vad import VadOptions
 from .errors import AsrError, InvalidOption, NotReady, ShuttingDown, wire_info
 from .inference.types import Runner
 from .metrics import Metrics
-from .options import Limits, RtcOptions, StreamOptions, parse_stream_options
+from .options import FRAMES_READ_AHEAD, Limits, RtcOptions, StreamOptions, parse_stream_options
 from .protocol.deepgram import DeepgramDialect, DeepgramOptions, is_deepgram, parse_deepgram_options
 from .protocol.messages import MessageWriter, NativeDialect
 from .protocol.openai_realtime import OpenAiDialect, default_realtime_options
@@ -149,6 +149,7 @@ class AsrServer:
         context_s = context_kept_s(self.context) if options.revisions else 0.0
         buffered += self.limits.max_replay_bytes  # messages kept for a resume and for followers
         buffered += self.limits.max_transcript_bytes  # ... and those the whole transcript is built from
+        buffered += self.limits.read_ahead_bytes  # frames read but not yet taken, while the session holds back
         return stream_bytes(options.channels, options.max_utterance_s, self.limits.max_pending_finals, buffered, context_s)
 
     async def start(self) -> None:
@@ -164,7 +165,7 @@ class AsrServer:
             # Frames up to twice the limit are read so that we can answer with our own
             # frame_too_large error; anything larger is cut off by websockets (close 1009).
             max_size=2 * self.limits.max_frame_bytes,
-            max_queue=16,
+            max_queue=FRAMES_READ_AHEAD,  # counted in each stream's memory (Limits.read_ahead_bytes)
             # Our own keepalive (Connection._keepalive): the library's would cut off a client
             # whose pongs wait behind audio while we hold back reading (backpressure).
             ping_interval=None,

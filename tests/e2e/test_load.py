@@ -38,7 +38,8 @@ async def refused(url: str, **options) -> tuple[list[dict], int | None]:
 
 def one_stream_budget(limits: Limits) -> MemoryBudget:
     """A budget with room for exactly one mono PCM stream."""
-    replay = limits.max_replay_bytes + limits.max_transcript_bytes  # the messages kept for a resume, followers and the transcript
+    # the messages kept for a resume, followers and the transcript, and frames read ahead of the session
+    replay = limits.max_replay_bytes + limits.max_transcript_bytes + limits.read_ahead_bytes
     per = stream_bytes(1, StreamOptions().max_utterance_s, limits.max_pending_finals, replay, context_kept_s(ContextOptions()))
     return MemoryBudget(total=per + 300 * MIB, weights=100 * MIB, baseline=100 * MIB, batch_working=100 * MIB)
 
