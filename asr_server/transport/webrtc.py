@@ -30,10 +30,12 @@ from ..audio.decode import FrameConverter
 from ..errors import AsrError, InvalidOffer, WebRtcFailed
 from ..options import RtcOptions
 
-__all__ = ["RtcIngest", "restrict_host_addresses", "GATHER_TIMEOUT_S"]
+__all__ = ["RtcIngest", "restrict_host_addresses", "check_offer", "GATHER_TIMEOUT_S", "MAX_REMOTE_CANDIDATES"]
 
 log = logging.getLogger("asr_server.webrtc")
 
+MAX_REMOTE_CANDIDATES = 64  # ICE candidates an offer may give (each gets connectivity checks)
+UNPARSABLE = "the SDP offer could not be parsed, or offers no codec the server can decode (Opus, PCMU, PCMA)"
 # Host candidates gather in milliseconds; STUN/TURN candidates need a round trip.
 GATHER_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 5.0
@@ -81,10 +83,22 @@ def _restricted(use_ipv4: bool, use_ipv6: bool) -> list[str]:
     return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
 
 
-def _lacks_fingerprint(offer_sdp: str) -> bool:
-    """Whether a media section of a parsed offer has a DTLS role but no certificate fingerprint
-    (aiortc refuses a section without the role itself)."""
-    return any(media.dtls is not None and not media.dtls.fingerprints for media in SessionDescription.parse(offer_sdp).media)
+def check_offer(offer_sdp: str) -> None:
+    """Refuse, before aiortc sees it, an offer that cannot connect or would make the server a tool:
+    unparsable; a media section with a DTLS role but no certificate fingerprint (aiortc answered it,
+    then failed in its own task when it started DTLS, an assertion logged as an unretrieved task
+    error, and the client waited for the connect timeout); more than ``MAX_REMOTE_CANDIDATES`` ICE
+    candidates (the server sends connectivity checks to each: 1000 of them in one 60 KB offer made
+    it send about 3000 UDP packets to 1000 addresses of the client's choosing). Raises :class:`InvalidOffer`."""
+    try:
+        media = SessionDescription.parse(offer_sdp).media
+    except Exception:
+        raise InvalidOffer(UNPARSABLE) from None
+    if any(m.dtls is not None and not m.dtls.fingerprints for m in media):
+        raise InvalidOffer("the offer has no DTLS certificate fingerprint (a=fingerprint), which WebRTC media needs")
+    candidates = sum(len(m.ice_candidates) for m in media)
+    if candidates > MAX_REMOTE_CANDIDATES:
+        raise InvalidOffer(f"the offer has {candidates} ICE candidates; the server takes at most {MAX_REMOTE_CANDIDATES} (a browser gathers a handful)")
 
 
 class RtcIngest:
@@ -131,6 +145,11 @@ class RtcIngest:
         config = RTCConfiguration(iceServers=[
             RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential) for s in self.options.ice_servers
         ])
+        try:
+            check_offer(offer_sdp)
+        except InvalidOffer as exc:
+            log.info("session=%s event=bad_offer error=%r", self.label, exc.message)
+            raise
         pc = self.pc = RTCPeerConnection(config)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_state)
@@ -138,15 +157,10 @@ class RtcIngest:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         except Exception as exc:
             log.info("session=%s event=bad_offer error=%r", self.label, exc)
-            raise InvalidOffer("the SDP offer could not be parsed, or offers no codec the server can decode (Opus, PCMU, PCMA)") from None
+            raise InvalidOffer(UNPARSABLE) from None
         audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
         if not audio:
             raise InvalidOffer("the offer has no audio track")
-        if _lacks_fingerprint(offer_sdp):
-            # aiortc would answer, then fail in its own task when it starts DTLS (an assertion, logged
-            # as an unretrieved task error) and leave the client waiting for the connect timeout.
-            log.info("session=%s event=bad_offer error=no DTLS fingerprint", self.label)
-            raise InvalidOffer("the offer has no DTLS certificate fingerprint (a=fingerprint), which WebRTC media needs")
         for t in pc.getTransceivers():
             if t.kind != "audio" or t is not audio[0]:
                 t.direction = "inactive"  # only one audio track is transcribed; nothing else is received

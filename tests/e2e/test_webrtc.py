@@ -174,6 +174,24 @@ def test_an_offer_without_a_dtls_fingerprint_is_invalid_offer_not_an_answer(rtc_
     asyncio.run(until(lambda: not rtc_server.server.peers))  # the refused peer is closed (its cleanup may trail the close)
 
 
+def test_an_offer_with_more_candidates_than_a_browser_gathers_is_refused_before_any_check(rtc_server):
+    """The server sends ICE connectivity checks to every candidate of an offer: 1000 candidates in
+    one offer made it send about 3000 UDP packets to addresses of the client's choosing."""
+    from asr_server.transport.webrtc import MAX_REMOTE_CANDIDATES
+
+    sdp = asyncio.run(_audio_offer_without(("a=candidate", "a=end-of-candidates")))
+    at = sdp.index("a=mid:")  # the candidates go into the audio section
+    many = "".join(f"a=candidate:{i} 1 udp {2130706431 - i} 127.0.0.1 {40000 + i} typ host\r\n" for i in range(MAX_REMOTE_CANDIDATES + 1))
+    got, code = asyncio.run(_signal(rtc_server.url, "encoding=webrtc", [json.dumps({"type": "webrtc_offer", "sdp": sdp[:at] + many + sdp[at:]})]))
+    assert errors(got) == ["invalid_offer"] and code == 1008
+    refusal = next(m for m in got if m["type"] == "error")["message"]
+    assert f"{MAX_REMOTE_CANDIDATES + 1} ICE candidates" in refusal, refusal
+    assert "webrtc_answer" not in {m["type"] for m in got}
+    from .test_bad_input import until
+
+    asyncio.run(until(lambda: not rtc_server.server.peers))  # nothing left running
+
+
 def test_bad_offers_get_invalid_offer(rtc_server):
     got, code = asyncio.run(_signal(rtc_server.url, "encoding=webrtc", [json.dumps({"type": "webrtc_offer", "sdp": "v=0\r\nnonsense"})]))
     assert errors(got) == ["invalid_offer"] and code == 1008
