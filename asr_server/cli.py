@@ -105,7 +105,7 @@ def _webhook_options(p: argparse.ArgumentParser) -> None:
                    help=f"the events the webhooks get, comma-separated, of {','.join(EVENTS)} (default: all; "
                         "final,transcript: first-pass finals and the revised transcript at the end)")
     p.add_argument("--webhook-allow", action="append", default=[], metavar="PREFIX",
-                   help="a session's own callback URL (a call's customParameters) is used when it starts with this (repeatable)")
+                   help="a session's own callback URL (a call's customParameters) is used when it lies under this: the same scheme, host and port, and a path at or below (repeatable)")
 
 
 def _connection_options(p: argparse.ArgumentParser) -> None:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from .metrics import Metrics
 
@@ -64,7 +65,30 @@ class WebhookOptions:
         return self.url is not None or bool(self.allowed_prefixes)
 
     def callback_allowed(self, url: str) -> bool:
-        return any(url.startswith(prefix) for prefix in self.allowed_prefixes)
+        return any(_under(url, prefix) for prefix in self.allowed_prefixes)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _under(url: str, prefix: str) -> bool:
+    """Whether ``url`` lies under ``prefix`` as a receiver: the same scheme, host and port, and a path
+    at or below the prefix's, compared parsed (as text, ``https://hooks.example.com`` let
+    ``https://hooks.example.com.evil.net/`` and ``https://hooks.example.com@evil.net/`` through).
+    No user info, no ``..`` segment, nothing but http(s)."""
+    try:
+        got, allowed = urlsplit(url), urlsplit(prefix)
+        ports = (got.port or _DEFAULT_PORTS.get(got.scheme), allowed.port or _DEFAULT_PORTS.get(allowed.scheme))
+    except ValueError:  # a port that is not a number, or out of range
+        return False
+    if got.scheme not in _DEFAULT_PORTS or got.scheme != allowed.scheme or ports[0] != ports[1]:
+        return False
+    if not got.hostname or got.hostname != allowed.hostname or "@" in got.netloc or "\\" in url:
+        return False
+    if {".", ".."} & {unquote(segment) for segment in got.path.split("/")}:
+        return False
+    base = allowed.path.rstrip("/")
+    return got.path == base or got.path.startswith(base + "/")
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:

@@ -203,3 +203,17 @@ def test_an_answer_trickled_a_byte_at_a_time_is_cut_at_the_timeout():
             assert thread.is_alive()  # cut while the receiver was still trickling
         finally:
             stop.set()
+
+
+def test_a_calls_own_callback_must_lie_under_an_allowed_prefix_parsed_not_as_text():
+    """Compared as text, ``https://hooks.example.com`` let a call send its events to
+    ``https://hooks.example.com.evil.net/`` or, through user info, to ``evil.net``."""
+    options = WebhookOptions(allowed_prefixes=("https://hooks.example.com", "http://127.0.0.1:9000/calls/"))
+    for url in ("https://hooks.example.com", "https://hooks.example.com/", "https://hooks.example.com/call/7?x=1",
+                "https://HOOKS.example.com:443/x", "http://127.0.0.1:9000/calls/1", "http://127.0.0.1:9000/calls"):
+        assert options.callback_allowed(url), url
+    for url in ("https://hooks.example.com.evil.net/", "https://hooks.example.com@evil.net/", "https://hooks.example.com\\@evil.net/",
+                "https://hooks.example.com:444/", "http://hooks.example.com/", "http://127.0.0.1:9000/callsx",
+                "http://127.0.0.1:9000/calls/../admin", "http://127.0.0.1:9000/calls/%2e%2e/admin", "http://127.0.0.1:99999/calls/",
+                "file:///etc/passwd", "https:///x", ""):
+        assert not options.callback_allowed(url), url
