@@ -7,6 +7,8 @@ import pytest
 
 from asr_client.cli import Outcome, _options, build_parser, fit_tail
 
+from ..harness import FIXTURES
+
 
 @pytest.mark.parametrize("argv", [
     ["file", "x.wav", "--fast", "--json", "--url", "ws://h:1", "--no-interim"],  # as both READMEs write it
@@ -47,6 +49,35 @@ def _client(*argv):
 def test_a_missing_file_is_reported_as_such_not_as_an_unreachable_server(tmp_path):
     done = _client("file", str(tmp_path / "nope.wav"))
     assert done.returncode == 2 and "no such file" in done.stderr and "cannot reach" not in done.stderr
+
+
+def test_an_address_that_is_not_a_servers_is_a_clear_message_not_a_traceback(tmp_path):
+    """``--url http://...`` (the address the server prints for its page) raised websockets' InvalidURI."""
+    done = subprocess.run([sys.executable, "-m", "asr_client", "--url", "ftp://127.0.0.1:9", "file", "x.wav"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "not a server address" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_tls_to_a_server_that_speaks_none_says_so():
+    """A TLS handshake with a plain server is cut off: the message was 'cannot reach wss://...: ' and nothing."""
+    import socket
+    import threading
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(30)
+
+        def cut_off() -> None:
+            conn, _ = listener.accept()
+            conn.recv(4096)  # the ClientHello, which a plain server cannot read
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset, as it does
+            conn.close()
+
+        server = threading.Thread(target=cut_off, daemon=True)
+        server.start()
+        port = listener.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "asr_client", "--url", f"wss://127.0.0.1:{port}", "file", str(FIXTURES / "cards_16k.wav")],
+                              capture_output=True, text=True, timeout=60)
+        server.join(30)
+    assert done.returncode == 2 and "cannot reach" in done.stderr and "--certfile" in done.stderr, done.stderr
 
 
 def test_a_file_that_is_not_audio_is_a_clear_message_not_a_traceback(tmp_path):

@@ -2,6 +2,7 @@
 
 import io
 
+import pytest
 from asr_client import Transcript, listen_url
 from asr_client.cli import Display
 
@@ -35,6 +36,11 @@ def test_channels_are_kept_apart():
 def test_listen_url():
     assert listen_url("ws://h:1", encoding="ogg", interim_results=False) == "ws://h:1/v1/listen?encoding=ogg&interim_results=false"
     assert listen_url("ws://h:1/v1/listen/") == "ws://h:1/v1/listen"
+    # The address the server prints for its page, and one without a scheme, are the same server.
+    assert listen_url("http://h:1") == "ws://h:1/v1/listen" and listen_url("HTTPS://h/asr/") == "wss://h/asr/v1/listen"
+    assert listen_url("127.0.0.1:8765") == "ws://127.0.0.1:8765/v1/listen"
+    with pytest.raises(ValueError, match="not a server address"):
+        listen_url("ftp://h:1")
 
 
 class FakeTty(io.StringIO):

@@ -28,11 +28,12 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import sys
 from typing import Any, TextIO
 
 from . import __version__
-from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, Transcript, Turn, connect, fetch_transcript, read_pcm, stream_bytes
+from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, Transcript, Turn, connect, fetch_transcript, read_pcm, stream_bytes, websocket_url
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -418,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if sum((args.json, args.transcript, args.turns, bool(args.subtitles), args.settled)) > 1:
         parser.error("--json, --transcript, --turns, --subtitles and --settled all write to stdout: choose one")
+    try:
+        websocket_url(args.url)
+    except ValueError as exc:
+        parser.error(str(exc))
     runner = run_file if args.command == "file" else run_mic
     try:
         return asyncio.run(runner(args))
@@ -427,8 +432,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asr-client: the server refused the stream: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"asr-client: cannot reach {args.url}: {exc}", file=sys.stderr)
+        print(f"asr-client: cannot reach {args.url}: {str(exc) or type(exc).__name__}{_tls_hint(args.url, exc)}", file=sys.stderr)
         return 2
+
+
+def _tls_hint(url: str, exc: OSError) -> str:
+    """A TLS handshake with a server that serves plain ws:// is cut off: say so."""
+    secure = url.strip().lower().startswith(("wss://", "https://"))
+    if secure and isinstance(exc, (ConnectionResetError, ssl.SSLError)):
+        return " (is it serving TLS? a server started without --certfile is at ws://)"
+    return ""
 
 
 if __name__ == "__main__":

@@ -56,9 +56,24 @@ class AudioFileError(Exception):
     """A file that cannot be read as audio (missing, unreadable, or not audio)."""
 
 
+_WS_SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
+
+
+def websocket_url(url: str) -> str:
+    """The server's address as a WebSocket URL: ``http(s)://`` (the address the server prints for its
+    page) as ``ws(s)://``, and ``host:port`` without a scheme as ``ws://host:port``. Raises
+    ValueError for any other scheme."""
+    scheme, sep, rest = url.strip().partition("://")
+    if not sep:
+        return f"ws://{url.strip()}"
+    if scheme.lower() not in _WS_SCHEMES:
+        raise ValueError(f"{url!r} is not a server address: use ws://host:port (or wss://, http://, https://)")
+    return f"{_WS_SCHEMES[scheme.lower()]}://{rest}"
+
+
 def listen_url(url: str, **options: Any) -> str:
-    """``ws://host:port`` plus options -> the full ``/v1/listen`` URL."""
-    base = url.rstrip("/")
+    """``ws://host:port`` (or ``http://``, or ``host:port``) plus options -> the full ``/v1/listen`` URL."""
+    base = websocket_url(url).rstrip("/")
     if not base.endswith("/v1/listen"):
         base += "/v1/listen"
     query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in options.items() if v is not None}
