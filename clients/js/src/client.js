@@ -77,6 +77,14 @@ export function defaultServerUrl(loc = globalThis.location, moduleUrl = import.m
   return `${protocol === "https:" ? "wss:" : "ws:"}//${host}${path}`;
 }
 
+/**
+ * A server address as the client uses it: `http(s)://` (the address the server prints for its page)
+ * as `ws(s)://`, without a trailing slash (which made `//v1/listen`, a 404).
+ */
+export function serverUrl(url) {
+  return url.trim().replace(/^http(s?):\/\//i, (_, secure) => (secure ? "wss://" : "ws://")).replace(/\/+$/, "");
+}
+
 const MIC_CONSTRAINTS = { echoCancellation: false, noiseSuppression: false, autoGainControl: false, channelCount: 1 };
 
 /**
@@ -95,7 +103,7 @@ const MIC_CONSTRAINTS = { echoCancellation: false, noiseSuppression: false, auto
 export class AsrClient extends EventTarget {
   /**
    * @param {object} [config]
-   * @param {string} [config.url] ws(s)://host:port of the server, with a proxy's path if any (default:
+   * @param {string} [config.url] ws(s)://host:port of the server (or http(s)://), with a proxy's path if any (default:
    *   the server the module was imported from, else the page's own; see defaultServerUrl)
    * @param {"auto"|"webrtc"|"websocket"} [config.transport]
    * @param {Record<string, string|number|boolean>} [config.options] query options (interim_ms, endpoint_ms, ...)
@@ -114,7 +122,7 @@ export class AsrClient extends EventTarget {
    */
   constructor(config = {}) {
     super();
-    this.url = config.url ?? defaultServerUrl();
+    this.url = serverUrl(config.url ?? defaultServerUrl());
     this.transportChoice = config.transport ?? "auto";
     this.options = config.options ?? {};
     this.audioConstraints = config.audio ?? {};

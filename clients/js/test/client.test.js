@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { afterEach, test } from "node:test";
 
-import { AsrClient, AsrError, defaultServerUrl } from "../src/client.js";
+import { AsrClient, AsrError, defaultServerUrl, serverUrl } from "../src/client.js";
 
 const realFetch = globalThis.fetch;
 afterEach(() => {
@@ -48,6 +48,14 @@ test("fetchTranscript turns the server's error into an AsrError with its code", 
   };
   await assert.rejects(client.fetchTranscript("srt"), (err) => err.code === "connect_failed" && err.retryable);
   await assert.rejects(new AsrClient({ url: "ws://127.0.0.1:8765" }).fetchTranscript(), (err) => err.code === "session_not_found");
+});
+
+test("a url given as the page's address or with a trailing slash is the same server", () => {
+  // new WebSocket("http://...") fails in older browsers, and "ws://h:1/" + "/v1/listen" was a 404.
+  assert.equal(serverUrl("http://localhost:8765/"), "ws://localhost:8765");
+  assert.equal(serverUrl("HTTPS://host.example/asr/"), "wss://host.example/asr");
+  assert.equal(serverUrl("wss://host.example/asr"), "wss://host.example/asr");
+  assert.equal(new AsrClient({ url: "http://127.0.0.1:8765/" }).url, "ws://127.0.0.1:8765");
 });
 
 test("without a url the client talks to the server it was imported from, a proxy's path included", () => {
