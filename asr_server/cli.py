@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import math
 import os
@@ -590,7 +591,8 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
         loop.add_signal_handler(sig, on_stop_signal, stop, sig)
     if args.api_keys_file:
         loop.add_signal_handler(signal.SIGHUP, _reload_keys, args, server)
-    await server.start()
+    if not await _listen(server):
+        return 2
     scheme = "https" if server.ssl else "http"
     print(f"asr-server listening on {'wss' if server.ssl else 'ws'}://{server.host}:{server.port}/v1/listen (loading model {args.model})", flush=True)
     print(f"captions page: {scheme}://{'localhost' if server.host in ('127.0.0.1', '::1') else server.host}:{server.port}/", flush=True)
@@ -621,6 +623,19 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     log.info("shutting down")
     await server.stop()
     return 0
+
+
+async def _listen(server: AsrServer) -> bool:
+    """Start listening; False, with what went wrong said on stderr, when the address cannot be had
+    (a port in use, most often by another asr-server; an address not on this machine)."""
+    try:
+        await server.start()
+    except OSError as exc:
+        print(f"asr-server: cannot listen on {server.host}:{server.port}: {exc.strerror or exc}"
+              f"{' (another asr-server? choose another --port)' if exc.errno == errno.EADDRINUSE else ''}", file=sys.stderr)
+        await server.stop(grace_s=0)
+        return False
+    return True
 
 
 def on_stop_signal(stop: asyncio.Event, sig: int, die: Callable[[int], None] | None = None) -> None:

@@ -78,6 +78,17 @@ def test_unloadable_model_fails_fast_with_a_clear_message(model, needle):
     assert needle in done.stderr
 
 
+def test_a_port_in_use_is_a_clear_message_not_a_traceback():
+    """A second asr-server on the same port (the commonest start-up mistake) printed asyncio's traceback, exit 1."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "asr_server", "--port", str(port)], capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "choose another --port" in done.stderr
+
+
 def test_client_cli_prints_finals_and_json(live_server):
     from ..harness import MANIFEST
     from ..wer import wer
