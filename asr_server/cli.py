@@ -355,10 +355,18 @@ def _rtc_options(args: argparse.Namespace) -> RtcOptions:
 
 
 def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS context of ``--certfile``/``--keyfile``; raises ValueError saying what is wrong with them."""
     if not args.certfile:
+        if args.keyfile:
+            raise ValueError("--keyfile needs --certfile")
         return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(args.certfile, args.keyfile)
+    try:
+        context.load_cert_chain(args.certfile, args.keyfile)
+    except OSError as exc:  # ssl.SSLError included
+        files = f"--certfile {args.certfile}" + (f" and --keyfile {args.keyfile}" if args.keyfile else " (holding the key too)")
+        reason = "not a PEM certificate chain and its private key" if isinstance(exc, ssl.SSLError) else (exc.strerror or str(exc))
+        raise ValueError(f"cannot load {files}: {reason}") from None
     return context
 
 
@@ -575,10 +583,10 @@ class AcceptErrorsEvery(logging.Filter):
         return True
 
 
-async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None, access: AccessOptions) -> int:
+async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | None, access: AccessOptions, tls: ssl.SSLContext | None = None) -> int:
     plan = _plan(args, model_path)
     server = AsrServer(args.host, args.port, plan.limits, model_name=_public_model_name(args.model), batch=plan.batch,
-                       workers=plan.workers, rtc=_rtc_options(args), ssl=_tls(args), vad=_vad(args),
+                       workers=plan.workers, rtc=_rtc_options(args), ssl=tls, vad=_vad(args),
                        context=_context(args), governor=_governor(args), access=access, tracing=tracing_from_environment(args.trace_ratio),
                        webhooks=WebhookOptions(args.webhook, args.webhook_secret, tuple(args.webhook_allow),
                                                         events=frozenset(args.webhook_events)), gate=_gate(args))
@@ -708,12 +716,17 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"asr-server: {exc}", file=sys.stderr)
         return 2
+    try:
+        tls = _tls(args)
+    except ValueError as exc:
+        print(f"asr-server: {exc}", file=sys.stderr)
+        return 2
     refusal = _exposed(args, access)
     if refusal is not None:
         print(f"asr-server: {refusal}", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing past this point may fetch anything
-    return asyncio.run(_serve(args, model_path, interim_path, access))
+    return asyncio.run(_serve(args, model_path, interim_path, access, tls))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,19 @@ def test_a_port_in_use_is_a_clear_message_not_a_traceback():
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "choose another --port" in done.stderr
 
 
+@pytest.mark.parametrize("files, needle", [
+    (["--certfile", "/nonexistent/cert.pem"], "No such file"),
+    (["--certfile", "{junk}"], "not a PEM certificate chain and its private key"),
+    (["--keyfile", "{junk}"], "--keyfile needs --certfile"),
+])
+def test_tls_files_that_cannot_be_used_are_a_clear_message_not_a_traceback(files, needle, tmp_path):
+    junk = tmp_path / "cert.pem"
+    junk.write_text("not a certificate\n")
+    argv = [a.replace("{junk}", str(junk)) for a in files]
+    done = subprocess.run([sys.executable, "-m", "asr_server", "--port", "0", *argv], capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and needle in done.stderr, done.stderr
+
+
 def test_client_cli_prints_finals_and_json(live_server):
     from ..harness import MANIFEST
     from ..wer import wer
