@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import ipaddress
 import logging
 import math
 import os
+import re
 import signal
 import ssl
 import sys
@@ -15,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from urllib.parse import urlsplit
 
 # Before numpy loads: its OpenBLAS would start a thread per core that spins
 # between the small matrix products of feature extraction (measured at 16
@@ -51,12 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asr-server", description="Real-time speech recognition over WebSocket.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8765, help="port to listen on; 0 picks a free one (default 8765)")
+    p.add_argument("--port", type=_port, default=8765, help="port to listen on; 0 picks a free one (default 8765)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="tiny.en (embedded, default), a CTranslate2 model directory, or a faster-whisper size name")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--compute-type", default="auto", help="CTranslate2 compute type: auto, int8, float16, float32, ... (default auto)")
-    p.add_argument("--cpu-threads", type=int, default=0, help="threads per model worker on CPU (default: cores / workers)")
-    p.add_argument("--workers", type=int, default=0, help="model calls run at once (default: on CPU one per core, plus one kept for finals on 2+ cores; on CUDA 6 for models of up to 200 MB of weights, such as tiny.en, else 3)")
+    p.add_argument("--cpu-threads", type=_count_or_default, default=0, help="threads per model worker on CPU (default: cores / workers)")
+    p.add_argument("--workers", type=_count_or_default, default=0, help="model calls run at once (default: on CPU one per core, plus one kept for finals on 2+ cores; on CUDA 6 for models of up to 200 MB of weights, such as tiny.en, else 3)")
     _decoding_options(p)
     p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
     p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
@@ -64,26 +67,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds an ended session's messages stay readable at /v1/sessions/{id}/events (0: not kept)")
     p.add_argument("--resume-ttl", type=_seconds, default=Limits.resume_ttl_s,
                    help="seconds a session whose connection dropped is held for its client to resume (0: sessions end with their connection)")
-    p.add_argument("--max-channels", type=int, default=None,
+    p.add_argument("--max-channels", type=_count_or_zero, default=None,
                    help="channels transcribed at once; more streams are refused with 'overloaded' (default: measured: as many as "
                         "can all get a final within 1.5 s of speaking in step, from the model time of a final in a burst; 0: no limit)")
     _connection_options(p)
-    p.add_argument("--max-batch", type=int, default=None, help="decodes per model call (default 8 on CPU, 32 on CUDA)")
-    p.add_argument("--max-batch-seconds", type=float, default=None,
+    p.add_argument("--max-batch", type=_count, default=None, help="decodes per model call (default 8 on CPU, 32 on CUDA)")
+    p.add_argument("--max-batch-seconds", type=_positive, default=None,
                    help="padded encoder seconds per model call, which bounds how long one call takes (default 60 on CPU: two 30 s finals or four 15 s interims; 30 x max-batch on CUDA)")
-    p.add_argument("--final-batch-seconds", type=float, default=None,
+    p.add_argument("--final-batch-seconds", type=_positive, default=None,
                    help="the same for calls of finals, where packed finals count their share of a shared window "
                         "(default 30 on CPU: one window, so finals waiting together spread over the workers; --max-batch-seconds on CUDA)")
-    p.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
+    p.add_argument("--memory-limit", type=_count, default=None, metavar="MIB",
                    help="memory budget in MiB on CPU (default: half of the memory available at start); on CUDA the device's free memory is used (needs torch)")
     p.add_argument("--interim-model", default=None,
                    help="a smaller model for interim results under load (degradation step 2); same forms as --model (default: none)")
-    p.add_argument("--ice-server", action="append", default=[], metavar="URL",
+    p.add_argument("--ice-server", action="append", type=_ice_url, default=[], metavar="URL",
                    help="a STUN or TURN server for WebRTC (stun:host:port, turn:host:port?transport=udp); repeatable; "
                         "also sent to browsers. Default: none (host candidates: same host or LAN)")
     p.add_argument("--ice-username", default=None, help="username for the TURN servers given with --ice-server")
     p.add_argument("--ice-credential", default=None, help="credential for the TURN servers given with --ice-server")
-    p.add_argument("--webrtc-host", action="append", default=[], metavar="ADDR",
+    p.add_argument("--webrtc-host", action="append", type=_ip_address, default=[], metavar="ADDR",
                    help="offer only these local addresses as WebRTC host candidates (repeatable; 127.0.0.1 allowed). Default: every interface except loopback")
     p.add_argument("--webrtc-connect-timeout", type=float, default=Limits.webrtc_connect_timeout_s,
                    help="seconds for a WebRTC connection to come up after the answer (default %(default)s)")
@@ -100,12 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _webhook_options(p: argparse.ArgumentParser) -> None:
     """Where finals, revisions and transcripts are POSTed, and which."""
-    p.add_argument("--webhook", default=None, metavar="URL", help="POST every final, revision and settled message, and each session's transcript, here (signed with --webhook-secret)")
+    p.add_argument("--webhook", type=_http_url, default=None, metavar="URL", help="POST every final, revision and settled message, and each session's transcript, here (signed with --webhook-secret)")
     p.add_argument("--webhook-secret", default=None, help="secret for the webhooks' HMAC-SHA256 signature (Asr-Signature)")
     p.add_argument("--webhook-events", type=_webhook_events, default=EVENTS, metavar="LIST",
                    help=f"the events the webhooks get, comma-separated, of {','.join(EVENTS)} (default: all; "
                         "final,transcript: first-pass finals and the revised transcript at the end)")
-    p.add_argument("--webhook-allow", action="append", default=[], metavar="PREFIX",
+    p.add_argument("--webhook-allow", action="append", type=_http_url, default=[], metavar="PREFIX",
                    help="a session's own callback URL (a call's customParameters) is used when it lies under this: the same scheme, host and port, and a path at or below (repeatable)")
 
 
@@ -223,7 +226,7 @@ def _access_options(p: argparse.ArgumentParser) -> None:
                    help="API keys, one 'name:key' per line, optionally followed by channels=N and per_minute=N; re-read on SIGHUP")
     p.add_argument("--key-max-channels", type=int, default=0, help="channels one key may stream at once, for keys without their own (default 0: no limit)")
     p.add_argument("--key-streams-per-minute", type=int, default=0, help="new streams one key may start per minute, for keys without their own (default 0: no limit)")
-    p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+    p.add_argument("--allowed-origin", action="append", type=_origin, default=[], metavar="ORIGIN",
                    help="a browser origin (https://app.example.com) whose pages may use the server besides its own page; repeatable; * for any")
     p.add_argument("--token-ttl", type=_seconds, default=AccessOptions.token_ttl_s,
                    help="lifetime of a browser token from POST /v1/tokens, in seconds (default %(default)s); each is good for one stream")
@@ -278,6 +281,52 @@ def _webhook_events(text: str) -> tuple[str, ...]:
     return names
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("a port from 1 to 65535 (0: a free one)")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError("more than 0")
+    return value
+
+
+def _http_url(text: str) -> str:
+    """A receiver's URL (``--webhook``, ``--webhook-allow``): it is POSTed to, so http(s) with a host."""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL with a host")
+    return text
+
+
+def _origin(text: str) -> str:
+    """``--allowed-origin``: ``scheme://host[:port]`` as a browser sends it, or ``*``; a path or a
+    missing scheme would never match any page, silently."""
+    if text == "*":
+        return text
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query or "@" in parts.netloc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an origin: scheme://host[:port] as a browser sends it (https://app.example.com), or *")
+    return text.rstrip("/")
+
+
+def _ice_url(text: str) -> str:
+    if not re.fullmatch(r"(stuns?|turns?):[^\s/?#][^\s]*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a STUN or TURN URL: stun:host[:port] or turn:host[:port][?transport=udp|tcp]")
+    return text
+
+
+def _ip_address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address of this machine's") from None
+
+
 def _ratio(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 1:
@@ -310,6 +359,13 @@ def _count_or_zero(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError("0 (no limit) or more")
+    return value
+
+
+def _count_or_default(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("0 (the default) or more")
     return value
 
 

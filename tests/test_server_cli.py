@@ -269,3 +269,32 @@ def test_accept_failures_for_want_of_descriptors_are_logged_once_in_a_while():
     now[0] = 10.0
     later = record("socket.accept() out of system resource")
     assert quiet.filter(later) and "9 more like it" in later.getMessage()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--webhook", "hooks.example.com/asr"], "not an http:// or https:// URL"),
+    (["--webhook-allow", "hooks.example.com"], "not an http:// or https:// URL"),
+    (["--allowed-origin", "app.example.com"], "not an origin"),
+    (["--allowed-origin", "https://app.example.com/live"], "not an origin"),
+    (["--ice-server", "stun.example.com:3478"], "not a STUN or TURN URL"),
+    (["--webrtc-host", "eth0"], "not an IP address"),
+    (["--port", "70000"], "a port from 1 to 65535"),
+    (["--workers", "-1"], "0 (the default) or more"),
+    (["--max-channels", "-3"], "0 (no limit) or more"),
+    (["--memory-limit", "0"], "at least 1"),
+    (["--max-batch-seconds", "0"], "more than 0"),
+])
+def test_settings_that_could_never_work_are_refused_at_start_not_ignored(argv, needle, capsys):
+    """Each of these started a server that silently never matched a page, never reached a receiver,
+    failed every WebRTC session, or raised a traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_settings_in_the_forms_the_docs_give_are_taken():
+    args = build_parser().parse_args([
+        "--webhook", "https://hooks.example.com/asr", "--webhook-allow", "https://hooks.example.com/calls/", "--allowed-origin", "https://app.example.com/",
+        "--allowed-origin", "*", "--allowed-origin", "http://[::1]:3000", "--ice-server", "stun:stun.example.com:3478",
+        "--ice-server", "turn:turn.example.com:3478?transport=udp", "--webrtc-host", "127.0.0.1", "--port", "0", "--workers", "0"])
+    assert args.allowed_origin == ["https://app.example.com", "*", "http://[::1]:3000"] and len(args.ice_server) == 2
