@@ -324,7 +324,7 @@ def _ip_address(text: str) -> str:
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address of this machine's") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address (one of this machine's)") from None
 
 
 def _ratio(text: str) -> float:

@@ -264,8 +264,10 @@ class OneRequestConnection(ServerConnection):
     handshake is over: fed on for a WebSocket (a client sends no frame
     before our 101 anyway), dropped for plain HTTP, whose connection closes
     after its one answer. What is held is bounded: past
-    ``MAX_HELD_BYTES`` the connection is not read until the answer is out (an
-    SSE answer may wait 8 s for news, and a client sent 90 MiB meanwhile).
+    ``MAX_HELD_BYTES`` the connection is not read again (an SSE answer may
+    wait 8 s for news, and a client sent 90 MiB meanwhile; a WebSocket
+    client that sends that much before our 101 broke the protocol, and its
+    session ends at its idle timeout).
     """
 
     def __init__(self, *args: object, admit: Callable[[asyncio.Transport], Ticket | Refusal] | None = None, **kwargs: object) -> None:
@@ -311,7 +313,7 @@ class OneRequestConnection(ServerConnection):
             return
         if self._held is not None:
             self._held += data
-            if len(self._held) > MAX_HELD_BYTES:  # stop reading until the answer is out (SSE: up to 8 s)
+            if len(self._held) > MAX_HELD_BYTES:  # stop reading: the answer is due before any more (SSE: up to 8 s)
                 self.transport.pause_reading()
             return
         seen = self._tail + data
@@ -334,9 +336,9 @@ class OneRequestConnection(ServerConnection):
         held, self._held = self._held, None
         upgraded = self.response is not None and self.response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS
         if held and upgraded:
+            # Reading stays paused past MAX_HELD_BYTES: a WebSocket client may send nothing before
+            # our 101, and resuming here would override websockets' own pause on its read-ahead.
             super().data_received(held)
-            if len(held) > MAX_HELD_BYTES and not self.transport.is_closing():
-                self.transport.resume_reading()
 
 
 def _metrics(server: "AsrServer", request: Request) -> Response:
