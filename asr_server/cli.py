@@ -61,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-threads", type=_count_or_default, default=0, help="threads per model worker on CPU (default: cores / workers)")
     p.add_argument("--workers", type=_count_or_default, default=0, help="model calls run at once (default: on CPU one per core, plus one kept for finals on 2+ cores; on CUDA 6 for models of up to 200 MB of weights, such as tiny.en, else 3)")
     _decoding_options(p)
-    p.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
-    p.add_argument("--max-frame-bytes", type=int, default=Limits.max_frame_bytes, help="largest binary frame accepted")
+    p.add_argument("--idle-timeout", type=_positive, default=Limits.idle_timeout_s, help="seconds without any client message before the session is closed")
+    p.add_argument("--max-frame-bytes", type=_count, default=Limits.max_frame_bytes, help="largest binary frame accepted")
     p.add_argument("--ended-session-ttl", type=_seconds, default=Limits.ended_session_ttl_s,
                    help="seconds an ended session's messages stay readable at /v1/sessions/{id}/events (0: not kept)")
     p.add_argument("--resume-ttl", type=_seconds, default=Limits.resume_ttl_s,
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ice-credential", default=None, help="credential for the TURN servers given with --ice-server")
     p.add_argument("--webrtc-host", action="append", type=_ip_address, default=[], metavar="ADDR",
                    help="offer only these local addresses as WebRTC host candidates (repeatable; 127.0.0.1 allowed). Default: every interface except loopback")
-    p.add_argument("--webrtc-connect-timeout", type=float, default=Limits.webrtc_connect_timeout_s,
+    p.add_argument("--webrtc-connect-timeout", type=_positive, default=Limits.webrtc_connect_timeout_s,
                    help="seconds for a WebRTC connection to come up after the answer (default %(default)s)")
     _access_options(p)
     p.add_argument("--certfile", default=None, help="TLS certificate (PEM): serve https and wss, which browsers on other machines need for the microphone")
@@ -125,7 +125,7 @@ def _connection_options(p: argparse.ArgumentParser) -> None:
 
 def _decoding_options(p: argparse.ArgumentParser) -> None:
     """How speech is found and decoded: windows, beams, quick finals, packing, the VAD."""
-    p.add_argument("--final-cpu-threads", type=int, default=0,
+    p.add_argument("--final-cpu-threads", type=_count_or_default, default=0,
                    help="threads of a call of finals on CPU (default: every core; the model is loaded twice when this is more than "
                         "--cpu-threads, so that a final has the cores other calls leave idle)")
     p.add_argument("--background-nice", type=int, default=BACKGROUND_NICE,
@@ -136,25 +136,25 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
                         "with --cpu-threads each, for finals in a burst (a call on each core at once, with a worker kept for each) "
                         "and for a call of finals that finds the finals' copy taken (default on; --no-burst-copy: the first call "
                         "of a burst on the finals' copy, the rest beside interims, and other finals wait for that copy)")
-    p.add_argument("--interim-encoder-pad-s", type=float, default=INTERIM_ENCODER_PAD_S,
+    p.add_argument("--interim-encoder-pad-s", type=_seconds, default=INTERIM_ENCODER_PAD_S,
                    help="seconds of silence after the audio in interim decodes (30: Whisper's full window; less is faster)")
-    p.add_argument("--busy-interim-encoder-pad-s", type=float, default=SHORT_INTERIM_PAD_S,
+    p.add_argument("--busy-interim-encoder-pad-s", type=_seconds, default=SHORT_INTERIM_PAD_S,
                    help="the same while the server is loaded (load level 1 and up; default 2: cheaper, less accurate interims)")
-    p.add_argument("--final-encoder-pad-s", type=float, default=FINAL_ENCODER_PAD_S,
+    p.add_argument("--final-encoder-pad-s", type=_seconds, default=FINAL_ENCODER_PAD_S,
                    help="seconds of silence after the audio in final decodes (default 30: Whisper's full window, most accurate)")
     p.add_argument("--final-beam-size", type=_beam_size, default=FINAL_BEAM_SIZE,
                    help=f"beam width of full finals, 1 for greedy (default {FINAL_BEAM_SIZE}); context passes always use {FINAL_BEAM_SIZE}")
     p.add_argument("--quick-finals", action=argparse.BooleanOptionalAction, default=True,
                    help="first-pass finals of streams with revisions decode on the audio plus --quick-final-encoder-pad-s (half the "
                         "model time; the context pass refines them); with --no-quick-finals they use the full window (default on)")
-    p.add_argument("--quick-final-encoder-pad-s", type=float, default=QUICK_FINAL_PAD_S,
+    p.add_argument("--quick-final-encoder-pad-s", type=_seconds, default=QUICK_FINAL_PAD_S,
                    help=f"seconds of silence after the audio in a quick final's window (default {QUICK_FINAL_PAD_S:g})")
     p.add_argument("--quick-final-beam-size", type=_beam_size, default=FINAL_BEAM_SIZE, help=f"beam width of quick finals (default {FINAL_BEAM_SIZE})")
     p.add_argument("--settle-beam-size", type=_beam_size, default=SETTLE_BEAM_SIZE,
                    help=f"beam width of settle decodes, which run only while the server has time to spare (default {SETTLE_BEAM_SIZE})")
-    p.add_argument("--burst-final-encoder-pad-s", type=float, default=BURST_FINAL_PAD_S,
+    p.add_argument("--burst-final-encoder-pad-s", type=_seconds, default=BURST_FINAL_PAD_S,
                    help=f"the same for finals in a burst (more finals waiting than workers), decoded greedily (default {BURST_FINAL_PAD_S:g})")
-    p.add_argument("--lean-context-encoder-pad-s", type=float, default=LEAN_CONTEXT_PAD_S,
+    p.add_argument("--lean-context-encoder-pad-s", type=_seconds, default=LEAN_CONTEXT_PAD_S,
                    help="under load a context pass decodes only the utterances it decides, on their audio plus this many seconds "
                         f"(default {LEAN_CONTEXT_PAD_S:g}; 30: the full window, as at rest)")
     _context_options(p)
@@ -224,8 +224,8 @@ def _access_options(p: argparse.ArgumentParser) -> None:
                         "(or 'Token KEY'); repeatable; NAME is what logs and metrics show (default key1, key2, ...)")
     p.add_argument("--api-keys-file", default=None, metavar="FILE",
                    help="API keys, one 'name:key' per line, optionally followed by channels=N and per_minute=N; re-read on SIGHUP")
-    p.add_argument("--key-max-channels", type=int, default=0, help="channels one key may stream at once, for keys without their own (default 0: no limit)")
-    p.add_argument("--key-streams-per-minute", type=int, default=0, help="new streams one key may start per minute, for keys without their own (default 0: no limit)")
+    p.add_argument("--key-max-channels", type=_count_or_zero, default=0, help="channels one key may stream at once, for keys without their own (default 0: no limit)")
+    p.add_argument("--key-streams-per-minute", type=_count_or_zero, default=0, help="new streams one key may start per minute, for keys without their own (default 0: no limit)")
     p.add_argument("--allowed-origin", action="append", type=_origin, default=[], metavar="ORIGIN",
                    help="a browser origin (https://app.example.com) whose pages may use the server besides its own page; repeatable; * for any")
     p.add_argument("--token-ttl", type=_seconds, default=AccessOptions.token_ttl_s,

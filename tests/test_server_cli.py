@@ -283,6 +283,10 @@ def test_accept_failures_for_want_of_descriptors_are_logged_once_in_a_while():
     (["--max-channels", "-3"], "0 (no limit) or more"),
     (["--memory-limit", "0"], "at least 1"),
     (["--max-batch-seconds", "0"], "more than 0"),
+    (["--idle-timeout", "0"], "more than 0"),
+    (["--max-frame-bytes", "-1"], "at least 1"),
+    (["--key-max-channels", "-2"], "0 (no limit) or more"),
+    (["--final-encoder-pad-s", "-1"], "0 or more"),
 ])
 def test_settings_that_could_never_work_are_refused_at_start_not_ignored(argv, needle, capsys):
     """Each of these started a server that silently never matched a page, never reached a receiver,
