@@ -100,7 +100,7 @@ class AsrServer:
         self.memory_probe, self.tick_s, self.workers = memory_probe, tick_s, workers
         self.rtc, self.ssl, self.vad, self.context = rtc, ssl, vad, context
         self.access, self.tracing = Access(access), tracing or Tracing()
-        self.clock = time.monotonic  # tokens' lifetimes and quotas' minutes
+        self.clock = time.monotonic  # tokens' lifetimes, quotas' minutes, the rate of refusals' log lines
         self.metrics, self.gate = Metrics(), ConnectionGate(gate)
         self.metrics.connections.set_function(lambda: self.gate.open)
         self.webhooks, self.transcript_builds = WebhookSender(webhooks, self.metrics), asyncio.Semaphore(1)  # /transcript: one build at a time
@@ -180,7 +180,7 @@ class AsrServer:
         """A connection just accepted: its ticket from the gate, or why it is refused (counted and
         logged here; the connection answers it)."""
         peer = transport.get_extra_info("peername")
-        entry = self.gate.enter(peer[0] if isinstance(peer, tuple) else "", time.monotonic())
+        entry = self.gate.enter(peer[0] if isinstance(peer, tuple) else "", self.clock())
         if isinstance(entry, Refusal):
             self.metrics.connections_refused.labels(entry.reason).inc()
             if entry.log:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["GateOptions", "ConnectionGate", "Ticket", "Refusal", "RESERVED_DESCRIPTORS", "LOG_EVERY_S", "LINGER_S", "connections_for"]
+__all__ = ["GateOptions", "ConnectionGate", "Ticket", "Refusal", "RESERVED_DESCRIPTORS", "MAX_AUTO_CONNECTIONS", "MAX_LINGERING", "LOG_EVERY_S", "LINGER_S", "connections_for"]
 
 # Descriptors kept out of the connections' share: the model's files, webhooks' connections,
 # WebRTC peers' UDP sockets and the logs.

@@ -303,12 +303,8 @@ class OneRequestConnection(ServerConnection):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if isinstance(self._ticket, Refusal):  # answered already: read the request only to close cleanly
-            seen, self._tail = self._tail + data, (self._tail + data)[-3:]
-            if b"\r\n\r\n" in seen:
-                self.transport.close()
-            return
-        if not self._reading_head:  # the handshake is over: a WebSocket's frames go straight through
+        refused = isinstance(self._ticket, Refusal)
+        if not self._reading_head and not refused:  # the handshake is over: a WebSocket's frames go straight through
             super().data_received(data)
             return
         if self._held is not None:
@@ -316,17 +312,25 @@ class OneRequestConnection(ServerConnection):
             if len(self._held) > MAX_HELD_BYTES:  # stop reading: the answer is due before any more (SSE: up to 8 s)
                 self.transport.pause_reading()
             return
-        seen = self._tail + data
-        end = seen.find(b"\r\n\r\n")
-        if end < 0:
-            self._tail = seen[-3:]
+        cut = self._head_end(data)
+        if refused:  # answered already: the request is read only to close cleanly
+            if cut >= 0:
+                self.transport.close()
+            return
+        if cut < 0:
             super().data_received(data)
             return
         if self._ticket is not None:
             self._ticket.opened()  # its request head is in (an SSE answer may then wait 8 s for news)
-        cut = end + 4 - len(self._tail)
         self._held = data[cut:]
         super().data_received(data[:cut])
+
+    def _head_end(self, data: bytes) -> int:
+        """Where in ``data`` the request head ends (just past its blank line), or -1 if not yet."""
+        seen = self._tail + data
+        end = seen.find(b"\r\n\r\n")
+        self._tail = seen[-3:]
+        return -1 if end < 0 else end + 4 - (len(seen) - len(data))
 
     async def handshake(self, *args: object, **kwargs: object) -> None:
         try:

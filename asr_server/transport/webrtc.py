@@ -142,14 +142,14 @@ class RtcIngest:
 
     async def answer(self, offer_sdp: str) -> str:
         """The answer's SDP, with every host (and STUN/TURN) candidate in it; raises :class:`InvalidOffer`."""
-        config = RTCConfiguration(iceServers=[
-            RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential) for s in self.options.ice_servers
-        ])
         try:
             check_offer(offer_sdp)
         except InvalidOffer as exc:
             log.info("session=%s event=bad_offer error=%r", self.label, exc.message)
             raise
+        config = RTCConfiguration(iceServers=[
+            RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential) for s in self.options.ice_servers
+        ])
         pc = self.pc = RTCPeerConnection(config)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_state)
