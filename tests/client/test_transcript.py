@@ -4,6 +4,7 @@ import io
 
 import pytest
 from asr_client import Transcript, listen_url
+from asr_client.client import transcript_url
 from asr_client.cli import Display
 
 
@@ -41,6 +42,9 @@ def test_listen_url():
     assert listen_url("127.0.0.1:8765") == "ws://127.0.0.1:8765/v1/listen"
     with pytest.raises(ValueError, match="not a server address"):
         listen_url("ftp://h:1")
+    # ... and the transcript is read from that same server (it was http:///127.0.0.1:8765/...).
+    assert transcript_url("127.0.0.1:8765", "s1") == "http://127.0.0.1:8765/v1/sessions/s1/transcript"
+    assert transcript_url("https://h/asr/", "s1") == "https://h/asr/v1/sessions/s1/transcript"
 
 
 class FakeTty(io.StringIO):

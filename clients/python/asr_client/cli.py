@@ -438,8 +438,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _tls_hint(url: str, exc: OSError) -> str:
     """A TLS handshake with a server that serves plain ws:// is cut off: say so."""
-    secure = url.strip().lower().startswith(("wss://", "https://"))
-    if secure and isinstance(exc, (ConnectionResetError, ssl.SSLError)):
+    if websocket_url(url).startswith("wss://") and isinstance(exc, (ConnectionResetError, ssl.SSLError)):
         return " (is it serving TLS? a server started without --certfile is at ws://)"
     return ""
 

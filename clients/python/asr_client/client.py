@@ -84,8 +84,8 @@ def transcript_url(url: str, session_id: str, **query: Any) -> str:
     """The server's ``/v1/sessions/{id}/transcript`` address, from the WebSocket address streams
     use (``ws`` -> ``http``, ``wss`` -> ``https``). A path before ``/v1/listen`` is kept, as
     :func:`listen_url` keeps it: a server behind a proxy at ``wss://host/asr`` is read there."""
-    parts = urlsplit(url)
-    scheme = "https" if parts.scheme in ("wss", "https") else "http"
+    parts = urlsplit(websocket_url(url))
+    scheme = "https" if parts.scheme == "wss" else "http"
     prefix = parts.path.rstrip("/").removesuffix("/v1/listen").rstrip("/")
     path = f"{prefix}/v1/sessions/{quote(session_id, safe='')}/transcript"
     return urlunsplit((scheme, parts.netloc, path, urlencode(query), ""))
