@@ -67,6 +67,10 @@ def test_a_client_holding_silent_connections_is_refused_and_a_stream_goes_on(whi
             finally:
                 for w in silent:
                     w.close()
+            for _ in range(1500):  # polls, bounded (30 s): until the server has seen them close
+                if not server.server.gate.opening:
+                    break
+                await asyncio.sleep(0.02)
             healthy = await answer(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         return extra, messages, stream.close_code, healthy
 
