@@ -235,6 +235,7 @@ def health(server: "AsrServer") -> dict:
         "status": "ok" if server.ready else ("stopping" if server.stopping else "starting"),
         "version": __version__,
         "model": server.model_name,
+        "api_keys": server.access.enabled,  # whether streams need a key or token (a 401 says as much)
         "active_channels": server.active_channels,
         "max_channels": server.max_channels,
         "capacity": server.capacity.to_wire() if server.capacity else None,

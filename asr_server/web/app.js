@@ -43,15 +43,19 @@ const params = new URLSearchParams(location.search);
 const tokenUrl = params.get("token_url");
 let firstToken = params.get("token");
 async function nextToken() {
+  app.tokenSent = false;
   if (firstToken) {
     const token = firstToken;
     firstToken = null; // good once
+    app.tokenSent = true;
     return token;
   }
   if (!tokenUrl || !tokenUrl.startsWith("/") || tokenUrl.startsWith("//")) return null; // this site's paths only
   const answer = await fetch(tokenUrl, { method: "POST", credentials: "same-origin" });
   if (!answer.ok) throw new Error(`${tokenUrl} answered ${answer.status}`);
-  return (await answer.json()).token;
+  const token = (await answer.json()).token;
+  app.tokenSent = Boolean(token);
+  return token;
 }
 const options = {};
 for (const name of STREAM_OPTIONS) if (params.has(name)) options[name] = params.get(name);
@@ -67,6 +71,7 @@ const app = {
   lastFinalLatency: null,
   lastInterimLag: null,
   everStreamed: false, // this page has streamed to the server at least once
+  tokenSent: false, // the last connection attempt carried a token
 };
 window.asrApp = {
   get state() {
@@ -390,22 +395,49 @@ function onFailure(error) {
   app.attempts += 1;
   const wait = Math.min(MAX_BACKOFF_S, error?.retryAfter ?? 2 ** Math.min(app.attempts - 1, 5));
   const busy = ["overloaded", "not_ready", "memory_pressure", "audio_overrun", "shutting_down"].includes(code);
-  // Never connected at all: a server that refuses this page's origin (behind a proxy, say) looks
-  // just like one that is down, as browsers hide the handshake's 403; say what fixes the first.
-  const why = busy ? "The server is busy"
-    : code === "connect_failed" && !app.everStreamed
-      ? `Could not connect to the server (if it runs behind a proxy, it must be started with --allowed-origin ${location.origin})`
-      : "The connection was lost";
+  let why = busy ? "The server is busy" : code === "connect_failed" ? "Could not connect to the server" : "The connection was lost";
   setStatus("retrying", busy ? "Server busy" : "Reconnecting");
   let left = Math.ceil(wait);
   const tell = () => showNotice(`${why} (${code}). Trying again in ${left} s…`, "warn", true);
   tell();
   clearTimers();
+  if (code === "connect_failed") {
+    const client = app.client;
+    whyNoConnection(client.url).then((found) => {
+      if (app.client !== client || !app.retryTimer) return; // a later attempt, or the user stopped
+      why = found;
+      tell();
+    });
+  }
   app.countdownTimer = setInterval(() => {
     left = Math.max(0, left - 1);
     tell();
   }, 1000);
   app.retryTimer = setTimeout(startSession, wait * 1000);
+}
+
+// A handshake the server refuses (an origin it does not allow, a key or token it does not take, its
+// connection limit) looks to a page just like a server that is down: browsers hide the answer.
+// /healthz answers anyone, so asking it tells them apart.
+async function whyNoConnection(url) {
+  let answer, health;
+  try {
+    answer = await fetch(new URL("healthz", `${url.replace(/^ws/, "http")}/`), { cache: "no-store", signal: AbortSignal.timeout(10_000) });
+    health = await answer.json().catch(() => ({}));
+  } catch {
+    return "The server cannot be reached";
+  }
+  if (health.code === "overloaded") return "The server is at its connection limit";
+  if (health.status === "starting" || health.status === "stopping") return `The server is ${health.status}`;
+  if (!answer.ok) return `Could not connect to the server (it answered ${answer.status})`;
+  const origin = `or this page's origin is not allowed (--allowed-origin ${location.origin})`;
+  if (health.api_keys && !app.tokenSent) {
+    return tokenUrl ? `The server needs a token, and ${tokenUrl} gave none` : "The server needs an API key: open this page with ?token_url= (or ?token=), as the README says";
+  }
+  if (health.api_keys) return `The server refused this page's token (expired, or its key revoked?), ${origin}`;
+  return app.everStreamed
+    ? "The server is up but refused this page's connection (was its --allowed-origin changed?)"
+    : `The server is up but refused this page's connection (if it runs behind a proxy, it must be started with --allowed-origin ${location.origin})`;
 }
 
 ui.start.addEventListener("click", async () => {

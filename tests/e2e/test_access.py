@@ -62,6 +62,7 @@ def test_health_is_open_metrics_and_tokens_need_a_key(keyed_server):
 
     status, _, body = http(keyed_server, "/healthz")
     assert status == 200 and json.loads(body)["version"] == asr_server.__version__
+    assert json.loads(body)["api_keys"] is True  # what the page reads to say why its handshake was refused
     assert http(keyed_server, "/")[0] == 200  # the page itself; its streams need a token
     assert http(keyed_server, "/metrics")[0] == 401
     assert http(keyed_server, "/metrics", headers={"Authorization": f"Bearer {ALICE}"})[0] == 200

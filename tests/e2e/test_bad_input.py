@@ -179,7 +179,7 @@ def test_not_ready_until_the_model_is_loaded(whisper_runner):
     server = ServerThread(None).start()
     try:
         status, body = get(server.http + "/healthz")
-        assert status == 503 and json.loads(body)["status"] == "starting"
+        assert status == 503 and json.loads(body)["status"] == "starting" and json.loads(body)["api_keys"] is False
         messages, close = asyncio.run(session(server.url, nothing))
         err = error_of(messages)
         assert err["code"] == "not_ready" and err["retryable"] is True and err["retry_after"] > 0

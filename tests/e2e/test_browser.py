@@ -215,6 +215,12 @@ def test_page_streams_on_a_server_with_keys_with_the_token_in_its_url(playwright
             other = page.evaluate("""async (token) => (await fetch('/v1/sessions/0123456789abcdef/transcript',
                 { headers: { 'Asr-Resume-Token': token } })).status""", messages[0]["resume_token"])
             assert other == 404
+            # Start again: the single-use token is spent, so the handshake is refused (401, which the
+            # browser hides); the page says what it needs, not the proxy hint for a page never let in.
+            page.click("#start")
+            page.wait_for_function("document.getElementById('notice-text').textContent.includes('needs an API key')", timeout=30_000)
+            assert "?token_url=" in page.inner_text("#notice-text") and "--allowed-origin" not in page.inner_text("#notice-text")
+            page.click("#start")  # Stop: no more retries
         finally:
             browser.close()
     finally:
@@ -373,11 +379,43 @@ def test_page_waits_out_a_busy_server_and_then_captions(playwright, whisper_runn
         page.wait_for_function("window.asrApp.errors.length > 2", timeout=30_000)
         later = page.evaluate("window.asrApp.errors")[2:]
         assert later and all(e["code"] == "connect_failed" for e in later), later
+        page.wait_for_function("document.getElementById('notice-text').textContent.includes('cannot be reached')", timeout=30_000)
         assert page.evaluate("document.getElementById('status').dataset.state") in ("retrying", "connecting")
         assert page.evaluate("window.asrApp.finalText()").startswith(received)
         assert received in page.inner_text("#transcript")
         page.click("#start")  # Stop: no more retries
         assert page.inner_text("#start") == "Start" and not page.is_visible("#notice")
+    finally:
+        browser.close()
+        server.stop()
+
+
+def test_page_that_cannot_connect_says_the_server_is_full_and_captions_once_a_place_frees(playwright, whisper_runner):
+    """At its connection limit the server answers a handshake 503, which the browser hides: the
+    page said "could not connect", as for a server that is down. It asks /healthz, which says."""
+    from websockets.sync.client import connect as connect_sync
+
+    from asr_server.transport.gate import GateOptions
+
+    server = ServerThread(whisper_runner, Limits(idle_timeout_s=120.0), gate=GateOptions(max_connections=3, max_opening_per_address=0)).start()
+    browser = launch(playwright, microphone_args(FIXTURES / FIXTURE))
+    try:
+        page = browser.new_page()
+        page.goto(f"{server.http}/?transport=websocket")
+        for _ in range(1500):  # polls, bounded (30 s): the page's own requests are closed
+            if server.server.gate.open == 0:
+                break
+            time.sleep(0.02)
+        with contextlib.ExitStack() as held:
+            for _ in range(3):  # three idle streams: the server is full
+                held.enter_context(connect_sync(f"{server.url}/v1/listen", open_timeout=30))
+            page.click("#start")
+            page.wait_for_function("document.getElementById('notice-text').textContent.includes('connection limit')", timeout=30_000)
+            assert page.evaluate("window.asrApp.errors")[0]["code"] == "connect_failed"
+        page.wait_for_function("window.asrApp.state === 'streaming'", timeout=60_000)  # the next try gets in
+        assert not page.is_visible("#notice")
+        page.click("#start")
+        page.wait_for_function("window.asrApp.state === 'closed'", timeout=30_000)
     finally:
         browser.close()
         server.stop()
