@@ -136,6 +136,11 @@ class AsrServer:
         return sum(c.options.channels for c in self._connections)
 
     @property
+    def finishing_channels(self) -> int:
+        """Channels of streams whose client closed them, still finishing (see :mod:`.scheduler.admission`)."""
+        return sum(c.options.channels for c in self._connections if c.finishing)
+
+    @property
     def reserved_bytes(self) -> int:
         return sum(c.reserved_bytes for c in self._connections)
 
@@ -540,7 +545,7 @@ class AsrServer:
 
     def _admit(self, options: StreamOptions) -> None:
         """Refuse, before any audio, a stream past the channel or memory capacity, or at a refusing load level."""
-        capacity = Capacity(self.active_channels, self.max_channels, self.reserved_bytes, self.budget)
+        capacity = Capacity(self.active_channels, self.max_channels, self.reserved_bytes, self.budget, self.finishing_channels)
         error = refusal(capacity, options.channels, self.stream_bytes(options), Priority(options.priority), self.governor)
         if error is not None:
             raise error

@@ -5,6 +5,17 @@ delay) when its channels would take the server past ``max_channels``, when
 its memory reservation does not fit the budget, or when the load level
 refuses its priority class. No await may come between this check and the
 stream being counted, so that admission is atomic.
+
+A stream whose client has closed it (``close``, a call's ``stop``) brings no
+more audio: what it still owes its client (its last final, the close's
+context passes) is bounded by ``context_close_s``. It leaves its place at
+once, so that a call center at its limit takes the next call while the last
+one finishes rather than refusing it for up to 10 s; a caller that never
+retries (Twilio's media streams) would lose that call. Finishing streams
+take no place up to as many channels again as the limit: past that they
+count, so a client cannot pile up finishing streams for the server to decode.
+A stream held after its connection dropped keeps its place: its client may
+come back and go on speaking.
 """
 
 from __future__ import annotations
@@ -23,18 +34,23 @@ __all__ = ["Capacity", "refusal"]
 class Capacity:
     """What is in use when a stream asks to come in."""
 
-    active_channels: int
+    active_channels: int  # every stream's channels, finishing ones included
     max_channels: int  # 0: no limit
     reserved_bytes: int
     budget: MemoryBudget | None
+    finishing_channels: int = 0  # of streams whose client closed them, still finishing
+
+    def counted_channels(self) -> int:
+        """Channels that count against ``max_channels``: finishing ones only past as many again."""
+        return self.active_channels - self.finishing_channels + max(0, self.finishing_channels - self.max_channels)
 
 
 def refusal(capacity: Capacity, channels: int, stream_bytes: int, priority: Priority, governor: LoadGovernor) -> OverloadError | None:
     """The error to refuse a stream with, or None to admit it."""
     limit = capacity.max_channels
-    if limit and capacity.active_channels + channels > limit:
+    if limit and (busy := capacity.counted_channels()) + channels > limit:
         return OverloadError(
-            f"the server is at capacity ({capacity.active_channels} of {limit} channels busy); retry later or elsewhere",
+            f"the server is at capacity ({busy} of {limit} channels busy); retry later or elsewhere",
             retry_after=5.0,
         )
     budget = capacity.budget

@@ -194,6 +194,11 @@ class Connection:
         and while it finishes after the client's close (its last finals and revisions to come)."""
         return self.session.resume_token is not None and self._resumable_now() and not self.server.stopping
 
+    @property
+    def finishing(self) -> bool:
+        """Whether the client closed the stream and the session is finishing what it owes it."""
+        return self._closing
+
     def _resumable_now(self) -> bool:
         return not self.done.is_set() and (self._closing or not self._ending)
 

@@ -237,6 +237,7 @@ def health(server: "AsrServer") -> dict:
         "model": server.model_name,
         "api_keys": server.access.enabled,  # whether streams need a key or token (a 401 says as much)
         "active_channels": server.active_channels,
+        "finishing_channels": server.finishing_channels,  # closed by their clients: not counted against max_channels
         "max_channels": server.max_channels,
         "capacity": server.capacity.to_wire() if server.capacity else None,
         "load_level": int(server.governor.level),

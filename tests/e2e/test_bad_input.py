@@ -16,6 +16,7 @@ from asr_server.options import Limits
 
 from ..harness import FIXTURES, MANIFEST, ServerThread, assert_each_sentence_finalized, replay, wav_bytes
 from ..wer import wer
+from .test_resume_at_close import open_and_send
 
 pytestmark = pytest.mark.e2e
 
@@ -298,6 +299,39 @@ def test_streams_past_capacity_are_refused_at_connect(whisper_runner):
         assert messages[0]["type"] == "session"
     finally:
         server.stop()
+
+
+def test_a_stream_finishing_after_its_close_leaves_its_place_to_the_next_caller(whisper_runner):
+    """At the channel limit, the next caller is taken while the last one's close is still being
+    finished (its last final and passes), and a caller past the limit is still refused."""
+    server = ServerThread(whisper_runner, Limits(max_channels=1)).start()
+    try:
+        pcm, _ = read_pcm(str(FIXTURES / "cards_16k.wav"))
+
+        async def main():
+            ws, _, first_conn, reader = await open_and_send(server.url, server, first_msgs := [])  # its close is held back
+            assert server.call(lambda: (server.server.active_channels, server.server.finishing_channels)) == (1, 1)
+            async with connect(server.url) as second:
+                taken = await second.recv()
+                health = json.loads((await asyncio.to_thread(get, server.http + "/healthz"))[1])
+                past, past_code = await session(server.url, nothing)  # one speaking: the limit
+                server.call(first_conn._lock.release)
+                await reader
+                await second.send_audio(pcm)
+                await second.close_stream()
+                second_msgs = [m async for m in second]
+            await ws.close()
+            return first_msgs, taken, health, past, past_code, second_msgs
+
+        first_msgs, taken, health, past, past_code, second_msgs = asyncio.run(main())
+    finally:
+        server.stop()
+    assert taken["type"] == "session", taken
+    assert (health["active_channels"], health["finishing_channels"], health["max_channels"]) == (2, 1, 1)
+    assert error_of(past)["code"] == "overloaded" and past_code == 1013
+    # The first caller got everything it was owed, the second its whole transcript.
+    assert first_msgs[-1]["type"] == "closed" and "dashwood" in " ".join(m["text"] for m in first_msgs if m["type"] == "final").lower()
+    assert second_msgs[-1]["type"] == "closed" and "clubs" in " ".join(m["text"] for m in second_msgs if m["type"] == "final").lower()
 
 
 def test_pipelined_http_requests_get_an_answer_and_no_internal_error(live_server, caplog):
