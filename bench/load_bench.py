@@ -32,6 +32,13 @@ full load lasts the whole run; without it a level's figures mix the full load wi
 the shortest recording ends (the phase line above shows how much).
 With ``--sync`` every stream starts at the same instant with the same recording
 (LibriVox, not rotated), so their finals come due together: the burst case.
+With ``--churn S`` each of the N streams is a line of a call center for S seconds: a call plays
+its recording once (from its next pause on), hangs up (``close``), and the next caller dials as soon
+as the last has its ``closed``; a refused caller is counted and the next dials a second later (a
+caller that never retries, as Twilio's media streams do not). Run it at the server's limit
+(``--max-channels``: the streams' channels, the call fixture's two counted) to see whether callers
+are refused while the last call finishes; stderr gives the calls made and refused and how long each
+close took (from the end of its audio to ``closed``).
 With ``--fixture-dir DIR`` (repeatable; ``bench/heldout.py`` writes one) the streams replay
 the recordings there instead, dealt round-robin as the fixtures are (``--sync``: the first),
 so the load figures can come from recordings the decoding rules were never tuned on.
@@ -203,6 +210,27 @@ async def one_client(url: str, name: str, turn: int, delay: float, rounds: int =
     return entry, r, code, refused_after
 
 
+async def caller_line(url: str, name: str, turn: int, delay: float, seconds: float) -> list[tuple[dict, Replay | None, str | None, float | None]]:
+    """``--churn``: calls one after another for ``seconds``, each a play of the recording from its
+    next pause; after a refusal the next caller dials a second later."""
+    await asyncio.sleep(delay)
+    end, calls = time.monotonic() + seconds, []
+    while time.monotonic() < end:
+        calls.append(await one_client(url, name, turn, 0.0))
+        turn += 1
+        if calls[-1][3] is not None or calls[-1][1] is None:
+            await asyncio.sleep(1.0)
+    return calls
+
+
+def print_churn(n: int, results: list) -> None:
+    """Calls made and refused, and how long each close took (from the end of its audio to ``closed``)."""
+    closes = [r.of_type("closed")[0].at - play_seconds(r.fixture) for _, r, _, _ in results if r is not None and r.of_type("closed")]
+    refused = sum(1 for *_, after in results if after is not None)
+    print(f"N={n} churn: {len(results) - refused} calls served, {refused} refused ({refused / len(results):.0%} of the callers); close to closed p50 / p95 / max (s): "
+          f"{pct(closes, 0.5):.2f} / {pct(closes, 0.95):.2f} / {max(closes):.2f} (n={len(closes)})", file=sys.stderr, flush=True)
+
+
 def model_seconds(port: int) -> dict[str, float]:
     """Model time spent so far by decode kind (asr_decode_seconds_sum), decodes run ("decodes_<kind>") and model calls ("calls_<kind>")."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -265,7 +293,7 @@ def equal_seconds(names: list[str], rounds: int) -> float:
     return rounds * max(play_seconds(name) for name in names)
 
 
-async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: int = 1, sync: bool = False, equal: bool = False) -> dict:
+async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: int = 1, sync: bool = False, equal: bool = False, churn: float = 0.0) -> dict:
     rng = random.Random(seed)
     peak = [rss_mib(pid)]
     levels: list[int] = []  # the server's load level, sampled every half second
@@ -280,13 +308,18 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
 
     watcher = asyncio.create_task(watch())
     cpu0, t0, model0, lag0 = cpu_seconds(pid), time.monotonic(), model_seconds(port), lag_buckets(port)
-    if sync:  # every stream at once with the same recording: their finals come due together
-        clients = [one_client(url, FIXTURES[0], 0, 0.0, rounds) for _ in range(n)]
+    if churn:
+        lines = [caller_line(url, FIXTURES[i % len(FIXTURES)], i // len(FIXTURES), rng.random(), churn) for i in range(n)]
+        results = [call for calls in await asyncio.gather(*lines) for call in calls]
+        print_churn(n, results)
     else:
-        names = [FIXTURES[i % len(FIXTURES)] for i in range(n)]
-        seconds = equal_seconds(names, rounds) if equal else None
-        clients = [one_client(url, name, i // len(FIXTURES), rng.random(), rounds, seconds) for i, name in enumerate(names)]
-    results = await asyncio.gather(*clients)
+        if sync:  # every stream at once with the same recording: their finals come due together
+            clients = [one_client(url, FIXTURES[0], 0, 0.0, rounds) for _ in range(n)]
+        else:
+            names = [FIXTURES[i % len(FIXTURES)] for i in range(n)]
+            seconds = equal_seconds(names, rounds) if equal else None
+            clients = [one_client(url, name, i // len(FIXTURES), rng.random(), rounds, seconds) for i, name in enumerate(names)]
+        results = await asyncio.gather(*clients)
     if MESSAGES_TO[0]:
         keep_messages(MESSAGES_TO[0], n, results)
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
@@ -367,7 +400,7 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
         print(f"N={n} revision delay, first changes sent by context passes (not settle decodes), p50 / p95 (s): "
               f"{pct(by_passes, 0.5):.1f} / {pct(by_passes, 0.95):.1f} ({len(by_passes)} of {len(delays)})", file=sys.stderr, flush=True)
     stream_s = sum(spoken)
-    if changes and spoken:
+    if changes and spoken and not churn:  # a call's finals are timed from its own start
         print_phases(n, changes, min(spoken))
     slowest = sorted(per_sentence.items(), key=lambda kv: -max(kv[1]))[:3]
     print(f"N={n} sentences with the latest finals, median / max over streams and rounds (s): "
@@ -413,6 +446,7 @@ def main() -> None:
     ap.add_argument("--voices-db", type=float, default=None, help="mix three other people talking (backwards: no words) this many dB below the speech into every stream")
     ap.add_argument("--sync", action="store_true", help="all streams start together with the same recording (finals come due at once)")
     ap.add_argument("--equal", action="store_true", help="every stream talks as long as the longest (its recording looped, cut at a pause): the level's load lasts the whole run")
+    ap.add_argument("--churn", type=float, default=0.0, help="each stream is a line of calls for this many seconds: a call plays its recording once, hangs up, and the next dials (see above)")
     ap.add_argument("--max-channels", default="0", help="passed to the server; 0 (default) measures without admission control; auto: the server's measured capacity")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--max-batch=4")
     ap.add_argument("--metrics", default=None, help="append the server's metrics (Prometheus text) after each level to this file")
@@ -439,7 +473,7 @@ def main() -> None:
         print(machine_line(port), flush=True)
         for n in (int(x) for x in args.streams.split(",")):
             wait_calm(port)
-            row = asyncio.run(run_level(url, n, args.seed + n, proc.pid, port, args.rounds, args.sync, args.equal))
+            row = asyncio.run(run_level(url, n, args.seed + n, proc.pid, port, args.rounds, args.sync, args.equal, args.churn))
             rows.append(row)
             print(f"N={n}: p50 {row['p50']:.2f}s p95 {row['p95']:.2f}s over {row['finals']} finals", file=sys.stderr, flush=True)
             if row["p95"] <= args.limit and row["refused"] == 0:
