@@ -205,24 +205,39 @@ async def run_file(args: argparse.Namespace) -> int:
     except AudioFileError as exc:
         print(f"asr-client: {exc}", file=sys.stderr)
         return 2
-    display = Display(sys.stderr if args.transcript or args.turns or args.settled or args.subtitles else sys.stdout)
-    outcome, transcript = Outcome(), Transcript()
-    settled = SettledLines(sys.stdout, transcript) if args.settled else None
+    captions = Captions(args)
     async for item in stream_bytes(args.url, pcm, bytes_per_second=MODEL_RATE * 2 * channels, realtime=not args.fast,
                                    encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=channels, **_options(args)):
-        message = item.message
+        captions.see(item.message)
+    return captions.finish()
+
+
+class Captions:
+    """What the CLI makes of the server's messages: the live display (or ``--json``), the
+    transcript with revisions applied, ``--settled`` lines, and the outcome."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.display = Display(sys.stderr if args.transcript or args.turns or args.settled or args.subtitles else sys.stdout)
+        self.outcome, self.transcript = Outcome(), Transcript()
+        self.settled = SettledLines(sys.stdout, self.transcript) if args.settled else None
+
+    def see(self, message: dict[str, Any]) -> None:
         if message["type"] == "session":
-            display.channels = message["config"]["channels"]
-        if args.json:
+            self.display.channels = message["config"]["channels"]
+        if self.args.json:
             print(json.dumps(message), flush=True)
         else:
-            display.show(message)
-        transcript.apply(message)
-        if settled is not None:
-            settled.see(message, display.channels)
-        outcome.see(message)
-    display.clear()
-    return finish(args, transcript, outcome, display.channels, settled)
+            self.display.show(message)
+        self.transcript.apply(message)
+        if self.settled is not None:
+            self.settled.see(message, self.display.channels)
+        self.outcome.see(message)
+
+    def finish(self) -> int:
+        """Once the stream has ended: what the options print then (:func:`finish`), and the exit status."""
+        self.display.clear()
+        return finish(self.args, self.transcript, self.outcome, self.display.channels, self.settled)
 
 
 def finish(args: argparse.Namespace, transcript: Transcript, outcome: Outcome, channels: int, settled: SettledLines | None = None) -> int:
@@ -320,9 +335,7 @@ async def run_mic(args: argparse.Namespace) -> int:
     def on_audio(indata: Any, frames: int, time_info: Any, status: Any) -> None:  # PortAudio's thread
         loop.call_soon_threadsafe(enqueue, bytes(indata))
 
-    display = Display(sys.stderr if args.transcript or args.turns or args.settled or args.subtitles else sys.stdout)
-    outcome, transcript = Outcome(), Transcript()
-    settled = SettledLines(sys.stdout, transcript) if args.settled else None
+    captions = Captions(args)
     async with connect(args.url, encoding="pcm_s16le", sample_rate=MODEL_RATE, channels=1, **_options(args)) as stream:
 
         async def pump() -> None:
@@ -344,20 +357,10 @@ async def run_mic(args: argparse.Namespace) -> int:
 
         sender = asyncio.create_task(pump())
         async for message in stream:
-            if message["type"] == "session":
-                display.channels = message["config"]["channels"]
-            if args.json:
-                print(json.dumps(message), flush=True)
-            else:
-                display.show(message)
-            transcript.apply(message)
-            if settled is not None:
-                settled.see(message, display.channels)
-            outcome.see(message)
+            captions.see(message)
         sender.cancel()
         await asyncio.gather(sender, return_exceptions=True)
-    display.clear()
-    return finish(args, transcript, outcome, display.channels, settled)
+    return captions.finish()
 
 
 def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
