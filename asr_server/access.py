@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .errors import OriginNotAllowed, QuotaExceeded, Unauthorized
+from .scheduler.admission import counted_channels
 
 __all__ = ["ApiKey", "AccessOptions", "Principal", "ANONYMOUS", "Access", "parse_keys", "turn_credentials", "is_loopback", "MAX_TOKENS"]
 
@@ -175,15 +176,18 @@ class Access:
 
     # -- quotas ---------------------------------------------------------------------
 
-    def start(self, principal: Principal, channels: int, now: float) -> None:
-        """Count a stream of ``principal`` in, or refuse it (``quota_exceeded``). Pair with :meth:`end`."""
+    def start(self, principal: Principal, channels: int, now: float, finishing: int = 0) -> None:
+        """Count a stream of ``principal`` in, or refuse it (``quota_exceeded``). Pair with :meth:`end`.
+        ``finishing``: of the key's channels, those of streams their clients closed, still finishing:
+        they count only past as many again as the quota, as for the server's channel limit."""
         name = principal.name
         if name is None:
             return
         busy = self._channels.get(name, 0)
-        if principal.max_channels and busy + channels > principal.max_channels:
+        streaming = counted_channels(busy, finishing, principal.max_channels)
+        if principal.max_channels and streaming + channels > principal.max_channels:
             raise QuotaExceeded(
-                f"key {name!r} has {busy} of its {principal.max_channels} channels streaming; end one or retry later", retry_after=5.0,
+                f"key {name!r} has {streaming} of its {principal.max_channels} channels streaming; end one or retry later", retry_after=5.0,
             )
         starts = self._starts.setdefault(name, deque())
         while starts and starts[0] <= now - 60.0:

@@ -140,6 +140,10 @@ class AsrServer:
         """Channels of streams whose client closed them, still finishing (see :mod:`.scheduler.admission`)."""
         return sum(c.options.channels for c in self._connections if c.finishing)
 
+    def _finishing_of(self, key: str | None) -> int:
+        """:attr:`finishing_channels` of one API key's streams."""
+        return sum(c.options.channels for c in self._connections if c.finishing and c.session.key == key) if key is not None else 0
+
     @property
     def reserved_bytes(self) -> int:
         return sum(c.reserved_bytes for c in self._connections)
@@ -365,7 +369,7 @@ class AsrServer:
         try:
             options, dialect = self._options_for(query, kind)
             self._admit(options)
-            self.access.start(principal, options.channels, self.clock())
+            self.access.start(principal, options.channels, self.clock(), self._finishing_of(principal.name))
         except AsrError as error:
             if principal.name is not None:
                 self.metrics.key_refusals.labels(principal.name, error.code).inc()

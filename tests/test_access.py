@@ -94,6 +94,19 @@ def test_a_keys_channels_at_once_are_limited_and_freed_when_its_streams_end():
     access.start(bob, 1, 2.0)
 
 
+def test_a_keys_streams_finishing_after_their_close_leave_their_channels_to_its_next_stream():
+    access = Access(AccessOptions(keys=KEYS))
+    bob = access.authenticate("Bearer s3cret-b", None, 0.0)
+    access.start(bob, 2, 0.0)
+    access.start(bob, 2, 1.0, finishing=2)  # both closed by their client, still finishing
+    with pytest.raises(QuotaExceeded) as refused:
+        access.start(bob, 1, 2.0, finishing=2)  # two streaming, two finishing
+    assert "2 of its 2 channels streaming" in refused.value.message
+    with pytest.raises(QuotaExceeded):
+        access.start(bob, 1, 2.0, finishing=3)  # ... and one finishing past as many again as the quota
+    assert access.channels("bob") == 4
+
+
 def test_a_keys_new_streams_per_minute_are_limited_with_the_wait_until_one_leaves_the_minute():
     access = Access(AccessOptions(keys=KEYS))
     bob = access.authenticate("Bearer s3cret-b", None, 0.0)

@@ -14,6 +14,7 @@ one finishes rather than refusing it for up to 10 s; a caller that never
 retries (Twilio's media streams) would lose that call. Finishing streams
 take no place up to as many channels again as the limit: past that they
 count, so a client cannot pile up finishing streams for the server to decode.
+A key's channel quota (:mod:`..access`) counts them the same way.
 A stream held after its connection dropped keeps its place: its client may
 come back and go on speaking.
 """
@@ -27,7 +28,13 @@ from .budget import MemoryBudget
 from .governor import LoadGovernor
 from .policy import Priority
 
-__all__ = ["Capacity", "refusal"]
+__all__ = ["Capacity", "counted_channels", "refusal"]
+
+
+def counted_channels(active: int, finishing: int, limit: int) -> int:
+    """Of ``active`` channels, those that count against ``limit``: the ``finishing`` ones (streams
+    their clients closed) only past as many again as the limit."""
+    return active - finishing + max(0, finishing - limit)
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,7 @@ class Capacity:
 
     def counted_channels(self) -> int:
         """Channels that count against ``max_channels``: finishing ones only past as many again."""
-        return self.active_channels - self.finishing_channels + max(0, self.finishing_channels - self.max_channels)
+        return counted_channels(self.active_channels, self.finishing_channels, self.max_channels)
 
 
 def refusal(capacity: Capacity, channels: int, stream_bytes: int, priority: Priority, governor: LoadGovernor) -> OverloadError | None:

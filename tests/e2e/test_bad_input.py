@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 from asr_client import connect, read_pcm
 
+from asr_server.access import AccessOptions, ApiKey
 from asr_server.options import Limits
 
 from ..harness import FIXTURES, MANIFEST, ServerThread, assert_each_sentence_finalized, replay, wav_bytes
@@ -301,20 +302,28 @@ def test_streams_past_capacity_are_refused_at_connect(whisper_runner):
         server.stop()
 
 
-def test_a_stream_finishing_after_its_close_leaves_its_place_to_the_next_caller(whisper_runner):
-    """At the channel limit, the next caller is taken while the last one's close is still being
-    finished (its last final and passes), and a caller past the limit is still refused."""
-    server = ServerThread(whisper_runner, Limits(max_channels=1)).start()
+@pytest.mark.parametrize("limit", ["server", "key"])
+def test_a_stream_finishing_after_its_close_leaves_its_place_to_the_next_caller(whisper_runner, limit):
+    """At the channel limit (the server's, or an API key's quota), the next caller is taken while
+    the last one's close is still being finished (its last final and passes), and a caller past
+    the limit is still refused."""
+    if limit == "server":
+        server, key, past_code_wanted = ServerThread(whisper_runner, Limits(max_channels=1)), None, "overloaded"
+    else:
+        key, past_code_wanted = "key-carol", "quota_exceeded"
+        server = ServerThread(whisper_runner, access=AccessOptions(keys=(ApiKey("carol", key, max_channels=1),)))
+    server.start()
     try:
         pcm, _ = read_pcm(str(FIXTURES / "cards_16k.wav"))
+        headers = {"Authorization": f"Bearer {key}"} if key else None
 
         async def main():
-            ws, _, first_conn, reader = await open_and_send(server.url, server, first_msgs := [])  # its close is held back
+            ws, _, first_conn, reader = await open_and_send(server.url, server, first_msgs := [], headers)  # its close is held back
             assert server.call(lambda: (server.server.active_channels, server.server.finishing_channels)) == (1, 1)
-            async with connect(server.url) as second:
+            async with connect(server.url, api_key=key) as second:
                 taken = await second.recv()
                 health = json.loads((await asyncio.to_thread(get, server.http + "/healthz"))[1])
-                past, past_code = await session(server.url, nothing)  # one speaking: the limit
+                past, past_code = await session(server.url, nothing, api_key=key)  # one speaking: the limit
                 server.call(first_conn._lock.release)
                 await reader
                 await second.send_audio(pcm)
@@ -327,8 +336,8 @@ def test_a_stream_finishing_after_its_close_leaves_its_place_to_the_next_caller(
     finally:
         server.stop()
     assert taken["type"] == "session", taken
-    assert (health["active_channels"], health["finishing_channels"], health["max_channels"]) == (2, 1, 1)
-    assert error_of(past)["code"] == "overloaded" and past_code == 1013
+    assert (health["active_channels"], health["finishing_channels"]) == (2, 1)
+    assert error_of(past)["code"] == past_code_wanted and past_code == 1013
     # The first caller got everything it was owed, the second its whole transcript.
     assert first_msgs[-1]["type"] == "closed" and "dashwood" in " ".join(m["text"] for m in first_msgs if m["type"] == "final").lower()
     assert second_msgs[-1]["type"] == "closed" and "clubs" in " ".join(m["text"] for m in second_msgs if m["type"] == "final").lower()
