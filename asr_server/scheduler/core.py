@@ -20,7 +20,12 @@ Policy (unchanged from the single-file scheduler it replaces):
   audio when they run, so under load they come less often; a pass left
   waiting would only fall further behind. Like interims, passes never take
   the workers kept for finals, nor more workers at once than
-  ``BatchLimits.context_workers`` allows (unlimited by default).
+  ``BatchLimits.context_workers`` allows (unlimited by default). The passes
+  of a session its client has closed (:meth:`SchedulerCore.hurry`) go ahead
+  of every other waiting pass: the client waits on them for ``closed``, and
+  the time after a close is bounded (a pass still waiting then is dropped,
+  its finals never refined), while the others' passes only revise text
+  their clients already show.
 * A waiting job is refreshed when it is picked (an interim takes the newest
   audio of its utterance) or skipped once it has gone stale; a session may
   also withdraw a stale job at once (:meth:`SchedulerCore.withdraw`).
@@ -196,6 +201,7 @@ class SchedulerCore:
         self._contexts: FairQueue[Entry] = FairQueue()
         self._ids = itertools.count(1)
         self._entries: dict[int, Entry] = {}  # every job not yet answered, waiting or running
+        self._hurried: set[str] = set()  # sessions their clients closed: their passes go first
         self._running: dict[int, Batch] = {}  # batch id -> batch
 
     # -- what the engine asks ------------------------------------------------------
@@ -230,9 +236,20 @@ class SchedulerCore:
         # another stream's); interims and finals per session, as per channel cost 16 streams 0.1 s of
         # finals p95 (cause not found; docs/benchmarks.md, forty-third session).
         lane = job.channel if job.request.kind is DecodeKind.CONTEXT else None
-        entry.ticket = queue.push(owner, entry, weight=weight, cost=estimated_cost(job.request.kind.final_quality, job.request.duration), lane=lane)
+        if lane is not None and owner in self._hurried:
+            entry.ticket = queue.requeue(owner, entry)
+        else:
+            entry.ticket = queue.push(owner, entry, weight=weight, cost=estimated_cost(job.request.kind.final_quality, job.request.duration), lane=lane)
         self._entries[entry.id] = entry
         return entry
+
+    def hurry(self, owner: str) -> None:
+        """``owner``'s client closed it: its context passes, waiting and to come, go ahead of the others'."""
+        self._hurried.add(owner)
+        for ticket in self._contexts.in_order():
+            if ticket.owner == owner:
+                self._contexts.cancel(ticket)
+                ticket.item.ticket = self._contexts.requeue(owner, ticket.item)
 
     def withdraw(self, job: DecodeJob) -> Entry | None:
         """The entry of ``job`` if it was still waiting: now answered as skipped. A running job finishes."""
@@ -252,6 +269,7 @@ class SchedulerCore:
         dropped = [e for e in self._entries.values() if e.owner == owner]
         for entry in dropped:
             self._finish(entry, JobStatus.CANCELLED)
+        self._hurried.discard(owner)
         for queue in self.queues:
             queue.forget(owner)
         return dropped

@@ -139,6 +139,11 @@ class Scheduler:
         self._changed()
         return True
 
+    def hurry(self, owner: str) -> None:
+        """``owner``'s client closed it: its context passes go ahead of the others' (:meth:`SchedulerCore.hurry`)."""
+        self.core.hurry(owner)
+        self._changed()
+
     def cancel_owner(self, owner: str) -> None:
         """Drop every job of a session that has gone away."""
         for entry in self.core.cancel_owner(owner):

@@ -505,7 +505,7 @@ class Connection:
                 await self._apply(self.session.finalize)
             case CloseStream():
                 log.info("session=%s event=close_requested", self.sid)
-                self._ending = self._closing = True
+                self._client_closed()
                 await self._end_of_input()
             case KeepAlive():
                 pass
@@ -598,11 +598,18 @@ class Connection:
             await self._fail_safely(error)
             return
         log.info("session=%s event=webrtc_ended reason=%s", self.sid, reason)
-        self._ending = self._closing = True
+        self._client_closed()
         try:
             await self._end_of_input()
         except ConnectionClosed:
             self.done.set()
+
+    def _client_closed(self) -> None:
+        """The client ended its stream (``close``, a WebRTC hang-up): no audio follows, and the
+        passes it is still owed go ahead of other sessions' passes."""
+        self._ending = self._closing = True
+        if self.server.scheduler is not None:
+            self.server.scheduler.hurry(self.sid)
 
     async def _end_of_input(self) -> None:
         if self.options.is_webrtc:

@@ -318,6 +318,24 @@ def test_a_context_pass_waits_behind_finals_and_interims_until_it_is_overdue():
     assert ran(core, 5.5) == ["interim 1"]
 
 
+def test_the_passes_of_a_session_its_client_closed_go_ahead_of_the_other_passes():
+    """Its client waits on them for ``closed``, and a pass still waiting when the close's time runs out
+    is dropped; the others only revise what their clients show."""
+    core = SchedulerCore(FakeRunner(), BatchLimits(max_batch=1))
+    for owner in ("a", "b", "closing", "c"):
+        core.add(owner, context(f"{owner} 1"), 0.0)
+    core.add("closing", replace(context("closing right"), channel=1), 0.0)
+    core.hurry("closing")  # its waiting passes move to the head, in the order they came
+    core.add("closing", context("closing 2"), 1.0)  # and those that come after the close go there too
+    core.add("a", final("final"), 1.0)
+    order = [p for t in range(8) for p in ran(core, 2.0 + t)]
+    assert order == ["final", "closing 1", "closing right", "closing 2", "a 1", "b 1", "c 1"]
+    core.cancel_owner("closing")  # the session ended: the next one of that name is not hurried
+    core.add("x", context("x 1"), 20.0)
+    core.add("closing", context("late"), 20.0)
+    assert [p for t in range(2) for p in ran(core, 21.0 + t)] == ["x 1", "late"]
+
+
 def test_context_passes_share_a_call_only_up_to_their_own_cap_while_interims_take_the_full_batch():
     """Beam search over whole windows costs no less per pass in a larger batch (docs/benchmarks.md, GPU):
     passes waiting together run ``context_batch`` to a call, and the rest take the next call."""
