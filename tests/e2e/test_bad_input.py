@@ -320,6 +320,7 @@ def test_a_stream_finishing_after_its_close_leaves_its_place_to_the_next_caller(
         async def main():
             ws, _, first_conn, reader = await open_and_send(server.url, server, first_msgs := [], headers)  # its close is held back
             assert server.call(lambda: (server.server.active_channels, server.server.finishing_channels)) == (1, 1)
+            assert server.call(lambda: first_conn.sid in server.server.scheduler.core._hurried)  # its passes go first now
             async with connect(server.url, api_key=key) as second:
                 taken = await second.recv()
                 health = json.loads((await asyncio.to_thread(get, server.http + "/healthz"))[1])
