@@ -396,6 +396,14 @@ def test_a_resumed_webrtc_session_negotiates_a_new_peer_connection_in_place_of_t
         time.sleep(0.01)
     assert [m["seq"] for m in got] == list(range(1, len(got) + 1))
     assert [m["type"] for m in got].count("webrtc_answer") == 2 and "error" not in [m["type"] for m in got]
-    text = " ".join(m["text"] for m in got if m["type"] == "final" and m["text"])
-    assert wer(reference("cards_16k.wav"), text) < 0.3, text
+    resumed = [m["type"] for m in got].index("resumed")
+    before = [m["text"] for m in got[:resumed] if m["type"] == "final" and m["text"]]
+    after = [m["text"] for m in got[resumed:] if m["type"] == "final" and m["text"]]
+    # The first peer's two sentences, then the new peer's three, each finalized (at most twice).
+    assert 2 <= len(before) <= 4 and 3 <= len(after) <= 6, (before, after)
+    # Over Opus tiny.en hears "clubs" as "close" and "five five" as "5 5 5": runs measured 0.19 to
+    # 0.33 (a fresh-clone CI run heard "seven of hearts" as "7th part"); the new peer's audio lost
+    # or garbled is 0.6 or more.
+    text = " ".join(before + after)
+    assert wer(reference("cards_16k.wav"), text) < 0.4, text
     assert not server.peers and not server._connections
