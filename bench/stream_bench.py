@@ -34,13 +34,13 @@ noise or room, which are at the caller's end): the human recordings become telep
 speech, where the project's own 8 kHz recordings are synthetic voices; ``--gain-db -30``
 turns all of it down 30 dB (16-bit samples, sent at 16 kHz), as a quiet microphone or a
 far talker sends it (the recordings' speech is at -19 to -25 dBFS);
-``--fast-reader`` cuts every pause in one-channel recordings to 0.12 s, as a reader who
-hardly stops between sentences leaves them (only sentence splits can then end a sentence
-before the reading stops; ``--interim-results false`` as Deepgram's clients ask). Either
-way, the end of speech is found in the dry recording, so a reverberant tail or noise
-counts as latency, as a user would feel it. Sentence spans come from
-tests/audio_fixtures/manifest.json. Not a test: it prints a table (--json writes the
-raw figures).
+``--fast-reader`` cuts every pause in one-channel recordings to 0.12 s (it leaves the
+others out), as a reader who hardly stops between sentences leaves them (only sentence
+splits can then end a sentence before the reading stops; ``--interim-results false`` as
+Deepgram's clients ask). Either way, the end of speech is found in the dry recording, so
+a reverberant tail or noise counts as latency, as a user would feel it. Sentence spans
+come from tests/audio_fixtures/manifest.json. Not a test: it prints a table (--json
+writes the raw figures).
 """
 
 from __future__ import annotations
@@ -262,12 +262,22 @@ def fixture_names(arg: str) -> list[str]:
     return list(_ADDED) if arg == "all" else arg.split(",")
 
 
+def one_channel(names: list[str]) -> list[str]:
+    """``--fast-reader``'s recordings: those of one channel (a call's channels would fall out of
+    step); the others are left out, and said so."""
+    kept = [n for n in names if MANIFEST[n]["channels"] == 1]
+    if len(kept) < len(names):
+        left = ", ".join(n for n in names if n not in kept)
+        print(f"--fast-reader: one-channel recordings only; left out {left}", file=sys.stderr)
+    if not kept:
+        raise SystemExit("--fast-reader needs one-channel recordings")
+    return kept
+
+
 def use_fast_reader(name: str) -> None:
-    """From here on, ``name`` is its :func:`fast_reader` version in this process (mono recordings:
-    a call's channels would fall out of step)."""
+    """From here on, ``name`` (one channel: :func:`one_channel`) is its :func:`fast_reader` version in
+    this process."""
     entry = MANIFEST[name]
-    if entry["channels"] != 1:
-        raise SystemExit(f"--fast-reader needs one-channel recordings; {name} has {entry['channels']}")
     audio, spans = fast_reader(load_channels(name)[0], entry["spans"][0])
     MANIFEST[name] = {**entry, "spans": [spans]}
     _DERIVED[name] = [audio]
@@ -486,6 +496,7 @@ def main() -> None:
         stream_options["split_after_s"] = args.split_after_s
 
     if args.fast_reader:
+        names = one_channel(names)
         for name in names:
             use_fast_reader(name)
     proc, port = start_server(args.compute_type, *args.server_arg)
