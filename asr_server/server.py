@@ -110,6 +110,7 @@ class AsrServer:
         self.interim_runner: Runner | None = None
         self._server: Server | None = None
         self._connections: set[Connection] = set()
+        self._handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes of accepted connections under way
         self.resumes: ResumeTable[Connection] = ResumeTable()  # resume tokens of live sessions
         self.ended = EndedSessions(limits.ended_session_ttl_s)  # logs of ended sessions, for late followers
         self.peers: set[RtcIngest] = set()  # open WebRTC peer connections
@@ -169,7 +170,8 @@ class AsrServer:
             self.host,
             self.port,
             process_request=lambda connection, request: route(self, connection, request),
-            create_connection=lambda *args, **kwargs: OneRequestConnection(*args, admit=self._let_in, **kwargs),
+            create_connection=lambda *args, **kwargs: OneRequestConnection(
+                *args, admit=self._let_in, tls=self.ssl, handshakes=self._handshakes, **kwargs),
             select_subprotocol=select_subprotocol,
             # Frames up to twice the limit are read so that we can answer with our own
             # frame_too_large error; anything larger is cut off by websockets (close 1009).
@@ -178,7 +180,7 @@ class AsrServer:
             # Our own keepalive (Connection._keepalive): the library's would cut off a client
             # whose pongs wait behind audio while we hold back reading (backpressure).
             ping_interval=None,
-            ssl=self.ssl,
+            # TLS is served by each connection (OneRequestConnection), after the gate has counted it.
         )
         self.webhooks.start()
         sock = next(iter(self._server.sockets))
@@ -317,6 +319,9 @@ class AsrServer:
         self._measure_stop.set()  # a re-measure under way ends before its next model call
         if self._server is not None:
             self._server.close(close_connections=False)
+        for handshake in list(self._handshakes):  # TLS handshakes under way: no session yet, nothing owed
+            handshake.cancel()
+        await asyncio.gather(*self._handshakes, return_exceptions=True)
         conns = list(self._connections)
         for conn in conns:
             await conn.shut_down()

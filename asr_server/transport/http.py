@@ -14,6 +14,7 @@ import dataclasses
 import http
 import json
 import math
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
@@ -43,6 +44,8 @@ KEY_SUBPROTOCOL = "openai-insecure-api-key."
 TOKENS_PATH = "/v1/tokens"
 RESUME_TOKEN_HEADER = "Asr-Resume-Token"  # a session's own resume token: its transcript, without a key
 MAX_HELD_BYTES = 64 * 1024  # bytes after a request head held until its answer is out (a WebSocket client sends none)
+TLS_HANDSHAKE_S = 10.0  # a TLS handshake is cut off after this long (websockets' own default for it)
+TLS_SHUTDOWN_S = 10.0  # ... and a TLS close that the client does not answer
 CLIENT_PREFIX = "/client/"  # the browser client's modules, which allowed origins' pages may import
 
 
@@ -272,11 +275,20 @@ class OneRequestConnection(ServerConnection):
     session ends at its idle timeout).
     """
 
-    def __init__(self, *args: object, admit: Callable[[asyncio.Transport], Ticket | Refusal] | None = None, **kwargs: object) -> None:
+    def __init__(
+        self, *args: object, admit: Callable[[asyncio.Transport], Ticket | Refusal] | None = None, tls: ssl.SSLContext | None = None,
+        handshakes: set[asyncio.Task[None]] | None = None, **kwargs: object,
+    ) -> None:
         """``admit``: asked for every accepted connection (:class:`~.gate.ConnectionGate`): a refused one
-        is answered 503 ``overloaded`` and closed once its request head has come (or at once)."""
+        is answered 503 ``overloaded`` and closed once its request head has come (or at once).
+        ``tls``: serve TLS on the accepted connection, asked of ``admit`` before its handshake (see
+        :meth:`connection_made`); ``handshakes`` holds the handshakes under way, for a stop to cancel."""
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._admit = admit
+        self._tls = tls
+        self._handshakes = handshakes if handshakes is not None else set()
+        self._secured = tls is None  # whether websockets' connection has its (TLS) transport
+        self._early: list[bytes | None] = []  # what came with the end of the TLS handshake, before it (None: the end)
         self._ticket: Ticket | Refusal | None = None
         self.principal: Principal = ANONYMOUS  # who the handshake was let in as (see route)
         self._reading_head = True  # until the first request head has been fed
@@ -284,11 +296,58 @@ class OneRequestConnection(ServerConnection):
         self._held: bytes | None = None  # bytes after the request head, until the handshake is over
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
         if self._admit is not None:
             self._ticket = self._admit(transport)  # type: ignore[arg-type]
-            if isinstance(self._ticket, Refusal):
-                self._refuse(self._ticket)
+        if self._tls is None:
+            self._opened(transport)
+            return
+        # TLS: the gate counts the connection from its accept, not from the end of its handshake
+        # (with asyncio's own TLS a client could hold thousands of handshakes the gate never saw,
+        # each up to TLS_HANDSHAKE_S). A refused one is answered after a handshake of LINGER_S at most.
+        refused = self._ticket if isinstance(self._ticket, Refusal) else None
+        if refused is not None and not refused.linger:
+            self._end_unsecured(transport)
+            return
+        transport.pause_reading()  # the client's hello waits for the TLS layer, not for this protocol
+        handshake = self.loop.create_task(self._secure(transport, LINGER_S if refused is not None else TLS_HANDSHAKE_S))
+        self._handshakes.add(handshake)
+        handshake.add_done_callback(self._handshakes.discard)
+
+    async def _secure(self, transport: asyncio.BaseTransport, timeout_s: float) -> None:
+        assert self._tls is not None
+        try:
+            secured = await self.loop.start_tls(
+                transport, self, self._tls, server_side=True, ssl_handshake_timeout=timeout_s,  # type: ignore[arg-type]
+                ssl_shutdown_timeout=TLS_SHUTDOWN_S)
+        except asyncio.CancelledError:  # the server stops
+            self._end_unsecured(transport)
+            raise
+        except Exception:  # a failed or timed-out handshake; asyncio logs why at debug level
+            self._end_unsecured(transport)
+            return
+        if secured is None or secured.is_closing():  # lost as the handshake ended
+            self._end_unsecured(transport)
+            return
+        self._opened(secured)
+
+    def _opened(self, transport: asyncio.BaseTransport) -> None:
+        """The connection can carry HTTP: hand it to websockets, or answer a refusal."""
+        self._secured = True
+        super().connection_made(transport)
+        if isinstance(self._ticket, Refusal):
+            self._refuse(self._ticket)
+        early, self._early = self._early, []
+        for data in early:
+            if data is None:
+                self.eof_received()
+            else:
+                self.data_received(data)
+
+    def _end_unsecured(self, transport: asyncio.BaseTransport) -> None:
+        """A TLS connection that ends before websockets had it: its place at the gate back, its socket closed."""
+        transport.abort()
+        if self._ticket is not None:
+            self._ticket.close()
 
     def _refuse(self, refusal: Refusal) -> None:
         """Answer at once; close when the request head is in (closing on unread bytes resets the
@@ -302,9 +361,13 @@ class OneRequestConnection(ServerConnection):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._ticket is not None:
             self._ticket.close()
-        super().connection_lost(exc)
+        if self._secured:  # else websockets never had it (a TLS handshake that did not end well)
+            super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if not self._secured:  # asyncio's TLS layer reads on as its handshake ends, before start_tls returns
+            self._early.append(data)
+            return
         refused = isinstance(self._ticket, Refusal)
         if not self._reading_head and not refused:  # the handshake is over: a WebSocket's frames go straight through
             super().data_received(data)
@@ -326,6 +389,12 @@ class OneRequestConnection(ServerConnection):
             self._ticket.opened()  # its request head is in (an SSE answer may then wait 8 s for news)
         self._held = data[cut:]
         super().data_received(data[:cut])
+
+    def eof_received(self) -> None:
+        if not self._secured:
+            self._early.append(None)
+            return
+        super().eof_received()
 
     def _head_end(self, data: bytes) -> int:
         """Where in ``data`` the request head ends (just past its blank line), or -1 if not yet."""

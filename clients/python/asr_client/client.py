@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl as ssl_module
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -397,12 +398,15 @@ class connect:
     after a dropped connection (see :class:`AsrStream`). ``headers``: more
     handshake headers (a W3C ``traceparent`` puts the stream in your trace).
     ``ping_interval``, ``ping_timeout``: the keepalive (:class:`Keepalive`; ``None``: none).
+    ``ssl``: the TLS context for a ``wss://`` server (one that trusts a self-signed certificate, say);
+    by default the system's trusted certificates (``SSL_CERT_FILE`` names others).
     """
 
     def __init__(
         self, url: str, *, open_timeout: float = 10.0, api_key: str | None = None,
         token: str | Callable[[], Awaitable[str]] | None = None, resume: bool = True, resume_buffer_bytes: int = 8 << 20,
-        headers: dict[str, str] | None = None, ping_interval: float | None = 20.0, ping_timeout: float = 20.0, **options: Any,
+        headers: dict[str, str] | None = None, ping_interval: float | None = 20.0, ping_timeout: float = 20.0,
+        ssl: ssl_module.SSLContext | None = None, **options: Any,
     ) -> None:
         self.url = listen_url(url, **options)
         self.base_url = listen_url(url)
@@ -412,6 +416,7 @@ class connect:
         self.resume = resume
         self.resume_buffer_bytes = resume_buffer_bytes
         self.keepalive = Keepalive(ping_interval, ping_timeout) if ping_interval is not None else None
+        self.ssl = ssl
         self._stream: AsrStream | None = None
 
     async def _open(self, url: str) -> ClientConnection:
@@ -419,8 +424,10 @@ class connect:
         if token is not None:
             url = _with_query(url, token=token)
         # Not the library's keepalive: it judges its own pongs, which wait behind audio the server holds back.
+        tls = {"ssl": self.ssl} if self.ssl is not None else {}  # websockets refuses a context for ws://
         return await ws_connect(
             url, open_timeout=self.open_timeout, max_size=None, additional_headers=self.headers, ping_interval=None, create_connection=_Connection,
+            **tls,
         )
 
     async def __aenter__(self) -> AsrStream:
