@@ -104,7 +104,9 @@ def test_every_ending_releases_peer_tracks_and_tasks(rtc_server, how):
         # Ended by the client or by the media path: results flushed, closed cleanly.
         assert run.of_type("closed") and run.close_code == 1000, (run.messages[-3:], run.close_code)
         first = MANIFEST[FIXTURE]["references"][0][0]
-        assert wer(first, run.final_text()) <= 0.34, run.final_text()  # Opus may turn "clubs" into "close"
+        # Flushed, not lost (lost: WER 1). Three words are too few to judge accuracy by (the test
+        # above does): Opus turns "clubs" into "close" (0.333) in every run seen, one slip more is 0.667.
+        assert wer(first, run.final_text()) <= 0.67, run.final_text()
     assert wait_until(lambda: not rtc_server.server.peers and not rtc_server.server._connections)
     assert wait_until(lambda: live_objects() == (0, 0)), live_objects()
     assert wait_until(lambda: server_tasks(rtc_server) <= tasks_before), (server_tasks(rtc_server), tasks_before)
