@@ -25,7 +25,7 @@ from websockets.http11 import Request, Response
 
 from .. import __version__
 from ..access import ANONYMOUS, Principal
-from ..errors import AsrError, InvalidOption, OverloadError, TokensDisabled, wire_info
+from ..errors import AsrError, ClientError, InvalidOption, OverloadError, TokensDisabled, wire_info
 from ..metrics import OPENMETRICS, TEXT
 from ..protocol.openai_realtime import REALTIME_PATH
 from ..protocol.twilio import TWILIO_PATH
@@ -44,18 +44,33 @@ KEY_SUBPROTOCOL = "openai-insecure-api-key."
 TOKENS_PATH = "/v1/tokens"
 RESUME_TOKEN_HEADER = "Asr-Resume-Token"  # a session's own resume token: its transcript, without a key
 MAX_HELD_BYTES = 64 * 1024  # bytes after a request head held until its answer is out (a WebSocket client sends none)
+MAX_HEAD_BYTES = 64 * 1024  # a request head held whole until its end, up to this (longer: websockets judges it as it comes)
 TLS_HANDSHAKE_S = 10.0  # a TLS handshake is cut off after this long (websockets' own default for it)
 TLS_SHUTDOWN_S = 10.0  # ... and a TLS close that the client does not answer
 CLIENT_PREFIX = "/client/"  # the browser client's modules, which allowed origins' pages may import
+# Headers read as one value: a request that repeats one is refused (websockets' Headers.get raised,
+# and the client got a 500 and the log a traceback). List-valued ones are read joined (``_joined``).
+SINGLE_HEADERS = ("Host", "Authorization", "Origin", RESUME_TOKEN_HEADER, "Last-Event-ID")
 
 
 def route(server: "AsrServer", connection: "OneRequestConnection", request: Request) -> Response | Awaitable[Response] | None:
+    repeated = next((name for name in SINGLE_HEADERS if len(request.headers.get_all(name)) > 1), None)
+    if repeated is not None:
+        return error_response(ClientError(f"the {repeated} header came more than once; send it once"))
+    if connection.sent_body:
+        return error_response(ClientError("this server reads no request body: options go in the query string "
+                                          "(POST /v1/tokens?ttl_s=N with an empty body)"))
     if request.method == "HEAD" and _headable(server, urlsplit(request.path).path):
         # Uptime monitors and load balancers often ask HEAD: the GET answer's status and headers.
         answer = _route(server, connection, dataclasses.replace(request, method="GET"))
         assert isinstance(answer, Response)  # the health check and the page's files answer at once
         return dataclasses.replace(answer, body=b"")
     return _route(server, connection, request)
+
+
+def _joined(headers: Headers, name: str) -> str:
+    """A list-valued header, sent once or more (RFC 9110 5.3: the same as one comma-separated line)."""
+    return ", ".join(headers.get_all(name))
 
 
 def _headable(server: "AsrServer", path: str) -> bool:
@@ -78,7 +93,7 @@ def _route(server: "AsrServer", connection: "OneRequestConnection", request: Req
         return response(status, json.dumps(health(server)).encode(), "application/json")
     if path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH, TOKENS_PATH, "/metrics", SESSIONS_PATH) or followed or transcribed:
         query = parse_qs(parts.query)
-        upgrade = "websocket" in (request.headers.get("Upgrade") or "").lower()
+        upgrade = "websocket" in _joined(request.headers, "Upgrade").lower()
         handshake = path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH) or (followed is not None and upgrade)
         resume_token = request.headers.get(RESUME_TOKEN_HEADER) if transcribed is not None else None
         try:
@@ -136,7 +151,7 @@ def _static(server: "AsrServer", request: Request, path: str, page: StaticFile) 
     """A page file, or 304 when the browser holds this version (``If-None-Match``): the files are
     checked on every load (``no-cache``), and sent again only when the server's copy changed."""
     extra = [("ETag", page.etag), *_module_cors(server, request, path)]
-    if page.etag in (request.headers.get("If-None-Match") or ""):
+    if page.etag in _joined(request.headers, "If-None-Match"):
         # No Content-Length: in a 304 it would have to be the file's, and no body follows.
         headers = Headers([("Cache-Control", "no-cache"), ("Connection", "close"), *extra])
         return Response(http.HTTPStatus.NOT_MODIFIED.value, http.HTTPStatus.NOT_MODIFIED.phrase, headers, b"")
@@ -179,7 +194,7 @@ def _authorize(server: "AsrServer", request: Request, token: str | None) -> Prin
     authorization = headers.get("Authorization")
     if authorization is None:
         # Browsers cannot set headers on a WebSocket: OpenAI's clients there put the key in a subprotocol.
-        offered = [p.strip() for p in (headers.get("Sec-WebSocket-Protocol") or "").split(",")]
+        offered = [p.strip() for p in _joined(headers, "Sec-WebSocket-Protocol").split(",")]
         key = next((p[len(KEY_SUBPROTOCOL):] for p in offered if p.startswith(KEY_SUBPROTOCOL)), None)
         authorization = f"Bearer {key}" if key else None
     return server.access.authenticate(authorization, token, server.clock())
@@ -258,6 +273,12 @@ def response(status: http.HTTPStatus, body: bytes, content_type: str, cache: str
     return Response(status.value, status.phrase, headers, body)
 
 
+def _announces_body(line: bytes) -> bool:
+    name, colon, value = line.partition(b":")
+    name = name.strip().lower()
+    return bool(colon) and (name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"))
+
+
 class OneRequestConnection(ServerConnection):
     """A connection that reads one HTTP request before anything else.
 
@@ -294,6 +315,8 @@ class OneRequestConnection(ServerConnection):
         self._reading_head = True  # until the first request head has been fed
         self._tail = b""  # the last bytes of the request head seen so far (to find its end across reads)
         self._held: bytes | None = None  # bytes after the request head, until the handshake is over
+        self._head: bytearray | None = bytearray()  # the request head so far, while held whole (None: passed on as it came)
+        self.sent_body = False  # the request came with a body, taken out of its head for route to refuse
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._admit is not None:
@@ -383,12 +406,31 @@ class OneRequestConnection(ServerConnection):
                 self.transport.close()
             return
         if cut < 0:
-            super().data_received(data)
+            self._hold_head(data)
             return
         if self._ticket is not None:
             self._ticket.opened()  # its request head is in (an SSE answer may then wait 8 s for news)
         self._held = data[cut:]
-        super().data_received(data[:cut])
+        head, self._head = (None if self._head is None else self._without_body(bytes(self._head) + data[:cut])), None
+        super().data_received(head if head is not None else data[:cut])
+
+    def _hold_head(self, data: bytes) -> None:
+        if self._head is not None and len(self._head) + len(data) <= MAX_HEAD_BYTES:
+            self._head += data
+            return
+        if self._head:
+            super().data_received(bytes(self._head))
+        self._head = None
+        super().data_received(data)
+
+    def _without_body(self, head: bytes) -> bytes:
+        """``head`` without the headers that announce a body (websockets closed such a request
+        without a word, and ``curl -d``, ``fetch`` with a body or a JSON POST got an empty reply):
+        the body is held and dropped like any bytes after the head, and :func:`route` refuses it."""
+        lines = head.split(b"\r\n")
+        kept = [lines[0]] + [line for line in lines[1:] if not _announces_body(line)]
+        self.sent_body = len(kept) < len(lines)
+        return b"\r\n".join(kept)
 
     def eof_received(self) -> None:
         if not self._secured:
@@ -418,6 +460,6 @@ class OneRequestConnection(ServerConnection):
 
 def _metrics(server: "AsrServer", request: Request) -> Response:
     """Prometheus text, or OpenMetrics with exemplars for a scraper whose Accept asks for it."""
-    wants_openmetrics = "application/openmetrics-text" in (request.headers.get("Accept") or "")
+    wants_openmetrics = "application/openmetrics-text" in _joined(request.headers, "Accept")
     body = server.metrics.render(openmetrics_format=wants_openmetrics)
     return response(http.HTTPStatus.OK, body, OPENMETRICS if wants_openmetrics else TEXT)

@@ -392,3 +392,51 @@ def test_admission_follows_the_measured_cost_of_a_final_in_a_burst(whisper_runne
         assert health["capacity"]["observed_finals"] >= 1 and health["max_channels"] == capacity.channels()
     finally:
         server.stop()
+
+
+def _exchange(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """One raw request; (head, body) of the answer, read until the server closes."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head, body
+
+
+@pytest.mark.parametrize("extra", [
+    b"Content-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"ttl_s\": 30}",  # fetch() or requests.post(json=...)
+    b"Transfer-Encoding: chunked\r\n\r\nd\r\n{\"ttl_s\": 30}\r\n0\r\n\r\n",
+])
+def test_a_request_with_a_body_gets_a_clear_refusal_not_an_empty_reply(live_server, caplog, extra):
+    """websockets closed a request that had a body without answering ('Empty reply from server')."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        head, body = _exchange(live_server.server.port, b"POST /v1/tokens HTTP/1.1\r\nHost: localhost\r\n" + extra)
+    error = json.loads(body)
+    assert head.startswith(b"HTTP/1.1 400") and error["code"] == "bad_request" and "query string" in error["message"], (head, body)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    empty = _exchange(live_server.server.port, b"POST /v1/tokens HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")
+    assert json.loads(empty[1])["code"] == "tokens_disabled"  # an empty body is no body (this server has no keys)
+
+
+@pytest.mark.parametrize("header", [b"Authorization: Bearer a", b"Origin: http://localhost", b"Host: localhost"])
+def test_a_header_that_must_come_once_sent_twice_is_refused_not_an_internal_error(live_server, caplog, header):
+    """websockets' Headers.get raised on a repeated header: HTTP 500 and a traceback in the log."""
+    import logging
+
+    request = b"GET /v1/sessions HTTP/1.1\r\nHost: localhost\r\n" + header + b"\r\n" + header + b"\r\n\r\n"
+    with caplog.at_level(logging.INFO):
+        head, body = _exchange(live_server.server.port, request)
+    error = json.loads(body)
+    name = header.split(b":")[0].decode()
+    assert head.startswith(b"HTTP/1.1 400") and error["code"] == "bad_request" and name in error["message"], (head, body)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    # A list-valued header may come twice: read as one comma-separated line.
+    head, _ = _exchange(live_server.server.port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: text/plain\r\n"
+                        b"Accept: application/openmetrics-text\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"application/openmetrics-text" in head
