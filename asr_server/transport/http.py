@@ -294,6 +294,11 @@ class OneRequestConnection(ServerConnection):
     wait 8 s for news, and a client sent 90 MiB meanwhile; a WebSocket
     client that sends that much before our 101 broke the protocol, and its
     session ends at its idle timeout).
+
+    The request head itself is held until its end (up to ``MAX_HEAD_BYTES``)
+    so that a body it announces can be taken out and refused with an answer
+    (:meth:`_without_body`). With ``tls`` the connection runs its own TLS
+    handshake after the gate has counted it (:meth:`connection_made`).
     """
 
     def __init__(
@@ -411,8 +416,11 @@ class OneRequestConnection(ServerConnection):
         if self._ticket is not None:
             self._ticket.opened()  # its request head is in (an SSE answer may then wait 8 s for news)
         self._held = data[cut:]
-        head, self._head = (None if self._head is None else self._without_body(bytes(self._head) + data[:cut])), None
-        super().data_received(head if head is not None else data[:cut])
+        head = data[:cut]
+        if self._head is not None:  # held whole: its body, if any, is taken out
+            head = self._without_body(bytes(self._head) + head)
+        self._head = None
+        super().data_received(head)
 
     def _hold_head(self, data: bytes) -> None:
         if self._head is not None and len(self._head) + len(data) <= MAX_HEAD_BYTES:
