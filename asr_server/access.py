@@ -9,9 +9,10 @@ never logged or sent: only a key's *name* appears in logs, metrics and the
   SDKs send it). When no key is configured, every request is let in (the
   command line then listens on loopback only unless told otherwise).
 * **Tokens.** Browsers cannot set headers on a WebSocket, so a backend that
-  holds a key mints a token (``POST /v1/tokens``) and the page passes it as
-  ``?token=``. A token is good once, for ``token_ttl_s``, with its key's
-  quotas.
+  holds a key mints a token (``POST /v1/tokens``, or Deepgram's ``POST
+  /v1/auth/grant``) and the page passes it as ``?token=`` (or in the header or
+  subprotocol where a key would go). A token is good once, for
+  ``token_ttl_s``, with its key's quotas.
 * **Origins.** A request with an ``Origin`` header (a browser) is let in only
   from the server's own origin or one given with ``--allowed-origin``, keys
   or no keys: otherwise any page a user visits could drive a server on their
@@ -145,8 +146,10 @@ class Access:
             return
         raise OriginNotAllowed(f"pages from {origin} may not use this server (see --allowed-origin)")
 
-    def authenticate(self, authorization: str | None, token: str | None, now: float) -> Principal:
-        """The principal of a request's ``Authorization`` header or ``token`` (used up here)."""
+    def authenticate(self, authorization: str | None, token: str | None, now: float, *, tokens: bool = False) -> Principal:
+        """The principal of a request's ``Authorization`` header or ``token`` (used up here).
+        ``tokens``: a minted token may also stand in the header, as a key does (``Bearer TOKEN``:
+        what Deepgram's clients send with a temporary token); only a stream's handshake may."""
         if not self.enabled:
             return ANONYMOUS
         if authorization:
@@ -155,14 +158,19 @@ class Access:
                 key = self._key(secret.strip())
                 if key is not None:
                     return Principal(key.name, key.max_channels, key.streams_per_minute)
+                if tokens and secret.strip():
+                    return self._use_token(secret.strip(), now, "neither a valid API key nor a token (unknown, expired or already used)")
             raise Unauthorized("the API key is not valid")
         if token:
-            self._expire(now)
-            held = self._tokens.pop(token, None)
-            if held is not None:
-                return held[0]
-            raise Unauthorized("the token is not valid: unknown, expired or already used")
+            return self._use_token(token, now, "the token is not valid: unknown, expired or already used")
         raise Unauthorized("an API key is required: send Authorization: Bearer KEY, or ?token= from POST /v1/tokens")
+
+    def _use_token(self, token: str, now: float, refusal: str) -> Principal:
+        self._expire(now)
+        held = self._tokens.pop(token, None)
+        if held is not None:
+            return held[0]
+        raise Unauthorized(refusal)
 
     def mint_token(self, principal: Principal, now: float, ttl_s: float | None = None) -> tuple[str, float]:
         """A single-use token for ``principal`` and its lifetime in seconds (at most ``token_ttl_s``)."""

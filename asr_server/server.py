@@ -362,7 +362,8 @@ class AsrServer:
             await follow(self, ws, principal, followed, query)
         elif path == LISTEN_PATH:
             authorization = ws.request.headers.get("Authorization") if ws.request else None
-            await self._stream(ws, principal, query, "deepgram" if is_deepgram(query, authorization) else "native")
+            deepgram = is_deepgram(query, authorization, ws.subprotocol)
+            await self._stream(ws, principal, query, "deepgram" if deepgram else "native")
         else:
             await self._stream(ws, principal, query, {REALTIME_PATH: "openai", TWILIO_PATH: "twilio"}[path])
 

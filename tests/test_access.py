@@ -44,6 +44,20 @@ def test_a_removed_key_is_refused_from_the_next_request_and_its_tokens_stop_work
         access.authenticate(None, token, 1.0)
 
 
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "Token"])
+def test_a_token_may_stand_where_a_key_goes_on_a_handshake_only_and_once(scheme):
+    """Deepgram's clients send a temporary token as ``Authorization: bearer TOKEN``."""
+    access = Access(AccessOptions(keys=KEYS))
+    bob = access.authenticate("Bearer s3cret-b", None, 0.0)
+    token, _ = access.mint_token(bob, 0.0)
+    with pytest.raises(Unauthorized):
+        access.authenticate(f"{scheme} {token}", None, 1.0)  # not a key: minting or metrics
+    assert access.authenticate(f"{scheme} {token}", None, 1.0, tokens=True) == bob
+    with pytest.raises(Unauthorized, match="already used"):
+        access.authenticate(f"{scheme} {token}", None, 2.0, tokens=True)
+    assert access.authenticate("Token s3cret-a", None, 2.0, tokens=True).name == "alice"  # keys as before
+
+
 def test_a_token_is_good_once_and_only_within_its_lifetime():
     access = Access(AccessOptions(keys=KEYS, token_ttl_s=60.0))
     bob = access.authenticate("Bearer s3cret-b", None, 0.0)

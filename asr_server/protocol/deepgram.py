@@ -46,9 +46,13 @@ class DeepgramOptions:
     channels: int = 1
 
 
-def is_deepgram(query: Mapping[str, list[str]], authorization: str | None) -> bool:
-    """A Deepgram client: ``Authorization: Token ...``, or a parameter only Deepgram has, or ``encoding=linear16``."""
+def is_deepgram(query: Mapping[str, list[str]], authorization: str | None, subprotocol: str | None = None) -> bool:
+    """A Deepgram client: ``Authorization: Token ...``, or a parameter only Deepgram has, or
+    ``encoding=linear16``, or a browser's credentials in Deepgram's subprotocols (``token`` or
+    ``bearer``, then the secret: the subprotocol answered)."""
     if authorization and authorization.strip().lower().startswith("token "):
+        return True
+    if subprotocol is not None and subprotocol.lower() in ("token", "bearer"):
         return True
     return bool(DEEPGRAM_ONLY & set(query)) or query.get("encoding", [""])[0] in ("linear16", "linear32", "opus", "ogg-opus")
 

@@ -41,10 +41,13 @@ __all__ = ["LISTEN_PATH", "REALTIME_PATH", "TOKENS_PATH", "select_subprotocol", 
 
 LISTEN_PATH = "/v1/listen"
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
+DEEPGRAM_SUBPROTOCOLS = ("token", "bearer")  # Deepgram's browser clients: the scheme, then the key or token
 TOKENS_PATH = "/v1/tokens"
+GRANT_PATH = "/v1/auth/grant"  # Deepgram's temporary-token request (its SDKs' ``auth.v1.tokens.grant``)
 RESUME_TOKEN_HEADER = "Asr-Resume-Token"  # a session's own resume token: its transcript, without a key
 MAX_HELD_BYTES = 64 * 1024  # bytes after a request head held until its answer is out (a WebSocket client sends none)
 MAX_HEAD_BYTES = 64 * 1024  # a request head held whole until its end, up to this (longer: websockets judges it as it comes)
+MAX_BODY_BYTES = 4096  # a request body read (a token request's JSON); a larger or chunked one is refused unread
 TLS_HANDSHAKE_S = 10.0  # a TLS handshake is cut off after this long (websockets' own default for it)
 TLS_SHUTDOWN_S = 10.0  # ... and a TLS close that the client does not answer
 CLIENT_PREFIX = "/client/"  # the browser client's modules, which allowed origins' pages may import
@@ -57,15 +60,24 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
     repeated = next((name for name in SINGLE_HEADERS if len(request.headers.get_all(name)) > 1), None)
     if repeated is not None:
         return error_response(ClientError(f"the {repeated} header came more than once; send it once"))
-    if connection.sent_body:
-        return error_response(ClientError("this server reads no request body: options go in the query string "
-                                          "(POST /v1/tokens?ttl_s=N with an empty body)"))
+    if connection.sent_body and not _reads_body(request, connection):
+        return error_response(_refused_body(request))
     if request.method == "HEAD" and _headable(server, urlsplit(request.path).path):
         # Uptime monitors and load balancers often ask HEAD: the GET answer's status and headers.
         answer = _route(server, connection, dataclasses.replace(request, method="GET"))
         assert isinstance(answer, Response)  # the health check and the page's files answer at once
         return dataclasses.replace(answer, body=b"")
     return _route(server, connection, request)
+
+
+def _reads_body(request: Request, connection: "OneRequestConnection") -> bool:
+    return request.method == "POST" and urlsplit(request.path).path in (TOKENS_PATH, GRANT_PATH) and connection.body is not None
+
+
+def _refused_body(request: Request) -> ClientError:
+    if request.method == "POST" and urlsplit(request.path).path in (TOKENS_PATH, GRANT_PATH):
+        return ClientError(f"a token request's body is a JSON object of at most {MAX_BODY_BYTES} bytes, sent with Content-Length")
+    return ClientError("this server reads no request body here: options go in the query string")
 
 
 def _joined(headers: Headers, name: str) -> str:
@@ -80,7 +92,7 @@ def _headable(server: "AsrServer", path: str) -> bool:
 def _route(server: "AsrServer", connection: "OneRequestConnection", request: Request) -> Response | Awaitable[Response] | None:
     parts = urlsplit(request.path)
     path = parts.path
-    post = path == TOKENS_PATH
+    post = path in (TOKENS_PATH, GRANT_PATH)
     followed = parse_follow_path(path)
     transcribed = parse_follow_path(path, "transcript")
     if request.method == "OPTIONS" and transcribed is not None:
@@ -91,7 +103,7 @@ def _route(server: "AsrServer", connection: "OneRequestConnection", request: Req
     if path == "/healthz":
         status = http.HTTPStatus.OK if server.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
         return response(status, json.dumps(health(server)).encode(), "application/json")
-    if path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH, TOKENS_PATH, "/metrics", SESSIONS_PATH) or followed or transcribed:
+    if path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH, TOKENS_PATH, GRANT_PATH, "/metrics", SESSIONS_PATH) or followed or transcribed:
         query = parse_qs(parts.query)
         upgrade = "websocket" in _joined(request.headers, "Upgrade").lower()
         handshake = path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH) or (followed is not None and upgrade)
@@ -102,15 +114,15 @@ def _route(server: "AsrServer", connection: "OneRequestConnection", request: Req
                 _check_origin(server, request.headers)
                 return _shared(transcript_response(server, ANONYMOUS, transcribed, query, resume_token), request)
             # Only a handshake may use a token (a token cannot mint another, nor read metrics).
-            principal = _authorize(server, request, query.get("token", [None])[0] if handshake else None)
+            principal = _authorize(server, request, handshake, query.get("token", [None])[0] if handshake else None)
         except AsrError as error:
             server.refused_access(error, path)
             return error_response(error)
         if handshake:
             connection.principal = principal
             return None  # go on with the WebSocket handshake
-        if path == TOKENS_PATH:
-            return _mint(server, principal, query)
+        if post:
+            return _mint(server, principal, path, query, connection.body)
         if path == SESSIONS_PATH:
             return response(http.HTTPStatus.OK, json.dumps({"sessions": session_list(server, principal)}).encode(), "application/json")
         if transcribed is not None:
@@ -188,47 +200,81 @@ def _shared(answer: Response | Awaitable[Response], request: Request) -> Respons
     return shared()
 
 
-def _authorize(server: "AsrServer", request: Request, token: str | None) -> Principal:
+def _authorize(server: "AsrServer", request: Request, handshake: bool, token: str | None) -> Principal:
+    """Who a request comes from. Only a stream's handshake may use a minted token: as ``?token=``,
+    or where a key would go."""
     headers = request.headers
     _check_origin(server, headers)
     authorization = headers.get("Authorization")
-    if authorization is None:
-        # Browsers cannot set headers on a WebSocket: OpenAI's clients there put the key in a subprotocol.
-        offered = [p.strip() for p in _joined(headers, "Sec-WebSocket-Protocol").split(",")]
-        key = next((p[len(KEY_SUBPROTOCOL):] for p in offered if p.startswith(KEY_SUBPROTOCOL)), None)
-        authorization = f"Bearer {key}" if key else None
-    return server.access.authenticate(authorization, token, server.clock())
+    if authorization is None and handshake:
+        authorization = _subprotocol_credentials([p.strip() for p in _joined(headers, "Sec-WebSocket-Protocol").split(",")])
+    return server.access.authenticate(authorization, token, server.clock(), tokens=handshake)
+
+
+def _subprotocol_credentials(offered: Sequence[str]) -> str | None:
+    """Browsers cannot set headers on a WebSocket, so their clients put the credentials in its
+    subprotocols: OpenAI's as ``openai-insecure-api-key.KEY``, Deepgram's as the pair ``token``,
+    KEY or ``bearer``, TOKEN. As an ``Authorization`` header, or None."""
+    key = next((p[len(KEY_SUBPROTOCOL):] for p in offered if p.startswith(KEY_SUBPROTOCOL)), None)
+    if key:
+        return f"Bearer {key}"
+    scheme = next((i for i, p in enumerate(offered[:-1]) if p.lower() in DEEPGRAM_SUBPROTOCOLS), None)
+    return None if scheme is None else f"{offered[scheme]} {offered[scheme + 1]}"
 
 
 def select_subprotocol(connection: ServerConnection, subprotocols: Sequence[str]) -> str | None:
-    """OpenAI's browser clients offer ``realtime`` (and the key subprotocol): answer ``realtime``."""
-    return "realtime" if "realtime" in subprotocols else None
+    """OpenAI's browser clients offer ``realtime`` (and the key subprotocol): answer ``realtime``.
+    Deepgram's offer ``token`` (or ``bearer``) and the secret: answer the scheme, never the secret
+    (Chromium fails a handshake whose offered subprotocols get no answer)."""
+    if "realtime" in subprotocols:
+        return "realtime"
+    return next((p for p in subprotocols if p.lower() in DEEPGRAM_SUBPROTOCOLS), None)
 
 
-def _mint(server: "AsrServer", principal: Principal, query: dict[str, list[str]]) -> Response:
+def _mint(server: "AsrServer", principal: Principal, path: str, query: dict[str, list[str]], body: bytes | None) -> Response:
+    """A single-use token for a stream: ours (``POST /v1/tokens``, ``ttl_s`` in the query or a JSON
+    body) or Deepgram's shape (``POST /v1/auth/grant``, ``{"ttl_seconds": N}``)."""
     if principal is ANONYMOUS:
         return error_response(TokensDisabled("this server has no API keys: streams need no token"))
+    deepgram = path == GRANT_PATH
     try:
-        token, lifetime = server.access.mint_token(principal, server.clock(), _ttl(query))
+        asked = _json_object(body)
+        if deepgram:
+            ttl = _seconds("ttl_seconds", asked.get("ttl_seconds"))
+        else:
+            ttl = _seconds("ttl_s", query["ttl_s"][0] if "ttl_s" in query else asked.get("ttl_s"))
+        token, lifetime = server.access.mint_token(principal, server.clock(), ttl)
     except AsrError as error:
         return error_response(error)
     server.metrics.tokens_minted.labels(principal.name).inc()
-    body = {"token": token, "expires_in": lifetime, "key": principal.name}
-    return response(http.HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+    answer = {"access_token": token, "expires_in": lifetime} if deepgram else {"token": token, "expires_in": lifetime, "key": principal.name}
+    return response(http.HTTPStatus.OK, json.dumps(answer).encode(), "application/json")
 
 
-def _ttl(query: dict[str, list[str]]) -> float | None:
-    """A token's asked-for life (``ttl_s``), None for the server's; InvalidOption for anything but
-    a positive number of seconds (it used to be the server's default without a word)."""
-    if "ttl_s" not in query:
-        return None
-    raw = query["ttl_s"][0]
+def _json_object(body: bytes | None) -> dict:
+    """A token request's body: nothing, or a JSON object (ClientError for anything else)."""
+    if not body or not body.strip():
+        return {}
     try:
-        ttl = float(raw)
-    except ValueError:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        value = None
+    if not isinstance(value, dict):
+        raise ClientError("a token request's body must be a JSON object, such as {\"ttl_s\": 30}")
+    return value
+
+
+def _seconds(name: str, raw: object) -> float | None:
+    """A token's asked-for life, None for the server's; InvalidOption for anything but a positive
+    number of seconds (it used to be the server's default without a word)."""
+    if raw is None:
+        return None
+    try:
+        ttl = math.nan if isinstance(raw, bool) else float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
         ttl = math.nan
     if not (math.isfinite(ttl) and ttl > 0):
-        raise InvalidOption(f"ttl_s must be a positive number of seconds, got {raw[:20]!r}")
+        raise InvalidOption(f"{name} must be a positive number of seconds, got {str(raw)[:20]!r}")
     return ttl
 
 
@@ -279,6 +325,19 @@ def _announces_body(line: bytes) -> bool:
     return bool(colon) and (name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"))
 
 
+def _readable_length(lines: Sequence[bytes]) -> int | None:
+    """The length of a body announced by the head ``lines`` (those that announce one) that is
+    read whole before the request is answered: one ``Content-Length`` of at most
+    ``MAX_BODY_BYTES``; None for a chunked or larger body, which is dropped unread."""
+    if len(lines) != 1:
+        return None
+    name, _, value = lines[0].partition(b":")
+    value = value.strip()
+    if name.strip().lower() != b"content-length" or not value.isdigit() or int(value) > MAX_BODY_BYTES:
+        return None
+    return int(value)
+
+
 class OneRequestConnection(ServerConnection):
     """A connection that reads one HTTP request before anything else.
 
@@ -321,7 +380,10 @@ class OneRequestConnection(ServerConnection):
         self._tail = b""  # the last bytes of the request head seen so far (to find its end across reads)
         self._held: bytes | None = None  # bytes after the request head, until the handshake is over
         self._head: bytearray | None = bytearray()  # the request head so far, while held whole (None: passed on as it came)
-        self.sent_body = False  # the request came with a body, taken out of its head for route to refuse
+        self.sent_body = False  # the request came with a body, taken out of its head (route refuses it where none is read)
+        self.body: bytes | None = None  # that body, when it was small enough to read (MAX_BODY_BYTES)
+        self._body_length: int | None = None  # the body still to come before the head goes on to websockets
+        self._waiting_head = b""  # ... and that head
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._admit is not None:
@@ -402,7 +464,9 @@ class OneRequestConnection(ServerConnection):
             return
         if self._held is not None:
             self._held += data
-            if len(self._held) > MAX_HELD_BYTES:  # stop reading: the answer is due before any more (SSE: up to 8 s)
+            if self._body_length is not None:
+                self._read_body()
+            elif len(self._held) > MAX_HELD_BYTES:  # stop reading: the answer is due before any more (SSE: up to 8 s)
                 self.transport.pause_reading()
             return
         cut = self._head_end(data)
@@ -420,6 +484,21 @@ class OneRequestConnection(ServerConnection):
         if self._head is not None:  # held whole: its body, if any, is taken out
             head = self._without_body(bytes(self._head) + head)
         self._head = None
+        if self._body_length is not None:  # a small body is read before the request is answered
+            self._waiting_head = head
+            self._read_body()
+            return
+        super().data_received(head)
+
+    def _read_body(self) -> None:
+        """Once the announced body is in, keep it (``body``) and hand the head on (a body that does
+        not come in full is cut off by websockets' opening timeout, as a head that does not)."""
+        assert self._held is not None and self._body_length is not None
+        if len(self._held) < self._body_length:
+            return
+        self.body, self._held = self._held[: self._body_length], self._held[self._body_length:]
+        self._body_length = None
+        head, self._waiting_head = self._waiting_head, b""
         super().data_received(head)
 
     def _hold_head(self, data: bytes) -> None:
@@ -434,11 +513,15 @@ class OneRequestConnection(ServerConnection):
     def _without_body(self, head: bytes) -> bytes:
         """``head`` without the headers that announce a body (websockets closed such a request
         without a word, and ``curl -d``, ``fetch`` with a body or a JSON POST got an empty reply):
-        the body is held and dropped like any bytes after the head, and :func:`route` refuses it."""
+        A small body (one ``Content-Length`` up to ``MAX_BODY_BYTES``) is read whole before the head
+        goes on (``body``: a token request's JSON); any other is held and dropped like any bytes
+        after the head. :func:`route` refuses a body where it reads none."""
         lines = head.split(b"\r\n")
-        kept = [lines[0]] + [line for line in lines[1:] if not _announces_body(line)]
-        self.sent_body = len(kept) < len(lines)
-        return b"\r\n".join(kept)
+        announcing = [line for line in lines[1:] if _announces_body(line)]
+        self.sent_body = bool(announcing)
+        if announcing:
+            self._body_length = _readable_length(announcing)
+        return b"\r\n".join([lines[0]] + [line for line in lines[1:] if not _announces_body(line)])
 
     def eof_received(self) -> None:
         if not self._secured:

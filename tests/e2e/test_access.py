@@ -28,8 +28,10 @@ def keyed_server(whisper_runner):
     server.stop()
 
 
-def http(server: ServerThread, path: str, *, method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(server.http + path, method=method, headers=headers or {})
+def http(
+    server: ServerThread, path: str, *, method: str = "GET", headers: dict[str, str] | None = None, data: bytes | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(server.http + path, method=method, headers=headers or {}, data=data)
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:
             return answer.status, dict(answer.headers), answer.read()
@@ -139,6 +141,42 @@ def test_a_minted_token_streams_once_under_its_keys_name(keyed_server):
         status, _, body = http(keyed_server, f"/v1/tokens?ttl_s={ttl}", method="POST", headers={"Authorization": f"Bearer {ALICE}"})
         assert status == 400 and json.loads(body)["code"] == "invalid_option", ttl
     assert refused_with(keyed_server, token=minted["token"]).code == "unauthorized"  # used up
+
+
+def test_a_token_request_may_ask_its_life_in_a_json_body(keyed_server):
+    """What a backend's fetch() or requests.post(json=...) sends; websockets closed any request
+    with a body unanswered, and then this server refused every body."""
+    import socket
+
+    def mint(path: str, body: bytes) -> tuple[int, dict]:
+        status, _, answer = http(keyed_server, path, method="POST", data=body,
+                                 headers={"Authorization": f"Bearer {ALICE}", "Content-Type": "application/json"})
+        return status, json.loads(answer)
+
+    for path, body, expires in (("/v1/tokens", b'{"ttl_s": 12}', 12), ("/v1/tokens", b"{}", 60), ("/v1/tokens", b"", 60),
+                                ("/v1/tokens?ttl_s=5", b'{"ttl_s": 12}', 5), ("/v1/auth/grant", b'{"ttl_seconds": 7}', 7),
+                                ("/v1/auth/grant", b'{"ttl_seconds": null}', 60)):
+        status, minted = mint(path, body)
+        assert status == 200 and minted["expires_in"] == expires, (path, body, minted)
+        assert set(minted) == ({"access_token", "expires_in"} if "grant" in path else {"token", "expires_in", "key"})
+    for body, code in ((b'{"ttl_s": "soon"}', "invalid_option"), (b'{"ttl_s": true}', "invalid_option"), (b'{"ttl_s": -1}', "invalid_option"),
+                       (b"[30]", "bad_request"), (b"{", "bad_request"), (b"\xff\xfe", "bad_request")):
+        status, error = mint("/v1/tokens", body)
+        assert status == 400 and error["code"] == code, (body, error)
+    # The body may come after its head, in another packet: the answer waits for it.
+    body = b'{"ttl_s": 9}'
+    with socket.create_connection(("127.0.0.1", keyed_server.server.port), timeout=30) as sock:
+        sock.sendall(f"POST /v1/tokens HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        sock.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            sock.recv(1)  # nothing before the body (the request is not judged on its head alone)
+        sock.settimeout(30)
+        sock.sendall(body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, text = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and json.loads(text)["expires_in"] == 9, answer
 
 
 def test_a_session_s_own_resume_token_reads_its_transcript_and_nothing_else(keyed_server):

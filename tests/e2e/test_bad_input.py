@@ -407,21 +407,26 @@ def _exchange(port: int, request: bytes) -> tuple[bytes, bytes]:
     return head, body
 
 
-@pytest.mark.parametrize("extra", [
-    b"Content-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"ttl_s\": 30}",  # fetch() or requests.post(json=...)
-    b"Transfer-Encoding: chunked\r\n\r\nd\r\n{\"ttl_s\": 30}\r\n0\r\n\r\n",
+@pytest.mark.parametrize("request_head, extra, said", [
+    # fetch() or requests.post(json=...) to a route that reads no body
+    (b"POST /v1/listen HTTP/1.1", b"Content-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"ttl_s\": 30}", "query string"),
+    (b"GET /v1/sessions HTTP/1.1", b"Content-Length: 2\r\n\r\n{}", "query string"),
+    # a token request's body is read only when small and announced by its length
+    (b"POST /v1/tokens HTTP/1.1", b"Transfer-Encoding: chunked\r\n\r\nd\r\n{\"ttl_s\": 30}\r\n0\r\n\r\n", "Content-Length"),
+    (b"POST /v1/tokens HTTP/1.1", b"Content-Length: 5000\r\n\r\n" + b" " * 5000, "at most 4096 bytes"),
 ])
-def test_a_request_with_a_body_gets_a_clear_refusal_not_an_empty_reply(live_server, caplog, extra):
+def test_a_request_with_a_body_gets_a_clear_refusal_not_an_empty_reply(live_server, caplog, request_head, extra, said):
     """websockets closed a request that had a body without answering ('Empty reply from server')."""
     import logging
 
     with caplog.at_level(logging.INFO):
-        head, body = _exchange(live_server.server.port, b"POST /v1/tokens HTTP/1.1\r\nHost: localhost\r\n" + extra)
+        head, body = _exchange(live_server.server.port, request_head + b"\r\nHost: localhost\r\n" + extra)
     error = json.loads(body)
-    assert head.startswith(b"HTTP/1.1 400") and error["code"] == "bad_request" and "query string" in error["message"], (head, body)
+    assert head.startswith(b"HTTP/1.1 400") and error["code"] == "bad_request" and said in error["message"], (head, body)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    empty = _exchange(live_server.server.port, b"POST /v1/tokens HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")
-    assert json.loads(empty[1])["code"] == "tokens_disabled"  # an empty body is no body (this server has no keys)
+    for small in (b"Content-Length: 0\r\n\r\n", b"Content-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"ttl_s\": 30}"):
+        answer = _exchange(live_server.server.port, b"POST /v1/tokens HTTP/1.1\r\nHost: localhost\r\n" + small)
+        assert json.loads(answer[1])["code"] == "tokens_disabled"  # read and judged (this server has no keys)
 
 
 @pytest.mark.parametrize("header", [b"Authorization: Bearer a", b"Origin: http://localhost", b"Host: localhost"])

@@ -256,6 +256,61 @@ def other_sites(count: int) -> Iterator[list[str]]:
             site.server_close()
 
 
+# A page written for Deepgram's API, as its guides show: the credentials in the WebSocket's
+# subprotocols, the recording's bytes as they are, then CloseStream.
+DEEPGRAM_PAGE_SCRIPT = """async ({url, protocols, audio}) => {
+  const bytes = Uint8Array.from(atob(audio), c => c.charCodeAt(0));
+  const ws = new WebSocket(url, protocols);
+  const messages = [];
+  ws.onmessage = e => messages.push(JSON.parse(e.data));
+  const closed = new Promise(resolve => { ws.onclose = e => resolve(e.code); });
+  const opened = await new Promise(resolve => { ws.onopen = () => resolve(true); ws.onerror = () => resolve(false); });
+  if (!opened) return {opened, code: await closed};
+  for (let i = 0; i < bytes.length; i += 32000) ws.send(bytes.subarray(i, i + 32000));
+  ws.send(JSON.stringify({type: 'CloseStream'}));
+  return {opened, protocol: ws.protocol, messages, code: await closed};
+}"""
+
+
+def test_a_page_written_for_deepgram_streams_with_its_credentials_in_subprotocols(playwright, whisper_runner):
+    """A site's page (an allowed origin) opens ``new WebSocket(url, ['token', KEY])``, or
+    ``['bearer', TOKEN]`` with a token its backend got from Deepgram's ``POST /v1/auth/grant``, and
+    gets Deepgram's messages. Chromium fails a handshake whose offered subprotocols get no answer."""
+    import base64
+    import json
+    import urllib.request
+
+    from asr_server.access import AccessOptions, ApiKey
+
+    audio = base64.b64encode((FIXTURES / FIXTURE).read_bytes()).decode()
+    reference = " ".join(MANIFEST[FIXTURE]["references"][0])
+    with other_sites(1) as (site,):
+        server = ServerThread(whisper_runner, access=AccessOptions(keys=(ApiKey("site", "site-key-89"),), allowed_origins=(site,))).start()
+        try:
+            request = urllib.request.Request(f"{server.http}/v1/auth/grant", method="POST", data=b'{"ttl_seconds": 30}',
+                                             headers={"Authorization": "Token site-key-89", "Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                token = json.loads(answer.read())["access_token"]
+            browser = launch(playwright, [])
+            try:
+                page = browser.new_page()
+                page.goto(site)
+                url = server.url + "/v1/listen"
+                results = {scheme: page.evaluate(DEEPGRAM_PAGE_SCRIPT, {"url": url, "protocols": [scheme, secret], "audio": audio})
+                           for scheme, secret in (("token", "site-key-89"), ("bearer", token))}
+                spent = page.evaluate(DEEPGRAM_PAGE_SCRIPT, {"url": url, "protocols": ["bearer", token], "audio": audio})
+            finally:
+                browser.close()
+        finally:
+            server.stop()
+    for scheme, result in results.items():
+        assert result["opened"] and result["protocol"] == scheme and result["code"] == 1000, result.get("code")
+        finals = [m for m in result["messages"] if m["type"] == "Results" and m["is_final"]]
+        assert result["messages"][-1]["type"] == "Metadata" and finals
+        assert wer(reference, " ".join(m["channel"]["alternatives"][0]["transcript"] for m in finals)) <= 0.5
+    assert not spent["opened"]  # the token was good once
+
+
 def test_a_page_of_an_allowed_origin_captions_with_the_servers_client(playwright, whisper_runner):
     """A site's own page (another origin, let in with ``--allowed-origin``) imports the browser
     client from the server (``<server>/client/client.js``, its audio worklet with it) and captions

@@ -25,18 +25,22 @@ pytestmark = pytest.mark.e2e
 FIXTURE = "cards_16k.wav"
 
 
-def deepgram_client(server: ServerThread, key: str) -> AsyncDeepgramClient:
+def deepgram_client(server: ServerThread, key: str | None, access_token: str | None = None) -> AsyncDeepgramClient:
     environment = DeepgramClientEnvironment(base=server.http, production=server.url, agent=server.url, agent_rest=server.http)
+    if access_token is not None:
+        return AsyncDeepgramClient(access_token=access_token, environment=environment)
     return AsyncDeepgramClient(api_key=key, environment=environment)
 
 
-async def stream_with_sdk(server: ServerThread, key: str = "any-key", finalize_after_s: float | None = None) -> list[Any]:
+async def stream_with_sdk(
+    server: ServerThread, key: str = "any-key", finalize_after_s: float | None = None, access_token: str | None = None,
+) -> list[Any]:
     """The fixture's PCM at real-time pace through the SDK; every message it parsed."""
     from asr_client import read_pcm
 
     pcm, _ = read_pcm(str(FIXTURES / FIXTURE))
     got: list[Any] = []
-    async with deepgram_client(server, key).listen.v1.connect(
+    async with deepgram_client(server, key, access_token).listen.v1.connect(
         model="nova-3", encoding="linear16", sample_rate=16000, channels=1, interim_results="true",
         utterance_end_ms=1000, vad_events="true", punctuate="true", endpointing=500,
     ) as socket:
@@ -106,3 +110,65 @@ def test_deepgram_clients_are_checked_against_the_servers_keys(whisper_runner):
     finally:
         server.stop()
     assert any(isinstance(m, ListenV1Results) and m.is_final for m in got)
+
+
+async def stream_with_subprotocols(server: ServerThread, subprotocols: list[str]) -> tuple[str | None, list[dict]]:
+    """What a browser page written for Deepgram does: ``new WebSocket(url, ["token", KEY])``, no
+    query, the recording's bytes as they are (a container), then CloseStream. (The answered
+    subprotocol, every message.)"""
+    import json
+
+    from websockets.asyncio.client import connect
+
+    data = (FIXTURES / FIXTURE).read_bytes()
+    async with connect(server.url + "/v1/listen", subprotocols=subprotocols) as ws:  # type: ignore[arg-type]
+        for i in range(0, len(data), 32000):
+            await ws.send(data[i : i + 32000])
+        await ws.send(json.dumps({"type": "CloseStream"}))
+        messages = [json.loads(m) async for m in ws]
+    return ws.subprotocol, messages
+
+
+def test_deepgram_temporary_tokens_and_a_browsers_subprotocol_credentials(whisper_runner):
+    """Deepgram's browser flow: a backend asks POST /v1/auth/grant (the SDK's
+    ``auth.v1.tokens.grant``, a JSON body) for a short-lived token; the SDK streams with it as
+    ``access_token`` (``Authorization: bearer``); a page puts a key or token in the WebSocket's
+    subprotocols, and Chromium needs one answered. A token is good once."""
+    from websockets.exceptions import InvalidStatus
+
+    server = ServerThread(whisper_runner, access=AccessOptions(keys=parse_keys("agents:dg-secret"))).start()
+    try:
+        async def grant(key: str, **asked: float) -> Any:
+            return await deepgram_client(server, key).auth.v1.tokens.grant(**asked)
+
+        granted = asyncio.run(grant("dg-secret", ttl_seconds=20))
+        assert granted.expires_in == 20 and granted.access_token and "dg-secret" not in granted.access_token
+        assert asyncio.run(grant("dg-secret")).expires_in == 60  # the SDK's body without a life: the server's
+        with pytest.raises(ApiError) as refused:
+            asyncio.run(grant("wrong"))
+        assert refused.value.status_code == 401
+        got = asyncio.run(stream_with_sdk(server, access_token=granted.access_token))
+
+        async def used_up() -> int:
+            with pytest.raises(ApiError) as error:
+                async with deepgram_client(server, None, granted.access_token).listen.v1.connect(model="nova-3", encoding="linear16", sample_rate=16000):
+                    pass
+            return error.value.status_code
+
+        assert asyncio.run(used_up()) == 401
+        by_key = asyncio.run(stream_with_subprotocols(server, ["token", "dg-secret"]))
+        by_token = asyncio.run(stream_with_subprotocols(server, ["bearer", asyncio.run(grant("dg-secret")).access_token]))
+        with pytest.raises(InvalidStatus) as wrong:
+            asyncio.run(stream_with_subprotocols(server, ["token", "wrong"]))
+        metrics = server.server.metrics.render().decode()
+    finally:
+        server.stop()
+    assert wrong.value.response.status_code == 401
+    assert any(isinstance(m, ListenV1Results) and m.is_final for m in got)
+    reference = " ".join(MANIFEST[FIXTURE]["references"][0])
+    for (subprotocol, messages), scheme in ((by_key, "token"), (by_token, "bearer")):
+        assert subprotocol == scheme  # the scheme answered, never the secret
+        finals = [m for m in messages if m["type"] == "Results" and m["is_final"]]
+        assert messages[-1]["type"] == "Metadata" and finals  # Deepgram's messages, not ours
+        assert wer(reference, " ".join(m["channel"]["alternatives"][0]["transcript"] for m in finals)) <= 0.5
+    assert 'asr_dialect_sessions_total{dialect="deepgram"} 3.0' in metrics
