@@ -29,7 +29,7 @@ import hmac
 import secrets
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import OriginNotAllowed, QuotaExceeded, Unauthorized
 from .scheduler.admission import counted_channels
@@ -57,6 +57,8 @@ class Principal:
     name: str | None
     max_channels: int = 0
     streams_per_minute: int = 0
+    # A token's settings for the session it opens (JSON text: an OpenAI client secret's session).
+    settings: str | None = None
 
 
 ANONYMOUS = Principal(None)
@@ -172,14 +174,15 @@ class Access:
             return held[0]
         raise Unauthorized(refusal)
 
-    def mint_token(self, principal: Principal, now: float, ttl_s: float | None = None) -> tuple[str, float]:
-        """A single-use token for ``principal`` and its lifetime in seconds (at most ``token_ttl_s``)."""
+    def mint_token(self, principal: Principal, now: float, ttl_s: float | None = None, settings: str | None = None) -> tuple[str, float]:
+        """A single-use token for ``principal`` and its lifetime in seconds (at most ``token_ttl_s``).
+        ``settings``: what the session it opens is to start with (the principal it stands for carries them)."""
         self._expire(now)
         if len(self._tokens) >= MAX_TOKENS:
             raise QuotaExceeded("too many tokens outstanding; retry shortly", retry_after=self.options.token_ttl_s)
         ttl = self.options.token_ttl_s if ttl_s is None else max(1.0, min(ttl_s, self.options.token_ttl_s))
         token = secrets.token_urlsafe(24)
-        self._tokens[token] = (principal, now + ttl)
+        self._tokens[token] = (replace(principal, settings=settings), now + ttl)
         return token, ttl
 
     # -- quotas ---------------------------------------------------------------------

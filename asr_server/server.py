@@ -373,7 +373,7 @@ class AsrServer:
         started = time.monotonic()
         dialect: Dialect = NativeDialect()
         try:
-            options, dialect = self._options_for(query, kind)
+            options, dialect = self._options_for(query, kind, principal.settings)
             self._admit(options)
             self.access.start(principal, options.channels, self.clock(), self._finishing_of(principal.name))
         except AsrError as error:
@@ -536,8 +536,9 @@ class AsrServer:
             return DeepgramDialect(DeepgramOptions(), self.model_name)
         return TwilioDialect(twilio_options(), ()) if kind == "twilio" else NativeDialect()
 
-    def _options_for(self, query: dict[str, list[str]], dialect: str) -> tuple[StreamOptions, Dialect]:
-        """The stream's options and the dialect to speak (``native``, ``deepgram`` or ``openai``)."""
+    def _options_for(self, query: dict[str, list[str]], dialect: str, settings: str | None = None) -> tuple[StreamOptions, Dialect]:
+        """The stream's options and the dialect to speak (``native``, ``deepgram`` or ``openai``).
+        ``settings``: those its token was minted with (an OpenAI client secret's session)."""
         if self.stopping:
             raise ShuttingDown("the server is shutting down; connect to another instance", retry_after=5.0)
         if self.runner is None:
@@ -547,7 +548,8 @@ class AsrServer:
         if dialect == "openai":
             if query.get("intent", ["transcription"])[0] != "transcription":
                 raise InvalidOption("only transcription sessions are served here: connect with ?intent=transcription")
-            return default_realtime_options(), OpenAiDialect(default_realtime_options(), self.model_name, tuple(self.runner.languages))
+            realtime = OpenAiDialect(default_realtime_options(), self.model_name, tuple(self.runner.languages))
+            return (default_realtime_options() if settings is None else realtime.configure(json.loads(settings))), realtime
         if dialect == "deepgram":
             options, deepgram_options = parse_deepgram_options(query, self.runner.languages)
             return options, DeepgramDialect(deepgram_options, self.model_name)

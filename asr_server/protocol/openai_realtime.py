@@ -24,9 +24,10 @@ from typing import Any
 from ..errors import AsrError, InvalidMessage
 from ..options import StreamOptions, parse_prompt
 
-__all__ = ["OpenAiDialect", "Reconfigure", "REALTIME_PATH", "default_realtime_options"]
+__all__ = ["OpenAiDialect", "Reconfigure", "REALTIME_PATH", "CLIENT_SECRETS_PATH", "default_realtime_options"]
 
 REALTIME_PATH = "/v1/realtime"
+CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"  # a short-lived key for a browser, with its session's settings
 # Formats by the current SDK's names and the older ones.
 _FORMATS = {
     "audio/pcm": ("pcm_s16le", 24000), "pcm16": ("pcm_s16le", 24000),
@@ -110,6 +111,14 @@ class OpenAiDialect:
         if kind in ("session.update", "transcription_session.update"):
             return self._update(event)
         return [self._error(InvalidMessage(f"unsupported event type {str(kind)[:60]!r} on a transcription session"), event)]
+
+    def configure(self, session: Any) -> StreamOptions:
+        """A client secret's session settings (``session.update``'s ``session``), taken as the
+        session's own before any event: its options; InvalidMessage for settings it cannot serve."""
+        if not isinstance(session, dict):
+            raise InvalidMessage("'session' must be an object")
+        self.options = self._options(session)
+        return self.options
 
     def _update(self, event: dict[str, Any]) -> list[Action]:
         self.legacy = event["type"] == "transcription_session.update"

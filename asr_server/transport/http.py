@@ -15,6 +15,7 @@ import http
 import json
 import math
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
@@ -25,9 +26,9 @@ from websockets.http11 import Request, Response
 
 from .. import __version__
 from ..access import ANONYMOUS, Principal
-from ..errors import AsrError, ClientError, InvalidOption, OverloadError, TokensDisabled, wire_info
+from ..errors import AsrError, ClientError, InvalidOption, NotReady, OverloadError, TokensDisabled, wire_info
 from ..metrics import OPENMETRICS, TEXT
-from ..protocol.openai_realtime import REALTIME_PATH
+from ..protocol.openai_realtime import CLIENT_SECRETS_PATH, REALTIME_PATH, OpenAiDialect, default_realtime_options
 from ..protocol.twilio import TWILIO_PATH
 from .fanout import SESSIONS_PATH, parse_follow_path, session_list, sse_events, transcript_response
 from .gate import LINGER_S, Refusal, Ticket
@@ -44,10 +45,11 @@ KEY_SUBPROTOCOL = "openai-insecure-api-key."
 DEEPGRAM_SUBPROTOCOLS = ("token", "bearer")  # Deepgram's browser clients: the scheme, then the key or token
 TOKENS_PATH = "/v1/tokens"
 GRANT_PATH = "/v1/auth/grant"  # Deepgram's temporary-token request (its SDKs' ``auth.v1.tokens.grant``)
+TOKEN_PATHS = (TOKENS_PATH, GRANT_PATH, CLIENT_SECRETS_PATH)  # POST: a single-use token, in our shape or a vendor's
 RESUME_TOKEN_HEADER = "Asr-Resume-Token"  # a session's own resume token: its transcript, without a key
 MAX_HELD_BYTES = 64 * 1024  # bytes after a request head held until its answer is out (a WebSocket client sends none)
 MAX_HEAD_BYTES = 64 * 1024  # a request head held whole until its end, up to this (longer: websockets judges it as it comes)
-MAX_BODY_BYTES = 4096  # a request body read (a token request's JSON); a larger or chunked one is refused unread
+MAX_BODY_BYTES = 16 * 1024  # a request body read (a token request's JSON); a larger or chunked one is refused unread
 TLS_HANDSHAKE_S = 10.0  # a TLS handshake is cut off after this long (websockets' own default for it)
 TLS_SHUTDOWN_S = 10.0  # ... and a TLS close that the client does not answer
 CLIENT_PREFIX = "/client/"  # the browser client's modules, which allowed origins' pages may import
@@ -71,11 +73,11 @@ def route(server: "AsrServer", connection: "OneRequestConnection", request: Requ
 
 
 def _reads_body(request: Request, connection: "OneRequestConnection") -> bool:
-    return request.method == "POST" and urlsplit(request.path).path in (TOKENS_PATH, GRANT_PATH) and connection.body is not None
+    return request.method == "POST" and urlsplit(request.path).path in TOKEN_PATHS and connection.body is not None
 
 
 def _refused_body(request: Request) -> ClientError:
-    if request.method == "POST" and urlsplit(request.path).path in (TOKENS_PATH, GRANT_PATH):
+    if request.method == "POST" and urlsplit(request.path).path in TOKEN_PATHS:
         return ClientError(f"a token request's body is a JSON object of at most {MAX_BODY_BYTES} bytes, sent with Content-Length")
     return ClientError("this server reads no request body here: options go in the query string")
 
@@ -92,7 +94,7 @@ def _headable(server: "AsrServer", path: str) -> bool:
 def _route(server: "AsrServer", connection: "OneRequestConnection", request: Request) -> Response | Awaitable[Response] | None:
     parts = urlsplit(request.path)
     path = parts.path
-    post = path in (TOKENS_PATH, GRANT_PATH)
+    post = path in TOKEN_PATHS
     followed = parse_follow_path(path)
     transcribed = parse_follow_path(path, "transcript")
     if request.method == "OPTIONS" and transcribed is not None:
@@ -103,7 +105,7 @@ def _route(server: "AsrServer", connection: "OneRequestConnection", request: Req
     if path == "/healthz":
         status = http.HTTPStatus.OK if server.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
         return response(status, json.dumps(health(server)).encode(), "application/json")
-    if path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH, TOKENS_PATH, GRANT_PATH, "/metrics", SESSIONS_PATH) or followed or transcribed:
+    if path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH, *TOKEN_PATHS, "/metrics", SESSIONS_PATH) or followed or transcribed:
         query = parse_qs(parts.query)
         upgrade = "websocket" in _joined(request.headers, "Upgrade").lower()
         handshake = path in (LISTEN_PATH, REALTIME_PATH, TWILIO_PATH) or (followed is not None and upgrade)
@@ -233,22 +235,49 @@ def select_subprotocol(connection: ServerConnection, subprotocols: Sequence[str]
 
 def _mint(server: "AsrServer", principal: Principal, path: str, query: dict[str, list[str]], body: bytes | None) -> Response:
     """A single-use token for a stream: ours (``POST /v1/tokens``, ``ttl_s`` in the query or a JSON
-    body) or Deepgram's shape (``POST /v1/auth/grant``, ``{"ttl_seconds": N}``)."""
+    body), or in Deepgram's shape (``POST /v1/auth/grant``, ``{"ttl_seconds": N}``) or OpenAI's
+    (``POST /v1/realtime/client_secrets``: a client secret with its session's settings)."""
     if principal is ANONYMOUS:
         return error_response(TokensDisabled("this server has no API keys: streams need no token"))
-    deepgram = path == GRANT_PATH
+    session: dict | None = None
+    settings: str | None = None
     try:
         asked = _json_object(body)
-        if deepgram:
+        if path == GRANT_PATH:
             ttl = _seconds("ttl_seconds", asked.get("ttl_seconds"))
+        elif path == CLIENT_SECRETS_PATH:
+            ttl, settings, session = _client_secret(server, asked)
         else:
             ttl = _seconds("ttl_s", query["ttl_s"][0] if "ttl_s" in query else asked.get("ttl_s"))
-        token, lifetime = server.access.mint_token(principal, server.clock(), ttl)
+        token, lifetime = server.access.mint_token(principal, server.clock(), ttl, settings)
     except AsrError as error:
         return error_response(error)
     server.metrics.tokens_minted.labels(principal.name).inc()
-    answer = {"access_token": token, "expires_in": lifetime} if deepgram else {"token": token, "expires_in": lifetime, "key": principal.name}
+    if path == GRANT_PATH:
+        answer: dict = {"access_token": token, "expires_in": lifetime}
+    elif session is not None:
+        answer = {"value": token, "expires_at": math.floor(time.time() + lifetime), "session": session}
+    else:
+        answer = {"token": token, "expires_in": lifetime, "key": principal.name}
     return response(http.HTTPStatus.OK, json.dumps(answer).encode(), "application/json")
+
+
+def _client_secret(server: "AsrServer", asked: dict) -> tuple[float | None, str | None, dict]:
+    """An OpenAI client secret's request: ``{"expires_after": {"seconds": N}, "session": {...}}``.
+    Its life, its session's settings (checked now, as JSON text) and the session they make."""
+    if server.runner is None:
+        raise NotReady("the model is still loading; retry shortly", retry_after=2.0)
+    expires = asked.get("expires_after") or {}
+    if not isinstance(expires, dict):
+        raise InvalidOption("expires_after must be an object, such as {\"anchor\": \"created_at\", \"seconds\": 600}")
+    dialect = OpenAiDialect(default_realtime_options(), server.model_name, tuple(server.runner.languages))
+    settings = asked.get("session")
+    if settings is not None:
+        try:
+            dialect.configure(settings)
+        except AsrError as error:
+            raise InvalidOption(f"session: {error.message}") from None
+    return _seconds("expires_after.seconds", expires.get("seconds")), None if settings is None else json.dumps(settings), dialect.session_object()
 
 
 def _json_object(body: bytes | None) -> dict:

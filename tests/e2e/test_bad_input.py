@@ -413,7 +413,7 @@ def _exchange(port: int, request: bytes) -> tuple[bytes, bytes]:
     (b"GET /v1/sessions HTTP/1.1", b"Content-Length: 2\r\n\r\n{}", "query string"),
     # a token request's body is read only when small and announced by its length
     (b"POST /v1/tokens HTTP/1.1", b"Transfer-Encoding: chunked\r\n\r\nd\r\n{\"ttl_s\": 30}\r\n0\r\n\r\n", "Content-Length"),
-    (b"POST /v1/tokens HTTP/1.1", b"Content-Length: 5000\r\n\r\n" + b" " * 5000, "at most 4096 bytes"),
+    (b"POST /v1/tokens HTTP/1.1", b"Content-Length: 20000\r\n\r\n" + b" " * 20000, "at most 16384 bytes"),
 ])
 def test_a_request_with_a_body_gets_a_clear_refusal_not_an_empty_reply(live_server, caplog, request_head, extra, said):
     """websockets closed a request that had a body without answering ('Empty reply from server')."""

@@ -138,3 +138,57 @@ def test_openai_clients_are_checked_against_the_servers_keys(whisper_runner):
         server.stop()
     assert any(e.type == "conversation.item.input_audio_transcription.completed" and e.transcript for e in events)
     assert subprotocol == "realtime" and first["type"] == "session.created"
+
+
+def test_a_client_secret_carries_its_session_and_lets_a_browser_in_once(whisper_runner):
+    """OpenAI's browser flow: a backend asks ``client.realtime.client_secrets.create`` for a
+    short-lived key with the session's settings (here 8 kHz mu-law, as a phone bridge sends); the
+    page offers it as ``openai-insecure-api-key.SECRET`` and streams without a session.update:
+    the settings are the session's own. A secret is good once; settings the server cannot serve
+    are refused when the secret is asked for."""
+    import json
+
+    import openai
+    import websockets
+
+    from ..harness import MANIFEST
+
+    session = {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcmu"},
+                                                            "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+                                                            "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}}
+    mulaw = (FIXTURES / "espeak_8k.mulaw").read_bytes()
+    server = ServerThread(whisper_runner, access=AccessOptions(keys=parse_keys("agents:oa-secret"))).start()
+    try:
+        client = AsyncOpenAI(api_key="oa-secret", base_url=f"{server.http}/v1")
+        secret = asyncio.run(client.realtime.client_secrets.create(expires_after={"anchor": "created_at", "seconds": 30}, session=session))
+        with pytest.raises(openai.BadRequestError) as unservable:
+            asyncio.run(client.realtime.client_secrets.create(session={"type": "transcription", "audio": {"input": {"format": {"type": "audio/opus"}}}}))
+
+        async def page(value: str) -> tuple[str | None, list[dict]]:
+            url = f"{server.url}/v1/realtime?intent=transcription"
+            async with websockets.connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{value}"]) as ws:
+                events = [json.loads(await ws.recv())]
+                for i in range(0, len(mulaw), 1600):
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(mulaw[i : i + 1600]).decode()}))
+                for _ in range(2):  # the second, with nothing left to commit, is answered at once (commit_empty)
+                    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                async with asyncio.timeout(90):
+                    while True:
+                        events.append(json.loads(await ws.recv()))
+                        started = sum(e["type"] == "input_audio_buffer.speech_started" for e in events)
+                        done = sum(e["type"] == "conversation.item.input_audio_transcription.completed" for e in events)
+                        if any(e["type"] == "error" and e["error"]["code"] == "input_audio_buffer_commit_empty" for e in events) and started == done:
+                            return ws.subprotocol, events
+
+        subprotocol, events = asyncio.run(page(secret.value))
+        with pytest.raises(websockets.exceptions.InvalidStatus) as spent:
+            asyncio.run(page(secret.value))
+    finally:
+        server.stop()
+    assert secret.expires_at > time.time() and secret.session.audio.input.format.type == "audio/pcmu"
+    assert unservable.value.status_code == 400 and "audio/opus" in str(unservable.value)
+    assert subprotocol == "realtime" and events[0]["type"] == "session.created"
+    assert events[0]["session"]["audio"]["input"]["format"]["type"] == "audio/pcmu"
+    text = " ".join(e["transcript"] for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert wer(" ".join(MANIFEST["espeak_8k.mulaw"]["references"][0]), text) <= 0.3, text
+    assert spent.value.response.status_code == 401
