@@ -354,6 +354,12 @@ def _announces_body(line: bytes) -> bool:
     return bool(colon) and (name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"))
 
 
+def _expects_continue(head: bytes) -> bool:
+    """Whether the client waits for ``100 Continue`` before it sends its body."""
+    return any(name.strip().lower() == b"expect" and value.strip().lower() == b"100-continue"
+               for name, _, value in (line.partition(b":") for line in head.split(b"\r\n")[1:]))
+
+
 def _readable_length(lines: Sequence[bytes]) -> int | None:
     """The length of a body announced by the head ``lines`` (those that announce one) that is
     read whole before the request is answered: one ``Content-Length`` of at most
@@ -515,6 +521,8 @@ class OneRequestConnection(ServerConnection):
         self._head = None
         if self._body_length is not None:  # a small body is read before the request is answered
             self._waiting_head = head
+            if len(self._held) < self._body_length and _expects_continue(head):
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it before a body of over 1 KiB
             self._read_body()
             return
         super().data_received(head)
