@@ -22,7 +22,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
+from websockets.exceptions import SecurityError
 from websockets.http11 import Request, Response
+from websockets.streams import StreamReader
 
 from .. import __version__
 from ..access import ANONYMOUS, Principal
@@ -354,6 +356,24 @@ def _announces_body(line: bytes) -> bool:
     return bool(colon) and (name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"))
 
 
+def _unreadable(head: bytes) -> str | None:
+    """Why websockets' parser would refuse a whole request ``head`` (a version other than HTTP/1.1
+    or 1.0, a malformed line, bytes that are not ASCII), or None: it reads it, or answers the
+    refusal itself (a line or header block too long: 414, 431)."""
+    reader = StreamReader()
+    reader.feed_data(head)
+    reader.feed_eof()
+    try:
+        next(Request.parse(reader.read_line))
+    except StopIteration:
+        return None
+    except SecurityError:
+        return None
+    except Exception as error:  # noqa: BLE001 (whatever the parser raises, the client is told)
+        return str(error)[:120] or type(error).__name__
+    return None
+
+
 def _expects_continue(head: bytes) -> bool:
     """Whether the client waits for ``100 Continue`` before it sends its body."""
     return any(name.strip().lower() == b"expect" and value.strip().lower() == b"100-continue"
@@ -390,9 +410,11 @@ class OneRequestConnection(ServerConnection):
     session ends at its idle timeout).
 
     The request head itself is held until its end (up to ``MAX_HEAD_BYTES``)
-    so that a body it announces can be taken out and refused with an answer
-    (:meth:`_without_body`). With ``tls`` the connection runs its own TLS
-    handshake after the gate has counted it (:meth:`connection_made`).
+    so that a body it announces can be taken out, and read (a token request's
+    small JSON) or refused with an answer (:meth:`_without_body`), and so
+    that a head websockets cannot parse gets an answer (:func:`_unreadable`)
+    where websockets closed it without one. With ``tls`` the connection runs
+    its own TLS handshake after the gate has counted it (:meth:`connection_made`).
     """
 
     def __init__(
@@ -515,13 +537,20 @@ class OneRequestConnection(ServerConnection):
         if self._ticket is not None:
             self._ticket.opened()  # its request head is in (an SSE answer may then wait 8 s for news)
         self._held = data[cut:]
-        head = data[:cut]
-        if self._head is not None:  # held whole: its body, if any, is taken out
+        self._head_in(data[:cut])
+
+    def _head_in(self, head: bytes) -> None:
+        """The request head's end is in: on to websockets, once a small body it announces is read."""
+        if self._head is not None:  # held whole: a body it announces is taken out
             head = self._without_body(bytes(self._head) + head)
-        self._head = None
+            self._head = None
+            if (why := _unreadable(head)) is not None:
+                # websockets closes such a request without a word: say why first (its close follows).
+                self._body_length = None
+                self.transport.write(error_response(ClientError(f"this server reads HTTP/1.1 requests only, and this one is not one: {why}")).serialize())
         if self._body_length is not None:  # a small body is read before the request is answered
             self._waiting_head = head
-            if len(self._held) < self._body_length and _expects_continue(head):
+            if len(self._held or b"") < self._body_length and _expects_continue(head):
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it before a body of over 1 KiB
             self._read_body()
             return

@@ -429,6 +429,25 @@ def test_a_request_with_a_body_gets_a_clear_refusal_not_an_empty_reply(live_serv
         assert json.loads(answer[1])["code"] == "tokens_disabled"  # read and judged (this server has no keys)
 
 
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /healthz HTTP/2.0\r\nHost: localhost\r\n\r\n",  # another version
+    b"GET /healthz\r\n\r\n",  # HTTP/0.9's line
+    b"HELLO\r\n\r\n",
+    b"GET /caf\xc3\xa9 HTTP/1.1\r\nHost: localhost\r\n\r\n",  # a path not percent-encoded
+    b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nno colon here\r\n\r\n",
+])
+def test_a_request_that_is_not_http_1_1_gets_an_answer_not_a_silent_close(live_server, caplog, request_bytes):
+    """websockets' parser closed these without a word; the client is now told why."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        head, body = _exchange(live_server.server.port, request_bytes)
+    error = json.loads(body)
+    assert head.startswith(b"HTTP/1.1 400") and error["code"] == "bad_request" and "HTTP/1.1" in error["message"], (head, body)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert _exchange(live_server.server.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")[0].startswith(b"HTTP/1.1 200")
+
+
 @pytest.mark.parametrize("header", [b"Authorization: Bearer a", b"Origin: http://localhost", b"Host: localhost"])
 def test_a_header_that_must_come_once_sent_twice_is_refused_not_an_internal_error(live_server, caplog, header):
     """websockets' Headers.get raised on a repeated header: HTTP 500 and a traceback in the log."""

@@ -113,8 +113,6 @@ def test_openais_sdk_transcribes_with_deltas_and_completed_items(whisper_runner)
 
 
 def test_openai_clients_are_checked_against_the_servers_keys(whisper_runner):
-    from openai import AuthenticationError  # noqa: F401  (the SDK's type for 401s over HTTP; the socket raises its own)
-
     server = ServerThread(whisper_runner, access=AccessOptions(keys=parse_keys("agents:oa-secret"))).start()
     pcm, _ = read_pcm(str(FIXTURES / FIXTURE), rate=24000)
     try:
