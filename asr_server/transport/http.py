@@ -578,7 +578,7 @@ class OneRequestConnection(ServerConnection):
 
     def _without_body(self, head: bytes) -> bytes:
         """``head`` without the headers that announce a body (websockets closed such a request
-        without a word, and ``curl -d``, ``fetch`` with a body or a JSON POST got an empty reply):
+        without a word, and ``curl -d``, ``fetch`` with a body or a JSON POST got an empty reply).
         A small body (one ``Content-Length`` up to ``MAX_BODY_BYTES``) is read whole before the head
         goes on (``body``: a token request's JSON); any other is held and dropped like any bytes
         after the head. :func:`route` refuses a body where it reads none."""
