@@ -266,7 +266,9 @@ def _mint(server: "AsrServer", principal: Principal, path: str, query: dict[str,
 
 def _client_secret(server: "AsrServer", asked: dict) -> tuple[float | None, str | None, dict]:
     """An OpenAI client secret's request: ``{"expires_after": {"seconds": N}, "session": {...}}``.
-    Its life, its session's settings (checked now, as JSON text) and the session they make."""
+    Its life, its session's settings (checked now, and kept as the session they make, in JSON:
+    what the request held besides, up to the body's 16 KiB, is not held for the token's life)
+    and that session."""
     if server.runner is None:
         raise NotReady("the model is still loading; retry shortly", retry_after=2.0)
     expires = asked.get("expires_after") or {}
@@ -279,7 +281,8 @@ def _client_secret(server: "AsrServer", asked: dict) -> tuple[float | None, str 
             dialect.configure(settings)
         except AsrError as error:
             raise InvalidOption(f"session: {error.message}") from None
-    return _seconds("expires_after.seconds", expires.get("seconds")), None if settings is None else json.dumps(settings), dialect.session_object()
+    session = dialect.session_object()
+    return _seconds("expires_after.seconds", expires.get("seconds")), None if settings is None else json.dumps(session), session
 
 
 def _json_object(body: bytes | None) -> dict:

@@ -161,6 +161,9 @@ def test_a_client_secret_carries_its_session_and_lets_a_browser_in_once(whisper_
         secret = asyncio.run(client.realtime.client_secrets.create(expires_after={"anchor": "created_at", "seconds": 30}, session=session))
         with pytest.raises(openai.BadRequestError) as unservable:
             asyncio.run(client.realtime.client_secrets.create(session={"type": "transcription", "audio": {"input": {"format": {"type": "audio/opus"}}}}))
+        # What a secret holds until it is used or expires is its session, not whatever else its request carried.
+        asyncio.run(client.realtime.client_secrets.create(session={**session, "notes": "x" * 15000}))
+        held = server.call(lambda: sorted(len(p.settings or "") for p, _ in server.server.access._tokens.values()))
 
         async def page(value: str) -> tuple[str | None, list[dict]]:
             url = f"{server.url}/v1/realtime?intent=transcription"
@@ -185,6 +188,7 @@ def test_a_client_secret_carries_its_session_and_lets_a_browser_in_once(whisper_
         server.stop()
     assert secret.expires_at > time.time() and secret.session.audio.input.format.type == "audio/pcmu"
     assert unservable.value.status_code == 400 and "audio/opus" in str(unservable.value)
+    assert len(held) == 2 and held[0] == held[1] < 1000, held
     assert subprotocol == "realtime" and events[0]["type"] == "session.created"
     assert events[0]["session"]["audio"]["input"]["format"]["type"] == "audio/pcmu"
     text = " ".join(e["transcript"] for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
