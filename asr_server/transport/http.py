@@ -368,13 +368,11 @@ def _unreadable(head: bytes) -> str | None:
     reader.feed_eof()
     try:
         next(Request.parse(reader.read_line))
-    except StopIteration:
-        return None
-    except SecurityError:
+    except (StopIteration, SecurityError):
         return None
     except Exception as error:  # noqa: BLE001 (whatever the parser raises, the client is told)
         return str(error)[:120] or type(error).__name__
-    return None
+    return None  # not reached: a whole head parses to its end
 
 
 def _expects_continue(head: bytes) -> bool:
