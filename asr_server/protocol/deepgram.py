@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..options import MAX_PROMPT_CHARS, StreamOptions, parse_stream_options
+from .client_json import read_json
 
 __all__ = ["DeepgramOptions", "DeepgramDialect", "is_deepgram", "parse_deepgram_options", "DEEPGRAM_ONLY"]
 
@@ -120,7 +121,7 @@ class DeepgramDialect:
     def incoming(self, text: str) -> list[str]:
         """A client text frame as ours."""
         try:
-            message = json.loads(text)
+            message = read_json(text)
         except ValueError:
             return [text]  # our parser reports it
         kind = message.get("type") if isinstance(message, dict) else None

@@ -7,7 +7,6 @@ docs/protocol.md describes each message; keep the two in step.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, assert_never
 
@@ -15,6 +14,7 @@ from ..errors import AsrError, InvalidMessage, UnknownMessageType, wire_info
 from ..events import Final, Interim, Revision, Settled, SpeechStart
 from ..inference.types import Word
 from ..options import Limits, StreamOptions
+from .client_json import read_json
 
 __all__ = ["MessageWriter", "NativeDialect", "Finalize", "CloseStream", "KeepAlive", "WebRtcOffer", "ClientCommand", "parse_client_message", "MAX_SDP_CHARS"]
 
@@ -168,8 +168,8 @@ _KNOWN_TYPES = sorted([*_COMMANDS, "webrtc_offer"])
 def parse_client_message(text: str) -> ClientCommand:
     """Parse a client text frame; raise :class:`InvalidMessage` or :class:`UnknownMessageType`."""
     try:
-        message = json.loads(text)
-    except (ValueError, RecursionError):
+        message = read_json(text)
+    except ValueError:
         raise InvalidMessage("text frames must be JSON objects such as {\"type\": \"finalize\"}") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise InvalidMessage("a text frame must be a JSON object with a string \"type\"")

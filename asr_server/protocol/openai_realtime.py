@@ -17,12 +17,12 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
-import json
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import AsrError, InvalidMessage
 from ..options import StreamOptions, parse_prompt
+from .client_json import read_json
 
 __all__ = ["OpenAiDialect", "Reconfigure", "REALTIME_PATH", "CLIENT_SECRETS_PATH", "default_realtime_options"]
 
@@ -88,7 +88,7 @@ class OpenAiDialect:
 
     def incoming(self, text: str) -> list[Action]:
         try:
-            event = json.loads(text)
+            event = read_json(text)
         except ValueError:
             return [self._error(InvalidMessage("client events must be JSON objects"))]
         kind = event.get("type") if isinstance(event, dict) else None

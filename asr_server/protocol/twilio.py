@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import AsrError, AudioFormatMismatch, InvalidMessage
 from ..options import StreamOptions, parse_stream_options
+from .client_json import read_json
 from .openai_realtime import Reconfigure
 
 __all__ = ["TwilioDialect", "TrackAligner", "TWILIO_PATH", "TRACKS", "twilio_options"]
@@ -129,7 +129,7 @@ class TwilioDialect:
 
     def incoming(self, text: str) -> list[Any]:
         try:
-            event = json.loads(text)
+            event = read_json(text)
         except ValueError:
             return [text]  # our parser reports it (logged and on the followers' channel)
         kind = event.get("event") if isinstance(event, dict) else None

@@ -30,6 +30,7 @@ from .. import __version__
 from ..access import ANONYMOUS, Principal
 from ..errors import AsrError, ClientError, InvalidOption, NotReady, OverloadError, TokensDisabled, wire_info
 from ..metrics import OPENMETRICS, TEXT
+from ..protocol.client_json import read_json
 from ..protocol.openai_realtime import CLIENT_SECRETS_PATH, REALTIME_PATH, OpenAiDialect, default_realtime_options
 from ..protocol.twilio import TWILIO_PATH
 from .fanout import SESSIONS_PATH, parse_follow_path, session_list, sse_events, transcript_response
@@ -290,8 +291,8 @@ def _json_object(body: bytes | None) -> dict:
     if not body or not body.strip():
         return {}
     try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        value = read_json(body)
+    except ValueError:
         value = None
     if not isinstance(value, dict):
         raise ClientError("a token request's body must be a JSON object, such as {\"ttl_s\": 30}")

@@ -464,3 +464,69 @@ def test_a_header_that_must_come_once_sent_twice_is_refused_not_an_internal_erro
     head, _ = _exchange(live_server.server.port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: text/plain\r\n"
                         b"Accept: application/openmetrics-text\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"application/openmetrics-text" in head
+
+
+DEEP_JSON = '{"type": ' + "[" * 5000  # json.loads raises RecursionError, not ValueError, on this
+
+
+@pytest.fixture(scope="module")
+def keyed_server(whisper_runner):
+    server = ServerThread(whisper_runner, access=AccessOptions(keys=(ApiKey("dana", "dana-key"),))).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("path, auth, finish", [
+    ("/v1/listen", "Bearer dana-key", {"type": "close"}),
+    ("/v1/listen?model=nova-3", "Token dana-key", {"type": "CloseStream"}),  # Deepgram's dialect
+    ("/v1/twilio", "Bearer dana-key", {"event": "stop", "stop": {}}),
+    ("/v1/realtime?intent=transcription", "Bearer dana-key", None),  # OpenAI's: the client hangs up
+])
+def test_json_nested_too_deeply_is_a_bad_message_not_a_crash(keyed_server, caplog, path, auth, finish):
+    """Each vendor dialect read a text frame with json.loads and caught ValueError only: a few
+    thousand '[' raised RecursionError, the session crashed (internal_error, close 1011) and the
+    server logged a traceback. The frame is now bad input like any other; the stream goes on."""
+    import logging
+
+    import websockets
+
+    async def run():
+        async with websockets.connect(keyed_server.url + path, additional_headers={"Authorization": auth}) as ws:
+            await ws.send(DEEP_JSON)
+            await ws.send(json.dumps({"type": "keepalive"}) if finish is None or "type" in finish else
+                          json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+            got = []
+            if finish is None:
+                while not any(m.get("type") == "error" for m in got):
+                    got.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+                await ws.close()
+            else:
+                await ws.send(json.dumps(finish))
+                async for text in ws:
+                    got.append(json.loads(text))
+            return got, ws.close_code
+
+    with caplog.at_level(logging.INFO):
+        got, code = asyncio.run(run())
+    assert code == 1000, (code, got)
+    said = json.dumps(got)
+    assert "internal_error" not in said
+    if path != "/v1/twilio":  # nothing goes back to Twilio; its errors are logged and followed
+        assert "invalid_message" in said, got
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("path, auth", [
+    ("/v1/tokens", "Bearer dana-key"), ("/v1/auth/grant", "Token dana-key"), ("/v1/realtime/client_secrets", "Bearer dana-key"),
+])
+def test_a_token_request_whose_json_is_nested_too_deeply_is_a_bad_request(keyed_server, caplog, path, auth):
+    """The same RecursionError in a token request's body was an HTTP 500 and a traceback."""
+    import logging
+
+    body = DEEP_JSON.encode()
+    request = (f"POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    with caplog.at_level(logging.INFO):
+        head, answer = _exchange(keyed_server.server.port, request)
+    assert head.startswith(b"HTTP/1.1 400") and json.loads(answer)["code"] == "bad_request", (head, answer)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
