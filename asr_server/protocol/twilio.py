@@ -31,6 +31,9 @@ TRACKS = ("inbound", "outbound")  # channel 0: the caller; channel 1: the agent
 RATE = 8000
 SILENCE = 0xFF  # mu-law zero
 MAX_SKEW_MS = 1000  # a track further behind than this is filled with silence so the other flows
+# A timestamp further than this from where its track stands is taken as a clock that jumped, not
+# as a gap to fill with silence or audio already held: a client's 10**12 ms asked for terabytes.
+MAX_JUMP_MS = 10_000
 # customParameters that are stream options of ours.
 _OPTIONS = ("interim_results", "interim_ms", "endpoint_ms", "language", "priority", "revisions", "prompt", "max_utterance_s", "word_timestamps", "split_after_s")
 
@@ -44,15 +47,22 @@ class TrackAligner:
 
     A gap in a track (a timestamp past where it stands) is filled with silence;
     audio before where it stands (a repeat) is dropped. A track that falls more
-    than ``max_skew_ms`` behind another is filled with silence up to it."""
+    than ``max_skew_ms`` behind another is filled with silence up to it. A
+    timestamp more than ``max_jump_ms`` either way from where its track stands
+    moves that track's clock instead: its audio goes on where the track stands."""
 
-    def __init__(self, tracks: int, max_skew_ms: int = MAX_SKEW_MS) -> None:
+    def __init__(self, tracks: int, max_skew_ms: int = MAX_SKEW_MS, max_jump_ms: int = MAX_JUMP_MS) -> None:
         self._pending = [bytearray() for _ in range(tracks)]
         self._position = [0] * tracks  # samples placed per track (sent or pending)
+        self._shift = [0] * tracks  # samples added to a track's timestamps since its clock jumped
         self._max_skew = max_skew_ms * RATE // 1000
+        self._max_jump = max_jump_ms * RATE // 1000
 
     def add(self, track: int, timestamp_ms: int, payload: bytes) -> bytes:
-        at = timestamp_ms * RATE // 1000
+        at = timestamp_ms * RATE // 1000 + self._shift[track]
+        if abs(at - self._position[track]) > self._max_jump:
+            self._shift[track] += self._position[track] - at
+            at = self._position[track]
         gap = at - self._position[track]
         if gap > 0:
             self._pending[track] += bytes([SILENCE]) * gap
@@ -109,7 +119,7 @@ class CallInfo:
 def _rate(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e999 is an infinite float
         return None
 
 
@@ -178,7 +188,7 @@ class TwilioDialect:
         try:
             payload = base64.b64decode(media.get("payload", ""), validate=True)
             timestamp = int(media.get("timestamp", 0))
-        except (binascii.Error, ValueError, TypeError):
+        except (binascii.Error, ValueError, TypeError, OverflowError):
             return [InvalidMessage("a media event's payload must be base64 and its timestamp an integer")]
         audio = self._aligner.add(self._tracks.index(track), timestamp, payload)
         return [audio] if audio else []

@@ -43,6 +43,24 @@ def test_a_silent_track_is_filled_so_the_other_flows():
     assert a.flush()[1::2] == bytes([SILENCE]) * 800
 
 
+def test_a_clock_that_jumps_moves_its_track_and_asks_for_no_silence_to_fill_the_jump():
+    """A timestamp 10**12 ms on asked the aligner for 8 * 10**12 bytes of silence (the server's
+    memory); one reset to 0 dropped the rest of the call as repeats. Either way the audio now goes
+    on where the track stands, and the clock the track moved to holds for the events after."""
+    a = TrackAligner(1)
+    assert a.add(0, 0, b"\x01" * 160) == b"\x01" * 160
+    assert a.add(0, 10**12, b"\x02" * 160) == b"\x02" * 160
+    assert a.add(0, 10**12 + 20, b"\x03" * 160) == b"\x03" * 160
+    assert a.add(0, 10**12 + 100, b"\x04" * 160) == bytes([SILENCE]) * 480 + b"\x04" * 160  # a 60 ms gap on the moved clock
+    assert a.add(0, 0, b"\x05" * 160) == b"\x05" * 160  # the clock went back to 0: not a repeat of 31 years ago
+    assert a.add(0, 20, b"\x06" * 160) == b"\x06" * 160
+    assert a.add(0, 10_000, b"\x07" * 160) == bytes([SILENCE]) * (80_000 - 320) + b"\x07" * 160  # 10 s is still a gap
+    two = TrackAligner(2)
+    assert two.add(0, 0, b"\x01" * 160) == b"" and two.add(1, 0, b"\x02" * 160) == b"\x01\x02" * 160
+    assert two.add(0, 10**12, b"\x03" * 160) == b""  # one track's jump does not pull the other along
+    assert two.add(1, 20, b"\x04" * 160) == b"\x03\x04" * 160
+
+
 def test_a_call_start_sets_the_channels_and_options_and_nothing_goes_back_to_twilio():
     d = TwilioDialect(twilio_options(), ("en",))
     assert d.incoming(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})) == []
@@ -82,11 +100,13 @@ def test_events_of_the_wrong_shape_are_invalid_messages_not_a_crash():
     for event in bad_starts:
         (error,) = TwilioDialect(twilio_options(), ("en",)).incoming(json.dumps(event))
         assert isinstance(error, InvalidMessage) and error.code == "invalid_message", event
-    for fmt in ({"encoding": "audio/x-mulaw", "sampleRate": "fast"}, {"encoding": "audio/x-mulaw", "sampleRate": [8000]}):
+    for fmt in ({"encoding": "audio/x-mulaw", "sampleRate": "fast"}, {"encoding": "audio/x-mulaw", "sampleRate": [8000]},
+                {"encoding": "audio/x-mulaw", "sampleRate": float("inf")}):  # JSON's Infinity (or 1e999): int() overflowed
         (error,) = TwilioDialect(twilio_options(), ("en",)).incoming(start(["inbound"], fmt=fmt))
         assert isinstance(error, AudioFormatMismatch)
     d = TwilioDialect(twilio_options(), ("en",))
     d.incoming(start(["inbound"]))
-    for media_body in ({"track": {"a": 1}, "payload": "AAAA"}, {"track": "inbound", "payload": {"b": 2}}, {"track": "inbound", "payload": "AAAA", "timestamp": [1]}):
+    for media_body in ({"track": {"a": 1}, "payload": "AAAA"}, {"track": "inbound", "payload": {"b": 2}}, {"track": "inbound", "payload": "AAAA", "timestamp": [1]},
+                       {"track": "inbound", "payload": "AAAA", "timestamp": float("inf")}, {"track": "inbound", "payload": "AAAA", "timestamp": float("nan")}):
         assert all(isinstance(out, InvalidMessage) for out in d.incoming(json.dumps({"event": "media", "media": media_body})))
     assert d.incoming(media("inbound", 0, b"\x11" * 160)) == [b"\x11" * 160]  # the call goes on
