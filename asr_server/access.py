@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from .errors import OriginNotAllowed, QuotaExceeded, Unauthorized
+from .options import whole_number
 from .scheduler.admission import counted_channels
 
 __all__ = ["ApiKey", "AccessOptions", "Principal", "ANONYMOUS", "Access", "parse_keys", "turn_credentials", "is_loopback", "MAX_TOKENS"]
@@ -92,9 +93,10 @@ def parse_keys(text: str, source: str = "keys file") -> tuple[ApiKey, ...]:
         values = {"channels": 0, "per_minute": 0}
         for item in limits:
             option, eq, value = item.partition("=")
-            if option not in values or not eq or not value.isdigit():
+            limit = whole_number(value)
+            if option not in values or not eq or limit is None:
                 raise ValueError(f"{source} line {number}: unknown limit {item!r} (channels=N, per_minute=N)")
-            values[option] = int(value)
+            values[option] = limit
         keys.append(ApiKey(name, secret, values["channels"], values["per_minute"]))
     names = [k.name for k in keys]
     if len(set(names)) != len(names):

@@ -24,6 +24,7 @@ __all__ = [
     "RtcOptions",
     "parse_stream_options",
     "parse_prompt",
+    "whole_number",
 ]
 
 RAW_ENCODINGS = ("pcm_s16le", "pcm_f32le", "mulaw", "alaw")
@@ -185,6 +186,15 @@ class ServerOptions:
     compute_type: str = "default"
     cpu_threads: int = 0
     limits: Limits = field(default_factory=Limits)
+
+
+def whole_number(raw: str) -> int | None:
+    """``raw`` as a whole number when it is ASCII digits alone, at most 18 of them; else None.
+
+    For a client's text where only a count of something is sensible: ``str.isdigit()`` also
+    takes '\u00b2' and other digits ``int()`` refuses, and ``int()`` refuses more than 4300
+    digits, each with a ``ValueError`` a check by ``isdigit()`` does not expect."""
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else None
 
 
 def _int(name: str, raw: str, lo: int, hi: int) -> int:

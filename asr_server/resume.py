@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .errors import InvalidOption, ResumeFailed
+from .options import whole_number
 
 __all__ = ["ReplayLog", "ResumeRequest", "ResumeTable", "new_token", "parse_resume_request", "RESUME_PARAMS"]
 
@@ -87,9 +88,10 @@ def parse_resume_request(query: Mapping[str, list[str]]) -> ResumeRequest:
     if not token:
         raise InvalidOption("resume needs the session's resume_token")
     raw = query.get("last_seq", ["0"])[0]
-    if not raw.isdigit() or len(raw) > 12:
+    last_seq = whole_number(raw)
+    if last_seq is None:
         raise InvalidOption(f"last_seq must be a non-negative integer, got {raw[:20]!r}")
-    return ResumeRequest(token, int(raw))
+    return ResumeRequest(token, last_seq)
 
 
 def new_token() -> str:

@@ -143,6 +143,8 @@ def test_keys_file_lines_with_limits_comments_and_mistakes():
     for bad in ("alice", ":abc", "alice:", "alice:abc channels=x", "alice:abc seats=3", "a:x\na:y"):
         with pytest.raises(ValueError):
             parse_keys(bad)
+    with pytest.raises(ValueError, match="line 1: unknown limit"):  # int() refused it without saying where
+        parse_keys("alice:abc channels=\u00b2")
 
 
 def test_turn_credentials_follow_the_turn_rest_scheme():

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..options import MAX_PROMPT_CHARS, StreamOptions, parse_stream_options
+from ..options import MAX_PROMPT_CHARS, StreamOptions, parse_stream_options, whole_number
 from .client_json import read_json
 
 __all__ = ["DeepgramOptions", "DeepgramDialect", "is_deepgram", "parse_deepgram_options", "DEEPGRAM_ONLY"]
@@ -78,18 +78,19 @@ def parse_deepgram_options(query: Mapping[str, list[str]], languages: Iterable[s
     if endpointing in ("false", "0"):
         ours["endpoint_ms"] = ["5000"]  # no endpointing: finals come at pauses of 5 s, Finalize, or the end
     elif endpointing:
-        ours["endpoint_ms"] = [str(min(5000, max(100, int(endpointing)))) if endpointing.isdigit() else endpointing]
+        given = whole_number(endpointing)  # else our parser says what is wrong with it
+        ours["endpoint_ms"] = [str(min(5000, max(100, given))) if given is not None else endpointing]
     ours["revisions"] = ["false"]  # Deepgram has no revisions: finals are final
     terms = [t.split(":")[0].strip() for name in ("keyterm", "keywords") for t in query.get(name, []) if t.strip()]
     if terms:
         ours["prompt"] = [_vocabulary(terms)]
     options = parse_stream_options(ours, languages)
-    utterance_end = first.get("utterance_end_ms", "")
+    utterance_end = whole_number(first.get("utterance_end_ms", ""))
     dialect = DeepgramOptions(
         model=first.get("model", "nova-3"),
         punctuate=_flag(query, "punctuate", False) or _flag(query, "smart_format", False),
         vad_events=_flag(query, "vad_events", False),
-        utterance_end_ms=int(utterance_end) if utterance_end.isdigit() else None,
+        utterance_end_ms=utterance_end,
         channels=options.channels,
     )
     return options, dialect

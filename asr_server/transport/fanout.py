@@ -37,6 +37,7 @@ from websockets.http11 import Request, Response
 
 from ..access import Principal
 from ..errors import AsrError, FollowerTooSlow, InvalidOption, SessionNotFound
+from ..options import whole_number
 from ..protocol.messages import MessageWriter
 from ..resume import ReplayLog
 from ..subtitles import CueOptions
@@ -187,9 +188,10 @@ def _transcript_query(query: dict[str, list[str]]) -> tuple[str, CueOptions]:
         raw = query.get(name, [None])[0]
         if raw is None:
             continue
-        if not (raw.isdigit() and low <= int(raw) <= high):
+        value = whole_number(raw)
+        if value is None or not low <= value <= high:
             raise InvalidOption(f"{name} must be a whole number from {low} to {high}, not {raw[:20]!r}")
-        sizes[name] = int(raw)
+        sizes[name] = value
     return fmt, CueOptions(**sizes)
 
 
@@ -197,9 +199,10 @@ def _from_seq(request_headers: Any, query: dict[str, list[str]]) -> int:
     """Where a follower takes up the log: ``Last-Event-ID`` (an EventSource asking again), else
     ``from_seq``; anything but a whole number is refused rather than read as 0 (all again)."""
     raw = (request_headers.get("Last-Event-ID") or query.get("from_seq", ["0"])[0]).strip()
-    if not (raw.isascii() and raw.isdigit()):
+    value = whole_number(raw)
+    if value is None:
         raise InvalidOption(f"from_seq must be a whole number (the seq of the last message held), got {raw[:20]!r}")
-    return int(raw)
+    return value
 
 
 def _find(server: "AsrServer", principal: Principal, session_id: str,

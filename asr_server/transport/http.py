@@ -30,6 +30,7 @@ from .. import __version__
 from ..access import ANONYMOUS, Principal
 from ..errors import AsrError, ClientError, InvalidOption, NotReady, OverloadError, TokensDisabled, wire_info
 from ..metrics import OPENMETRICS, TEXT
+from ..options import whole_number
 from ..protocol.client_json import read_json
 from ..protocol.openai_realtime import CLIENT_SECRETS_PATH, REALTIME_PATH, OpenAiDialect, default_realtime_options
 from ..protocol.twilio import TWILIO_PATH
@@ -306,7 +307,7 @@ def _seconds(name: str, raw: object) -> float | None:
         return None
     try:
         ttl = math.nan if isinstance(raw, bool) else float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer past a float's range
         ttl = math.nan
     if not (math.isfinite(ttl) and ttl > 0):
         raise InvalidOption(f"{name} must be a positive number of seconds, got {str(raw)[:20]!r}")
@@ -390,9 +391,10 @@ def _readable_length(lines: Sequence[bytes]) -> int | None:
         return None
     name, _, value = lines[0].partition(b":")
     value = value.strip()
-    if name.strip().lower() != b"content-length" or not value.isdigit() or int(value) > MAX_BODY_BYTES:
+    length = whole_number(value.decode("latin-1"))
+    if name.strip().lower() != b"content-length" or length is None or length > MAX_BODY_BYTES:
         return None
-    return int(value)
+    return length
 
 
 class OneRequestConnection(ServerConnection):

@@ -530,3 +530,74 @@ def test_a_token_request_whose_json_is_nested_too_deeply_is_a_bad_request(keyed_
         head, answer = _exchange(keyed_server.server.port, request)
     assert head.startswith(b"HTTP/1.1 400") and json.loads(answer)["code"] == "bad_request", (head, answer)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+SUPERSCRIPT_TWO = "%C2%B2"  # '²': str.isdigit() takes it, int() does not
+
+
+def test_numbers_that_are_not_plain_digits_are_bad_options_not_crashes(live_server, caplog):
+    """Several places checked a client's number with str.isdigit() and then called int(): '²'
+    passes the first and fails the second, and so do more than 4300 digits. Each was an
+    exception where an error code belonged: a Deepgram handshake closed 1011, a follower's
+    WebSocket 1011, its SSE and transcript requests HTTP 500, a resume 1011, each with a traceback."""
+    import logging
+
+    import websockets
+
+    many = "9" * 5000
+
+    async def messages_and_code(url, **kwargs):
+        async with websockets.connect(url, **kwargs) as ws:
+            got = []
+            try:
+                async for m in ws:
+                    got.append(json.loads(m))
+            except websockets.ConnectionClosed:
+                pass
+            return got, ws.close_code
+
+    def http_status(url):
+        try:
+            with urllib.request.urlopen(url, timeout=60) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    async def run():
+        results = []
+        for query in (f"endpointing={SUPERSCRIPT_TWO}", f"endpointing={many}"):
+            results.append(await messages_and_code(f"{live_server.url}/v1/listen?model=nova-3&{query}",
+                                                additional_headers={"Authorization": "Token any"}))
+        async with websockets.connect(f"{live_server.url}/v1/listen") as stream:  # a session to follow
+            session_id = json.loads(await stream.recv())["session_id"]
+            follow = f"{live_server.url}/v1/sessions/{session_id}/events"
+            results.append(await messages_and_code(f"{follow}?from_seq={many[:30]}"))
+            http = f"{live_server.http}/v1/sessions/{session_id}"
+            statuses = [await asyncio.to_thread(http_status, f"{http}/events?from_seq={many[:30]}"),
+                        await asyncio.to_thread(http_status, f"{http}/transcript?format=srt&line_chars={SUPERSCRIPT_TWO}"),
+                        await asyncio.to_thread(http_status, f"{http}/transcript?format=srt&lines={many}")]
+            await stream.send(json.dumps({"type": "close"}))
+            assert [json.loads(m) async for m in stream][-1]["type"] == "closed"
+        results.append(await messages_and_code(f"{live_server.url}/v1/listen?resume=anything&last_seq={SUPERSCRIPT_TWO}"))
+        return results, statuses
+
+    with caplog.at_level(logging.INFO):
+        results, statuses = asyncio.run(run())
+    for got, code in results:
+        assert code == 1008 and "invalid_option" in json.dumps(got), (code, got)
+    for status, body in statuses:
+        assert status == 400 and body["code"] == "invalid_option", (status, body)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_token_lifetime_past_a_floats_range_is_a_bad_option(keyed_server, caplog):
+    """{"ttl_s": 10**400} (JSON's integers have no bound) made float() raise OverflowError: HTTP 500."""
+    import logging
+
+    body = b'{"ttl_s": 1' + b"0" * 400 + b"}"
+    request = (b"POST /v1/tokens HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer dana-key\r\nContent-Type: application/json\r\n"
+               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    with caplog.at_level(logging.INFO):
+        head, answer = _exchange(keyed_server.server.port, request)
+    assert head.startswith(b"HTTP/1.1 400") and json.loads(answer)["code"] == "invalid_option", (head, answer)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
