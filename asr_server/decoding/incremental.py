@@ -130,6 +130,20 @@ SENTENCE_PAUSE_SOONER_S = 1.0
 # begin and splits there, with the pause decode as the final (a 0.25 s pause between a narration's
 # sentences under noise: that final 0.2 s sooner).
 SENTENCE_RESUME_MS = 300
+# Where the chunker declined that cut and the next interim put a comma (or any other mark) after
+# the word the pause decode ended its sentence with, two decodes heard a boundary there: the cut is
+# made at a pause this long, which the VAD heard there (a pause decode starts after the chunker's
+# tail_ms, 100 ms, of pause). A reader who leaves 0.12 s between sentences, under noise: the VAD
+# hears 100-170 ms of it, the interims' forced prefix keeps the comma, and such a sentence waited
+# for the next one (docs/benchmarks.md, seventy-third session).
+CLAUSE_PAUSE_MS = 90
+# An utterance that has run this long with no sentence end found in it splits at a comma (or ; :)
+# two interims in a row put after the same word, LONG_CLAUSE_MIN_S or more into it, in the
+# quietest stretch around it. Under noise a fast reader's 0.12 s pauses are not heard by the VAD,
+# and the interims (their forced prefix too) join the sentences with commas: a recipe read so
+# got no final for 17 s, until max_utterance_s cut it (docs/benchmarks.md, seventy-third session).
+LONG_CLAUSE_S = 8.0
+LONG_CLAUSE_MIN_S = 2.0
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
 
@@ -165,7 +179,9 @@ class _Utterance:
     ended: UtteranceEnded | None = None
     splitting: bool = False  # a split was asked for: no new decode until the chunker's answer
     pause_cut: int | None = None  # the pause decode end a sentence-pause cut was asked at (see _sentence_pause)
+    clause_cut: int | None = None  # ... and where a cut at a pause decode's end was asked again (see _clause_at_pause)
     heard_ends: frozenset[tuple[str, ...]] = frozenset()  # the sentence ends the last interim heard (_sentence_key)
+    heard_clauses: frozenset[tuple[str, ...]] = frozenset()  # ... and the words it put a comma after (see long_clause)
     split_from: tuple[Hypothesis, int] | None = None  # the interim that asked for the last split, and its audio end
     unprompted: bool = False  # its final is decoded without the text before it (that decode echoed it)
     careful: bool = False  # its final is decoded never cut back (a cut-back decode heard no words in it)
@@ -518,8 +534,14 @@ class ChannelDecoder:
         """Milliseconds of new audio the next interim of ``utt`` waits for: ``interim_ms``, or
         ``SENTENCE_RESUME_MS`` after a pause decode whose cut at a sentence end was asked for (see
         :meth:`_sentence_pause`) and declined."""
-        declined = utt.spec is not None and utt.pause_cut == utt.spec[0] == utt.start + utt.interim_len
+        declined = self._pause_cut_declined(utt) and utt.pause_cut == utt.start + utt.interim_len
         return min(self.interim_ms, SENTENCE_RESUME_MS) if declined else self.interim_ms
+
+    @staticmethod
+    def _pause_cut_declined(utt: _Utterance) -> bool:
+        """Whether the chunker declined the cut :meth:`_sentence_pause` asked for at the end of the
+        newest pause decode of ``utt`` (still open: a cut it made would have ended it)."""
+        return utt.spec is not None and utt.pause_cut == utt.spec[0]
 
     def _submit(self, utt: _Utterance, kind: DecodeKind, end: int, *, speculative: bool, start: int | None = None) -> SubmitJob:
         """A decode of ``utt``'s audio up to ``end`` (from ``start``: a final's continuation, with no
@@ -534,7 +556,7 @@ class ChannelDecoder:
             prefix="" if final else utt.agreement.stable_text,
             # Finals are always aligned: the guards use word timing even when the client did not ask for it;
             # interims of a long utterance too, to find where a sentence in it ends.
-            word_timestamps=final or self._may_split(utt, end),
+            word_timestamps=final or self._may_split(utt, end) or self._pause_cut_declined(utt),
             model="interim" if self.interim_model and not final else "",
             short_window=self.quick_finals if final else self.interim_short_window,
             busy=final and not utt.careful and self.quick_finals and self.lean_context and self.context.busy_finals,
@@ -642,13 +664,18 @@ class ChannelDecoder:
         keeps it (:meth:`_split_heard`)."""
         audio_end = job.audio_end
         heard_before, utt.heard_ends = utt.heard_ends, sentences_ended(hyp)
-        if utt.ended is not None or utt.paused_at is not None or not self._may_split(utt, audio_end):
+        clauses_before, utt.heard_clauses = utt.heard_clauses, clauses_ended(hyp)
+        if utt.ended is not None or utt.paused_at is not None:
             return []
+        if not self._may_split(utt, audio_end):
+            return self._clause_at_pause(utt, hyp)
         min_s = SPLIT_MIN_S if utt.talk_start == utt.start else SPLIT_MIN_CONTINUED_S
         voiced_s = (min(utt.last_voiced_end, audio_end) - utt.start) / MODEL_RATE
         gap = sentence_gap(hyp.words, heard_before, min_s) or unheard_tail(hyp.words, heard_before, voiced_s, min_s)
+        if gap is None and audio_end - utt.start >= LONG_CLAUSE_S * MODEL_RATE:
+            gap = long_clause(hyp.words, clauses_before)
         if gap is None:
-            return []
+            return self._clause_at_pause(utt, hyp)
         utt.splitting = True
         utt.split_from = (hyp, audio_end) if self.quick_finals and not job.request.model else None
         lo_s, hi_s, needs_pause, agreed = gap
@@ -678,6 +705,28 @@ class ChannelDecoder:
         utt.splitting = True
         reach = int(SPLIT_TIGHT_S * MODEL_RATE)
         return [SplitUtterance(self.channel, utt.index, at - reach, at + reach, SENTENCE_PAUSE_MS, at)]
+
+    def _clause_at_pause(self, utt: _Utterance, hyp: Hypothesis) -> list[PipelineEvent]:
+        """Ask once more for the cut :meth:`_sentence_pause` asked for where its pause decode ended,
+        which the chunker declined (the VAD heard less than ``SENTENCE_PAUSE_MS`` of pause), now
+        that ``hyp``, an interim heard past it, marks a boundary after the same word
+        (:func:`clause_at`): at ``CLAUSE_PAUSE_MS`` of pause, and the pause decode is the final.
+
+        Whisper's interims of run-on speech write a comma where a sentence ended, and their
+        forced prefix keeps it, so no split finds that sentence end; a decode of the audio up to
+        the pause heard it. A pause inside a sentence (the speaker hesitated, and the pause
+        decode put a full stop there as Whisper does at the end of most decodes) is told apart
+        by the interim, which runs the words on with no mark between them."""
+        if not self._pause_cut_declined(utt) or utt.clause_cut == utt.pause_cut:
+            return []
+        assert utt.spec is not None
+        at, heard, _ = utt.spec
+        if not clause_at(hyp.words, heard.words):
+            return []
+        utt.clause_cut = at
+        utt.splitting = True
+        reach = int(SPLIT_TIGHT_S * MODEL_RATE)
+        return [SplitUtterance(self.channel, utt.index, at - reach, at + reach, CLAUSE_PAUSE_MS, at)]
 
     def _may_cut_at_pause(self, utt: _Utterance, at: int) -> bool:
         """Whether a cut where a pause decode of ``utt`` ended at ``at`` may still be asked for: the
@@ -1213,6 +1262,39 @@ def sentence_gap(
             meet = (end + following) / 2
             tight = max(words[i].start, meet - SPLIT_TIGHT_S), min(words[i + 1].end, meet + SPLIT_TIGHT_S), True, agreed
     return tight
+
+
+def clauses_ended(hyp: Hypothesis) -> frozenset[tuple[str, ...]]:
+    """The words in ``hyp`` that end a clause (a comma, semicolon or colon after them), normalized."""
+    return frozenset(_sentence_key([w.word]) for w in hyp.words if w.word.strip()[-1:] in ",;:")
+
+
+def long_clause(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]]) -> tuple[float, float, bool, bool] | None:
+    """Where to split an utterance that has run ``LONG_CLAUSE_S`` with no sentence end found in
+    it: around the last word ``LONG_CLAUSE_MIN_S`` or more into it that ``words`` end a clause with
+    and ``heard_before`` (the interim before) has too, with a word after it; any quiet stretch
+    there will do (as :func:`sentence_gap`'s answer). None where there is none."""
+    for i in range(len(words) - 2, -1, -1):
+        word = words[i]
+        if word.end < LONG_CLAUSE_MIN_S:
+            return None
+        if word.word.strip()[-1:] in ",;:" and _sentence_key([word.word]) in heard_before:
+            return max(0.0, word.end - SPLIT_MARGIN_S), words[i + 1].start + SPLIT_MARGIN_S, False, True
+    return None
+
+
+def clause_at(words: tuple[Word, ...], heard: tuple[Word, ...]) -> bool:
+    """Whether ``words`` (an interim) end a word with a mark (``,`` ``;`` ``:`` or a sentence's
+    end) where ``heard`` (a pause decode that ended its last sentence with that word) ended, within
+    ``SPLIT_TIGHT_S`` of it, and go on past it."""
+    if not heard:
+        return False
+    last = _sentence_key([heard[-1].word])
+    return any(w.word.strip()[-1:] in CLAUSE_MARKS and _sentence_key([w.word]) == last and abs(w.end - heard[-1].end) <= SPLIT_TIGHT_S
+               for w in words[:-1])
+
+
+CLAUSE_MARKS = ",;:.?!"
 
 
 def unheard_tail(

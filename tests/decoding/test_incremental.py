@@ -3,7 +3,7 @@ from dataclasses import replace
 import numpy as np
 
 from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
-from asr_server.decoding.incremental import SENTENCE_PAUSE_MS, SPLIT_SOLO_PAUSE_MS, ChannelDecoder
+from asr_server.decoding.incremental import CLAUSE_PAUSE_MS, LONG_CLAUSE_S, SENTENCE_PAUSE_MS, SPLIT_SOLO_PAUSE_MS, ChannelDecoder
 from asr_server.events import DecodeJob, Final, Interim, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from asr_server.inference.types import Word
 from asr_server.inference.whisper import DecodeKind, Hypothesis
@@ -653,6 +653,71 @@ def test_after_a_declined_cut_at_a_pause_decode_the_next_interim_comes_sooner():
     assert not only(ev, SplitUtterance) and not only(d.feed([]), SubmitJob)
     (job,) = [e.job for e in only(d.feed([audio(0, 0.2)]), SubmitJob)]
     assert len(job.request.audio) == int(3.6 * SR)
+
+
+def test_after_a_declined_cut_an_interim_that_marks_the_same_word_asks_for_it_again_at_a_shorter_pause():
+    """A reader who leaves 0.12 s between sentences, under noise: the VAD hears 100-170 ms of it,
+    the chunker declines the cut at the pause decode that ended the sentence, and the interims
+    after it (their forced prefix too) write a comma there ("...the lazy dog, please call"), so no
+    split found that sentence end: it waited 6.6 s for the next one. An interim that puts a mark
+    after the word the pause decode ended its sentence with asks for that cut again, once, at
+    CLAUSE_PAUSE_MS (a pause decode starts after 100 ms of pause), and the pause decode is the
+    final. An interim that runs the words on (a speaker who hesitated inside a sentence, where
+    the pause decode put a full stop at its end, as Whisper does), or marks another word, does not."""
+    words = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.9, 0.9))
+    at = int(3.1 * SR)
+
+    def declined_then_heard(word: str):
+        d, ev = _pause_decode_answered("The end.", words)
+        assert only(ev, SplitUtterance)
+        (job,) = [e.job for e in only(d.feed([]), SubmitJob)]  # the chunker's answer: no cut
+        assert job.request.kind is DecodeKind.INTERIM and job.request.word_timestamps
+        heard = (Word(" The", 0.3, 0.5, 0.9), Word(word, 0.5, 3.0, 0.9), Word(" next", 3.2, 3.35, 0.9))
+        return d, heard, only(d.job_done(job, Hypothesis(f"The{word} next", heard)), SplitUtterance)
+
+    for word in (" end", " bend,"):
+        assert not declined_then_heard(word)[2]
+    d, heard, (split,) = declined_then_heard(" end,")
+    assert (split.at, split.pause_ms) == (at, CLAUSE_PAUSE_MS) and split.lo < at < split.hi
+    (job,) = [e.job for e in only(d.feed([audio(0, 0.5)]), SubmitJob)]  # declined again
+    assert not only(d.job_done(job, Hypothesis("The end, next one", heard + (Word(" one", 3.4, 3.8, 0.9),))), SplitUtterance)
+    d, _, (split,) = declined_then_heard(" end;")
+    ev = d.feed([UtteranceEnded(0, at, EndReason.SENTENCE), UtteranceStarted(1, at, at, continuation=True)])  # the cut
+    (final,) = only(ev, Final)
+    assert (final.text, final.reason) == ("The end.", EndReason.SENTENCE)
+    assert all(e.job.utterance == 1 for e in only(ev, SubmitJob))  # no second decode of utterance 0
+
+
+def _clause_splits(talked: float, first: str, second: str, comma_end: float = 5.0) -> list[SplitUtterance]:
+    """An utterance talked ``talked`` s with no pause; two interims in a row heard words with
+    ``first`` and then ``second`` ending at ``comma_end`` s and more words after it, no sentence
+    end: the splits the second asks for."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, talked)]), SubmitJob)]
+
+    def heard(word: str) -> Hypothesis:
+        words = (Word(" of", comma_end - 0.6, comma_end - 0.3, 0.9), Word(word, comma_end - 0.3, comma_end, 0.9),
+                 Word(" let", comma_end + 0.1, comma_end + 0.4, 0.9), Word(" the", comma_end + 0.4, comma_end + 0.6, 0.9))
+        return Hypothesis(" ".join(w.word.strip() for w in words), words)
+
+    assert not only(d.job_done(job, heard(first)), SplitUtterance)
+    (job,) = [e.job for e in only(d.feed([audio(0, 0.5)]), SubmitJob)]
+    return only(d.job_done(job, heard(second)), SplitUtterance)
+
+
+def test_a_long_utterance_with_no_sentence_end_splits_at_a_comma_two_interims_heard():
+    """A fast reader under noise: the VAD hears none of the 0.12 s pauses, and the interims join
+    the sentences with commas ("a pinch of salt, let the sauce"), so a recipe got no final for
+    17 s, until max_utterance_s. Once an utterance has run LONG_CLAUSE_S, a comma (; :) that two
+    interims in a row put after the same word, 2 s or more into it, splits there, in the quietest
+    stretch around it. Not sooner, not a comma one interim alone heard, nor one near the start."""
+    (split,) = _clause_splits(LONG_CLAUSE_S, " salt,", " salt,")
+    assert (split.pause_ms, split.at) == (0, None)
+    assert abs(split.lo - 4.9 * SR) <= 1 and abs(split.hi - 5.2 * SR) <= 1
+    assert _clause_splits(LONG_CLAUSE_S, " salt;", " salt;")
+    assert not _clause_splits(LONG_CLAUSE_S - 1.0, " salt,", " salt,")  # heard at 7.5 s: not yet
+    assert not _clause_splits(LONG_CLAUSE_S, " salt", " salt,")
+    assert not _clause_splits(LONG_CLAUSE_S, " salt,", " salt,", comma_end=1.5)
 
 
 def test_no_cut_at_a_pause_decode_that_ends_no_sentence_or_in_short_talking():
