@@ -30,7 +30,11 @@ Rules it keeps:
   speaker talked on after counts as such an interim; a split at the point
   where a pause decode ended takes that decode as the final. A stream with
   ``interim_results=false`` gets these interim decodes too (unsent), only
-  for utterances long enough to split.
+  for utterances long enough to split. Where the speaker runs sentences
+  together and the interims join them with commas (a fast reader under
+  noise), an utterance that has run ``LONG_CLAUSE_S`` splits at a comma two
+  interims heard, and a pause decode's sentence end is cut at a shorter
+  pause where an interim marks the same word (:meth:`ChannelDecoder._clause_at_pause`).
 * Offsets: a channel's transcript is its non-empty final texts joined by
   single spaces; ``offset`` is where the utterance starts in it.
 * Context pass (:mod:`.context`): once enough speech has been finalized, or
