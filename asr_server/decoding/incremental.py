@@ -148,6 +148,7 @@ CLAUSE_PAUSE_MS = 90
 # got no final for 17 s, until max_utterance_s cut it (docs/benchmarks.md, seventy-third session).
 LONG_CLAUSE_S = 8.0
 LONG_CLAUSE_MIN_S = 2.0
+CLAUSE_ENDS = ",;:"  # the marks a clause inside a sentence ends with, as Whisper writes them
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
 
@@ -1270,7 +1271,7 @@ def sentence_gap(
 
 def clauses_ended(hyp: Hypothesis) -> frozenset[tuple[str, ...]]:
     """The words in ``hyp`` that end a clause (a comma, semicolon or colon after them), normalized."""
-    return frozenset(_sentence_key([w.word]) for w in hyp.words if w.word.strip()[-1:] in ",;:")
+    return frozenset(_sentence_key([w.word]) for w in hyp.words if w.word.strip()[-1:] in CLAUSE_ENDS)
 
 
 def long_clause(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]]) -> tuple[float, float, bool, bool] | None:
@@ -1282,7 +1283,7 @@ def long_clause(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]
         word = words[i]
         if word.end < LONG_CLAUSE_MIN_S:
             return None
-        if word.word.strip()[-1:] in ",;:" and _sentence_key([word.word]) in heard_before:
+        if word.word.strip()[-1:] in CLAUSE_ENDS and _sentence_key([word.word]) in heard_before:
             return max(0.0, word.end - SPLIT_MARGIN_S), words[i + 1].start + SPLIT_MARGIN_S, False, True
     return None
 
@@ -1294,11 +1295,8 @@ def clause_at(words: tuple[Word, ...], heard: tuple[Word, ...]) -> bool:
     if not heard:
         return False
     last = _sentence_key([heard[-1].word])
-    return any(w.word.strip()[-1:] in CLAUSE_MARKS and _sentence_key([w.word]) == last and abs(w.end - heard[-1].end) <= SPLIT_TIGHT_S
-               for w in words[:-1])
-
-
-CLAUSE_MARKS = ",;:.?!"
+    return any(w.word.strip()[-1:] in CLAUSE_ENDS + ".?!" and _sentence_key([w.word]) == last
+               and abs(w.end - heard[-1].end) <= SPLIT_TIGHT_S for w in words[:-1])
 
 
 def unheard_tail(
