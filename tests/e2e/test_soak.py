@@ -12,7 +12,7 @@ from asr_client import read_pcm
 from asr_server.options import Limits
 from asr_server.scheduler.governor import GovernorOptions, Level
 from asr_server.server import AsrServer
-from tools.soak import snapshot, soak
+from tools.soak import snapshot, soak, soak_mix
 
 from ..harness import FIXTURES
 
@@ -68,3 +68,27 @@ def test_short_sessions_keep_memory_and_queues_flat(whisper_runner):
     # measured flat, 1.42 -> 1.45 MiB). Samples taken while sessions run swing by 5-7 MiB with
     # what they hold and with garbage not yet collected, so only settled heaps are compared.
     assert end.heap_mib - warm.heap_mib < 2.0, (round(warm.heap_mib, 2), round(end.heap_mib, 2), [(s.sessions, round(s.heap_mib, 1)) for s in samples])
+
+
+@pytest.mark.timeout(900)
+def test_every_kind_of_session_leaves_no_connection_thread_file_or_task_behind(whisper_runner):
+    """Two rounds of every kind of session in tools/soak_kinds.py (each dialect, a container stream
+    decoded in its own thread, a follower, a resume after a dropped connection, bad input, a
+    refusal, a client that leaves without a close), four at a time: each ends as its client
+    expects, and once they have, the server holds what it held after the first round (which
+    warms up what is made once): no connection, no job, and as many threads, open files and tasks."""
+
+    async def main():
+        server = AsrServer("127.0.0.1", 0, Limits(ended_session_ttl_s=0), governor=GovernorOptions(max_level=Level.INTERIM_MODEL))
+        await server.start()
+        server.set_runner(whisper_runner)
+        try:
+            return await soak_mix(server, f"ws://127.0.0.1:{server.port}", rounds=2, concurrency=4, seconds=1.5)
+        finally:
+            await server.stop(grace_s=5)
+
+    samples, failed = asyncio.run(main())
+    assert not any(failed.values()), failed
+    warm, end = samples[1], samples[-1]
+    assert end.connections == 0 and end.live_jobs == 0
+    assert (end.threads, end.open_files, end.tasks) == (warm.threads, warm.open_files, warm.tasks), samples
