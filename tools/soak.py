@@ -104,9 +104,14 @@ async def soak_mix(server, url: str, rounds: int, concurrency: int, seconds: flo
             if not await run_kind(kind, url):
                 failed[kind.__name__] += 1
 
+    def busy() -> bool:
+        """Sessions the server still holds (dropped connections and held sessions take a moment to
+        go), or a container stream's decoding thread not yet gone (it ends just after its session)."""
+        return bool(server._connections or len(server.resumes) or any(t.name.startswith("decode-") for t in threading.enumerate()))
+
     async def settled(done: int) -> Sample:
-        for _ in range(1000):  # dropped connections and held sessions take a moment to go
-            if not server._connections and not len(server.resumes):
+        for _ in range(1000):
+            if not busy():
                 break
             await asyncio.sleep(0.05)
         gc.collect()
