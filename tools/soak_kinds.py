@@ -36,17 +36,10 @@ class Audio:
         pcm24, _ = read_pcm(str(FIXTURES / "cards_16k.wav"), rate=24000)
         self.pcm24 = pcm24[: int(seconds * 24000) * 2]
         self.mp3 = (FIXTURES / "librivox.mp3").read_bytes()[: int(seconds * 8000)]  # about 64 kbit/s
-        call = np.frombuffer((FIXTURES / "call_8k_stereo.s16le").read_bytes(), "<i2").reshape(-1, 2)[: int(seconds * 8000)]
-        self.caller, self.agent = _mulaw(call[:, 1]), _mulaw(call[:, 0])
+        from tests.audio_fixtures.make_fixtures import g711
 
-
-def _mulaw(samples: np.ndarray) -> bytes:
-    """G.711 mu-law of 16-bit samples."""
-    s = samples.astype(np.int32) >> 2
-    mask = np.where(s < 0, 0x7F, 0xFF)
-    magnitude = np.minimum(np.abs(s), 8159) + 33
-    segment = np.searchsorted(np.array([0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF]), magnitude)
-    return ((((segment << 4) | ((magnitude >> (segment + 1)) & 0xF)) ^ mask) & 0xFF).astype(np.uint8).tobytes()
+        call = np.frombuffer((FIXTURES / "call_8k_stereo.s16le").read_bytes(), "<i2").reshape(-1, 2)[: int(seconds * 8000)] / 32768
+        self.caller, self.agent = g711(call[:, 1], "pcm_mulaw"), g711(call[:, 0], "pcm_mulaw")
 
 
 async def _until(ws, *types: str) -> dict | None:
