@@ -149,6 +149,13 @@ CLAUSE_PAUSE_MS = 90
 LONG_CLAUSE_S = 8.0
 LONG_CLAUSE_MIN_S = 2.0
 CLAUSE_ENDS = ",;:"  # the marks a clause inside a sentence ends with, as Whisper writes them
+# Once this many words of an utterance are committed (LocalAgreement) with no mark among them, its
+# interims are decoded without the forced prefix: a prefix that runs on unpunctuated (an interim of
+# the stream's first half second came back lower case, "this", and was committed) keeps Whisper
+# writing on without a mark, so no split finds a sentence end, where the same audio decoded
+# without it is written in sentences (a fast reader in a reverberant room: a museum tour got no
+# final for 20 s, until max_utterance_s cut it; docs/benchmarks.md, seventy-fourth session).
+UNMARKED_PREFIX_WORDS = 12
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
 
@@ -190,6 +197,7 @@ class _Utterance:
     split_from: tuple[Hypothesis, int] | None = None  # the interim that asked for the last split, and its audio end
     unprompted: bool = False  # its final is decoded without the text before it (that decode echoed it)
     careful: bool = False  # its final is decoded never cut back (a cut-back decode heard no words in it)
+    free: bool = False  # its interims are decoded without the forced prefix (see UNMARKED_PREFIX_WORDS)
     talk_start: int = 0  # where the talking it belongs to began (:attr:`UtteranceStarted.talk_start`)
     # A final decode that stopped short of the audio, and the stream sample its continuation starts at.
     head: tuple[Hypothesis, int] | None = None
@@ -548,6 +556,18 @@ class ChannelDecoder:
         newest pause decode of ``utt`` (still open: a cut it made would have ended it)."""
         return utt.spec is not None and utt.pause_cut == utt.spec[0]
 
+    def _decoder_prefix(self, utt: _Utterance) -> str:
+        """The forced prefix of an interim of ``utt``: its committed words, the first with a capital
+        where the utterance begins a sentence (the stream's first, or the final before it ends one).
+        Whisper goes on as a prefix begins: an interim of the first half second can come back in
+        lower case ("they are") even after a final that ended a sentence, and a prefix that starts
+        so keeps the decodes after it in lower case, where no split finds a sentence end
+        (docs/benchmarks.md, seventy-fourth session)."""
+        prefix = utt.agreement.stable_text
+        if prefix and (not self._last_text or ends_sentence(_last_word(self._last_text))):
+            return prefix[:1].upper() + prefix[1:]
+        return prefix
+
     def _submit(self, utt: _Utterance, kind: DecodeKind, end: int, *, speculative: bool, start: int | None = None) -> SubmitJob:
         """A decode of ``utt``'s audio up to ``end`` (from ``start``: a final's continuation, with no
         text before it as the prompt)."""
@@ -558,7 +578,7 @@ class ChannelDecoder:
             language=self.options.language,
             prompt="" if utt.unprompted or start is not None else self._prompt,
             vocabulary=self.options.prompt,
-            prefix="" if final else utt.agreement.stable_text,
+            prefix="" if final or utt.free else self._decoder_prefix(utt),
             # Finals are always aligned: the guards use word timing even when the client did not ask for it;
             # interims of a long utterance too, to find where a sentence in it ends.
             word_timestamps=final or self._may_split(utt, end) or self._pause_cut_declined(utt),
@@ -636,6 +656,7 @@ class ChannelDecoder:
         if not self.options.interim_results or not hyp.text:
             return []
         text, stable = utt.agreement.update(hyp.text.split())
+        utt.free = utt.free or unmarked(utt.agreement.committed)
         if utt.last_interim == (text, stable):
             return []
         utt.last_interim = (text, stable)
@@ -1286,6 +1307,12 @@ def long_clause(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]
         if word.word.strip()[-1:] in CLAUSE_ENDS and _sentence_key([word.word]) in heard_before:
             return max(0.0, word.end - SPLIT_MARGIN_S), words[i + 1].start + SPLIT_MARGIN_S, False, True
     return None
+
+
+def unmarked(committed: list[str]) -> bool:
+    """Whether ``committed`` (an utterance's committed interim words) holds ``UNMARKED_PREFIX_WORDS``
+    or more with no mark (``, ; :`` or a sentence's end) after any of them."""
+    return len(committed) >= UNMARKED_PREFIX_WORDS and not any(w[-1:] in CLAUSE_ENDS + ".?!" for w in committed)
 
 
 def clause_at(words: tuple[Word, ...], heard: tuple[Word, ...]) -> bool:
