@@ -154,7 +154,8 @@ CLAUSE_ENDS = ",;:"  # the marks a clause inside a sentence ends with, as Whispe
 # the stream's first half second came back lower case, "this", and was committed) keeps Whisper
 # writing on without a mark, so no split finds a sentence end, where the same audio decoded
 # without it is written in sentences (a fast reader in a reverberant room: a museum tour got no
-# final for 20 s, until max_utterance_s cut it; docs/benchmarks.md, seventy-fourth session).
+# final for 20 s, until max_utterance_s cut it, a lecture's sentence 14.7 s late; docs/benchmarks.md,
+# seventy-fourth session). Starting such a prefix with a capital as well was tried and left out.
 UNMARKED_PREFIX_WORDS = 12
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
@@ -556,18 +557,6 @@ class ChannelDecoder:
         newest pause decode of ``utt`` (still open: a cut it made would have ended it)."""
         return utt.spec is not None and utt.pause_cut == utt.spec[0]
 
-    def _decoder_prefix(self, utt: _Utterance) -> str:
-        """The forced prefix of an interim of ``utt``: its committed words, the first with a capital
-        where the utterance begins a sentence (the stream's first, or the final before it ends one).
-        Whisper goes on as a prefix begins: an interim of the first half second can come back in
-        lower case ("they are") even after a final that ended a sentence, and a prefix that starts
-        so keeps the decodes after it in lower case, where no split finds a sentence end
-        (docs/benchmarks.md, seventy-fourth session)."""
-        prefix = utt.agreement.stable_text
-        if prefix and (not self._last_text or ends_sentence(_last_word(self._last_text))):
-            return prefix[:1].upper() + prefix[1:]
-        return prefix
-
     def _submit(self, utt: _Utterance, kind: DecodeKind, end: int, *, speculative: bool, start: int | None = None) -> SubmitJob:
         """A decode of ``utt``'s audio up to ``end`` (from ``start``: a final's continuation, with no
         text before it as the prompt)."""
@@ -578,7 +567,7 @@ class ChannelDecoder:
             language=self.options.language,
             prompt="" if utt.unprompted or start is not None else self._prompt,
             vocabulary=self.options.prompt,
-            prefix="" if final or utt.free else self._decoder_prefix(utt),
+            prefix="" if final or utt.free else utt.agreement.stable_text,
             # Finals are always aligned: the guards use word timing even when the client did not ask for it;
             # interims of a long utterance too, to find where a sentence in it ends.
             word_timestamps=final or self._may_split(utt, end) or self._pause_cut_declined(utt),
