@@ -13,7 +13,8 @@ Rules it keeps:
 * Interims re-decode the open utterance from its start whenever it has grown
   by ``interim_ms`` and the speaker is talking (not in a pause); stability
   follows LocalAgreement-2 and the stable words are forced as the decoder's
-  prefix (:mod:`.stability`).
+  prefix (:mod:`.stability`), unless ``UNMARKED_PREFIX_WORDS`` of them hold
+  no mark: a prefix run on unpunctuated keeps Whisper from writing sentences.
 * When speech pauses (``tail_ms`` of silence), a final-quality decode of the
   utterance up to that point starts at once. If the endpoint then comes with
   no new speech, the final audio is identical and that result is the final:
