@@ -30,14 +30,13 @@ class Audio:
 
     def __init__(self, seconds: float = 2.0) -> None:
         from asr_client import read_pcm
+        from tests.audio_fixtures.make_fixtures import g711
 
         pcm16, _ = read_pcm(str(FIXTURES / "librivox_16k.wav"))
         self.pcm16 = pcm16[: int(seconds * 16000) * 2]
         pcm24, _ = read_pcm(str(FIXTURES / "cards_16k.wav"), rate=24000)
         self.pcm24 = pcm24[: int(seconds * 24000) * 2]
         self.mp3 = (FIXTURES / "librivox.mp3").read_bytes()[: int(seconds * 8000)]  # about 64 kbit/s
-        from tests.audio_fixtures.make_fixtures import g711
-
         call = np.frombuffer((FIXTURES / "call_8k_stereo.s16le").read_bytes(), "<i2").reshape(-1, 2)[: int(seconds * 8000)] / 32768
         self.caller, self.agent = g711(call[:, 1], "pcm_mulaw"), g711(call[:, 0], "pcm_mulaw")
 

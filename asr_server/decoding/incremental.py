@@ -62,7 +62,7 @@ from ..options import StreamOptions
 from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, looped, mark_heard, plan_window, reached, retimed, revised_texts, settle_window, split_words, surer_texts, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
-from .text import ends_sentence, guard, normalize_word, normalized_text
+from .text import SENTENCE_ENDS, ends_sentence, guard, normalize_word, normalized_text
 
 __all__ = ["ChannelDecoder", "PROMPT_CHARS", "context_kept_s"]
 
@@ -150,6 +150,7 @@ CLAUSE_PAUSE_MS = 90
 LONG_CLAUSE_S = 8.0
 LONG_CLAUSE_MIN_S = 2.0
 CLAUSE_ENDS = ",;:"  # the marks a clause inside a sentence ends with, as Whisper writes them
+MARKS = CLAUSE_ENDS + "".join(SENTENCE_ENDS)  # ... and those with a sentence's ends
 # Once this many words of an utterance are committed (LocalAgreement) with no mark among them, its
 # interims are decoded without the forced prefix: a prefix that runs on unpunctuated (an interim of
 # the stream's first half second came back lower case, "this", and was committed) keeps Whisper
@@ -1302,7 +1303,7 @@ def long_clause(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]
 def unmarked(committed: list[str]) -> bool:
     """Whether ``committed`` (an utterance's committed interim words) holds ``UNMARKED_PREFIX_WORDS``
     or more with no mark (``, ; :`` or a sentence's end) after any of them."""
-    return len(committed) >= UNMARKED_PREFIX_WORDS and not any(w[-1:] in CLAUSE_ENDS + ".?!" for w in committed)
+    return len(committed) >= UNMARKED_PREFIX_WORDS and not any(w[-1:] in MARKS for w in committed)
 
 
 def clause_at(words: tuple[Word, ...], heard: tuple[Word, ...]) -> bool:
@@ -1312,7 +1313,7 @@ def clause_at(words: tuple[Word, ...], heard: tuple[Word, ...]) -> bool:
     if not heard:
         return False
     last = _sentence_key([heard[-1].word])
-    return any(w.word.strip()[-1:] in CLAUSE_ENDS + ".?!" and _sentence_key([w.word]) == last
+    return any(w.word.strip()[-1:] in MARKS and _sentence_key([w.word]) == last
                and abs(w.end - heard[-1].end) <= SPLIT_TIGHT_S for w in words[:-1])
 
 
