@@ -34,7 +34,8 @@ Rules it keeps:
   for utterances long enough to split. Where the speaker runs sentences
   together and the interims join them with commas (a fast reader under
   noise), an utterance that has run ``LONG_CLAUSE_S`` splits at a comma two
-  interims heard, and a pause decode's sentence end is cut at a shorter
+  interims heard, or a sentence end two heard without a pause (other people
+  talking fill the reader's pauses), and a pause decode's sentence end is cut at a shorter
   pause where an interim marks the same word (:meth:`ChannelDecoder._clause_at_pause`).
 * Offsets: a channel's transcript is its non-empty final texts joined by
   single spaces; ``offset`` is where the utterance starts in it.
@@ -689,8 +690,8 @@ class ChannelDecoder:
         min_s = SPLIT_MIN_S if utt.talk_start == utt.start else SPLIT_MIN_CONTINUED_S
         voiced_s = (min(utt.last_voiced_end, audio_end) - utt.start) / MODEL_RATE
         gap = sentence_gap(hyp.words, heard_before, min_s) or unheard_tail(hyp.words, heard_before, voiced_s, min_s)
-        if gap is None and audio_end - utt.start >= LONG_CLAUSE_S * MODEL_RATE:
-            gap = long_clause(hyp.words, clauses_before)
+        if audio_end - utt.start >= LONG_CLAUSE_S * MODEL_RATE:
+            gap = long_clause(hyp.words, clauses_before) if gap is None else _long_sentence(gap)
         if gap is None:
             return self._clause_at_pause(utt, hyp)
         utt.splitting = True
@@ -1298,6 +1299,16 @@ def long_clause(words: tuple[Word, ...], heard_before: frozenset[tuple[str, ...]
         if word.word.strip()[-1:] in CLAUSE_ENDS and _sentence_key([word.word]) in heard_before:
             return max(0.0, word.end - SPLIT_MARGIN_S), words[i + 1].start + SPLIT_MARGIN_S, False, True
     return None
+
+
+def _long_sentence(gap: tuple[float, float, bool, bool]) -> tuple[float, float, bool, bool]:
+    """``gap`` (as :func:`sentence_gap` answers) in an utterance that has run ``LONG_CLAUSE_S``:
+    a sentence end the interim before heard too needs no pause there, as an agreed comma needs
+    none (:func:`long_clause`). Under other people talking the VAD hears no pause and no dip
+    between a fast reader's sentences, and Whisper's lower case after a full stop kept such a
+    sentence waiting for max_utterance_s (docs/benchmarks.md, seventy-fifth session)."""
+    lo, hi, needs_pause, agreed = gap
+    return (lo, hi, False, True) if agreed else gap
 
 
 def unmarked(committed: list[str]) -> bool:

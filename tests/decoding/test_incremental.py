@@ -716,16 +716,16 @@ def test_after_a_declined_cut_an_interim_that_marks_the_same_word_asks_for_it_ag
     assert all(e.job.utterance == 1 for e in only(ev, SubmitJob))  # no second decode of utterance 0
 
 
-def _clause_splits(talked: float, first: str, second: str, comma_end: float = 5.0) -> list[SplitUtterance]:
+def _clause_splits(talked: float, first: str, second: str, comma_end: float = 5.0, gap: float = 0.1) -> list[SplitUtterance]:
     """An utterance talked ``talked`` s with no pause; two interims in a row heard words with
-    ``first`` and then ``second`` ending at ``comma_end`` s and more words after it, no sentence
-    end: the splits the second asks for."""
+    ``first`` and then ``second`` ending at ``comma_end`` s and more words after it, the next
+    starting ``gap`` s after it: the splits the second asks for."""
     d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
     (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, talked)]), SubmitJob)]
 
     def heard(word: str) -> Hypothesis:
         words = (Word(" of", comma_end - 0.6, comma_end - 0.3, 0.9), Word(word, comma_end - 0.3, comma_end, 0.9),
-                 Word(" let", comma_end + 0.1, comma_end + 0.4, 0.9), Word(" the", comma_end + 0.4, comma_end + 0.6, 0.9))
+                 Word(" let", comma_end + gap, comma_end + 0.4, 0.9), Word(" the", comma_end + 0.4, comma_end + 0.6, 0.9))
         return Hypothesis(" ".join(w.word.strip() for w in words), words)
 
     assert not only(d.job_done(job, heard(first)), SplitUtterance)
@@ -746,6 +746,21 @@ def test_a_long_utterance_with_no_sentence_end_splits_at_a_comma_two_interims_he
     assert not _clause_splits(LONG_CLAUSE_S - 1.0, " salt,", " salt,")  # heard at 7.5 s: not yet
     assert not _clause_splits(LONG_CLAUSE_S, " salt", " salt,")
     assert not _clause_splits(LONG_CLAUSE_S, " salt,", " salt,", comma_end=1.5)
+
+
+def test_a_long_utterance_splits_at_a_sentence_end_two_interims_heard_without_a_pause():
+    """A fast reader with other people talking 20 dB down: the VAD hears neither a pause nor a dip
+    between sentences, and the interims' forced prefix keeps Whisper's lower case after a full
+    stop ("date palms. it was about"), so a sentence waited 13.6 s, until max_utterance_s cut it.
+    Such a sentence end, heard by two interims in a row, needs a pause the VAD heard (or a dip)
+    while the utterance is short, and none once it has run LONG_CLAUSE_S, as an agreed comma
+    needs none then. One interim's sentence end alone still needs a pause there."""
+    (split,) = _clause_splits(LONG_CLAUSE_S - 1.0, " salt.", " salt.", gap=0.2)
+    assert split.pause_ms == SPLIT_SOLO_PAUSE_MS and split.dips
+    (split,) = _clause_splits(LONG_CLAUSE_S, " salt.", " salt.", gap=0.2)
+    assert (split.pause_ms, split.at) == (0, None)
+    assert abs(split.lo - 4.9 * SR) <= 1 and abs(split.hi - 5.3 * SR) <= 1
+    assert not _clause_splits(LONG_CLAUSE_S, " salt", " salt.", gap=0.2)  # one interim's lower case: no split
 
 
 def test_no_cut_at_a_pause_decode_that_ends_no_sentence_or_in_short_talking():
