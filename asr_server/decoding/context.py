@@ -58,7 +58,7 @@ _HYPHENATED = re.compile(r"[^\w'-]+")
 
 __all__ = [
     "ContextOptions", "before_ahead", "Finalized", "Span", "joint", "plan_window", "settle_window", "window_request", "split_words",
-    "revised_texts", "window_words", "word_times", "retimed", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "looped", "respaced",
+    "revised_texts", "window_words", "word_times", "retimed", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "looped", "crowded", "respaced",
 ]
 
 
@@ -191,7 +191,16 @@ class Finalized:
         (:func:`looped`; seen in the fresh-clone CI under a busy machine: "I'll be back
         around, and" three times and a half for "The quick brown fox jumps over the lazy dog",
         kept for good since the pass's 9 words were too few against 17)."""
-        return self.sampled or looped(self.text)
+        return self.sampled or looped(self.text) or self.crowded
+
+    @property
+    def crowded(self) -> bool:
+        """Whether its first pass holds more words than its audio can (``MOST_WORDS_PER_S``): Whisper
+        wrote words the audio does not hold. Seen on a bulletin in a reverberant room: "the roof of the
+        650, so it is slightly stable, but it is very hot in here." (17 words in 3.5 s) where every pass
+        heard "the river is expected to reach its highest level by Wednesday morning." (12 words), and
+        12 were too few against 17 to be taken (docs/benchmarks.md, seventy-fifth session)."""
+        return crowded(self.text, self.seconds)
 
     @property
     def stopped_short(self) -> bool:
@@ -607,6 +616,11 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Seque
     if not group or not fewest <= len(_words(text)) <= record.most_words or not _covers(reach, span, record):
         return None
     return text
+
+
+def crowded(text: str, seconds: float) -> bool:
+    """Whether ``text`` holds more words than ``seconds`` of speech can (``MOST_WORDS_PER_S``)."""
+    return len(text.split()) > MOST_WORDS_PER_S * seconds
 
 
 def _fewest_words(old: int, share: float, less: float = 0.0) -> float:

@@ -60,7 +60,7 @@ from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, RevisedSegment, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, looped, mark_heard, plan_window, reached, retimed, revised_texts, settle_window, split_words, surer_texts, trusted, window_request,
+from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, crowded, looped, mark_heard, plan_window, reached, retimed, revised_texts, settle_window, split_words, surer_texts, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
 from .text import SENTENCE_ENDS, ends_sentence, guard, normalize_word, normalized_text
@@ -797,8 +797,10 @@ class ChannelDecoder:
             self._last_text = text
             # Only a confidently heard final becomes context: a doubtful word in the
             # prompt is copied into the next final (measured: "old-sposed" twice).
-            # Nor does a sampled one (its beam decode failed Whisper's checks), or a loop.
-            self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) and not hyp.sampled and not looped(text) else ""
+            # Nor does a sampled one (its beam decode failed Whisper's checks), a loop, or one with
+            # more words than its audio can hold.
+            doubtful = hyp.sampled or looped(text) or crowded(text, (utt.ended.end - utt.start) / MODEL_RATE)
+            self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) and not doubtful else ""
             self._remember(utt, offset, text, words, hyp.sampled)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []

@@ -779,17 +779,21 @@ LOOP = "I'll be right now, and I'll be right now, and I'll be right now, and"
         # A sentence written twice for one said once (seen on the long-form reading: "It was about
         # 2250 BC. It was about 2250 BC."): every pass hears half its words, too few against it.
         (f"{ALONE[0].capitalize()}. {ALONE[0].capitalize()}.", False, True),
-        # Kept from beam search and no loop: a pass with far fewer words lost a stretch, and the
-        # first pass stays.
-        ("he said that the quick brown fox was not at all the one to jump over lazy dogs", False, False),
+        # More words than 3.25 s of speech can hold (MOST_WORDS_PER_S), no loop: written, not heard
+        # (seen on a bulletin in a room: "the roof of the 650, so it is slightly stable, but it is
+        # very hot in here." for 12 words said in 3.5 s).
+        ("So it is slightly stable but it is very hot in here and the roof is on fire", False, True),
+        # Kept from beam search, no loop, as many words as the audio can hold: a pass with far
+        # fewer words lost a stretch, and the first pass stays.
+        ("he said that the quick brown fox was not the one to jump", False, False),
     ],
 )
 def test_a_first_pass_that_looped_is_replaced_by_what_the_pass_heard(first, sampled, replaced):
     """Whisper's fallback can keep a sampled text that loops, and beam search can loop within
     Whisper's checks (measured on the espeak voice: "I'll be right now, and" three times for "the
     quick brown fox jumps over the lazy dog"). Its word count is no yardstick: the pass's fewer
-    words replace it, and it is no prompt for the next final. A first pass that is neither
-    still guards against a pass that lost words (it stays, as a lost stretch would)."""
+    words replace it, and it is no prompt for the next final; so do those of one that holds more
+    words than its audio can. A first pass that is none of these still guards against a pass that lost words (it stays, as a lost stretch would)."""
 
     class LoopingModel(TwoPassModel):
         def __init__(self) -> None:
