@@ -45,7 +45,8 @@ SHORT_STOP_S = 2.0
 # 0.168 offline (docs/benchmarks.md, fortieth session). The margin was read off those replays.
 SURER_MARGIN = 0.05
 # The most words a second of speech holds (270 a minute, beyond fast talkers): the bound on a
-# hearing of an utterance whose first pass is no yardstick (:attr:`Finalized.most_words`).
+# hearing of an utterance whose first pass is no yardstick (:attr:`Finalized.most_words`), and
+# what makes a first pass one (:attr:`Finalized.crowded`).
 MOST_WORDS_PER_S = 4.5
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
