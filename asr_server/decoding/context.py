@@ -46,7 +46,7 @@ SHORT_STOP_S = 2.0
 SURER_MARGIN = 0.05
 # The most words a second of speech holds (270 a minute, beyond fast talkers): the bound on a
 # hearing of an utterance whose first pass is no yardstick (:attr:`Finalized.most_words`), and
-# what makes a first pass one (:attr:`Finalized.crowded`).
+# what makes a first pass one (:func:`crowded`).
 MOST_WORDS_PER_S = 4.5
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
@@ -59,7 +59,7 @@ _HYPHENATED = re.compile(r"[^\w'-]+")
 
 __all__ = [
     "ContextOptions", "before_ahead", "Finalized", "Span", "joint", "plan_window", "settle_window", "window_request", "split_words",
-    "revised_texts", "window_words", "word_times", "retimed", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "looped", "crowded", "respaced",
+    "revised_texts", "window_words", "word_times", "retimed", "count_votes", "mark_heard", "heard_in", "reached", "trusted", "word_key", "repeats_itself", "looped", "crowded", "garbled", "respaced",
 ]
 
 
@@ -188,20 +188,11 @@ class Finalized:
 
     @property
     def garbled(self) -> bool:
-        """Whether its first pass was sampled, or is a loop that passed Whisper's checks
+        """Whether its first pass was sampled, is :func:`crowded`, or is a loop that passed Whisper's checks
         (:func:`looped`; seen in the fresh-clone CI under a busy machine: "I'll be back
         around, and" three times and a half for "The quick brown fox jumps over the lazy dog",
         kept for good since the pass's 9 words were too few against 17)."""
-        return self.sampled or looped(self.text) or self.crowded
-
-    @property
-    def crowded(self) -> bool:
-        """Whether its first pass holds more words than its audio can (``MOST_WORDS_PER_S``): Whisper
-        wrote words the audio does not hold. Seen on a bulletin in a reverberant room: "the roof of the
-        650, so it is slightly stable, but it is very hot in here." (17 words in 3.5 s) where every pass
-        heard "the river is expected to reach its highest level by Wednesday morning." (12 words), and
-        12 were too few against 17 to be taken (docs/benchmarks.md, seventy-fifth session)."""
-        return crowded(self.text, self.seconds)
+        return garbled(self.text, self.seconds, self.sampled)
 
     @property
     def stopped_short(self) -> bool:
@@ -620,8 +611,18 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Seque
 
 
 def crowded(text: str, seconds: float) -> bool:
-    """Whether ``text`` holds more words than ``seconds`` of speech can (``MOST_WORDS_PER_S``)."""
+    """Whether ``text`` holds more words than ``seconds`` of speech can (``MOST_WORDS_PER_S``): Whisper
+    wrote words the audio does not hold. Seen on a bulletin in a reverberant room: "the roof of the
+    650, so it is slightly stable, but it is very hot in here." (17 words in 3.5 s) where every pass
+    heard "the river is expected to reach its highest level by Wednesday morning." (12 words), and
+    12 were too few against 17 to be taken (docs/benchmarks.md, seventy-fifth session)."""
     return len(text.split()) > MOST_WORDS_PER_S * seconds
+
+
+def garbled(text: str, seconds: float, sampled: bool) -> bool:
+    """Whether a first pass's ``text`` (of ``seconds`` of audio; ``sampled``: :attr:`Hypothesis.sampled`)
+    is no yardstick for a pass's words, nor a prompt: sampled, a loop, or crowded (:attr:`Finalized.garbled`)."""
+    return sampled or looped(text) or crowded(text, seconds)
 
 
 def _fewest_words(old: int, share: float, less: float = 0.0) -> float:

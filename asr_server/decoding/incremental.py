@@ -60,7 +60,7 @@ from ..audio.decode import MODEL_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, RevisedSegment, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
-from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, crowded, looped, mark_heard, plan_window, reached, retimed, revised_texts, settle_window, split_words, surer_texts, trusted, window_request,
+from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, garbled, mark_heard, plan_window, reached, retimed, revised_texts, settle_window, split_words, surer_texts, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
 from .text import SENTENCE_ENDS, ends_sentence, guard, normalize_word, normalized_text
@@ -799,7 +799,7 @@ class ChannelDecoder:
             # prompt is copied into the next final (measured: "old-sposed" twice).
             # Nor does a sampled one (its beam decode failed Whisper's checks), a loop, or one with
             # more words than its audio can hold.
-            doubtful = hyp.sampled or looped(text) or crowded(text, (utt.ended.end - utt.start) / MODEL_RATE)
+            doubtful = garbled(text, (utt.ended.end - utt.start) / MODEL_RATE, hyp.sampled)
             self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) and not doubtful else ""
             self._remember(utt, offset, text, words, hyp.sampled)
         self.transcribed_samples += utt.ended.end - utt.start
@@ -1309,7 +1309,7 @@ def _long_sentence(gap: tuple[float, float, bool, bool]) -> tuple[float, float, 
     none (:func:`long_clause`). Under other people talking the VAD hears no pause and no dip
     between a fast reader's sentences, and Whisper's lower case after a full stop kept such a
     sentence waiting for max_utterance_s (docs/benchmarks.md, seventy-fifth session)."""
-    lo, hi, needs_pause, agreed = gap
+    lo, hi, _, agreed = gap
     return (lo, hi, False, True) if agreed else gap
 
 
