@@ -129,6 +129,9 @@ class DeepgramDialect:
         ours = {"Finalize": "finalize", "CloseStream": "close", "KeepAlive": "keepalive"}.get(str(kind))
         return [json.dumps({"type": ours})] if ours else [text]
 
+    def incoming_binary(self, data: bytes) -> list[bytes]:
+        return [data]  # Deepgram's audio comes as binary frames
+
     # -- out --------------------------------------------------------------------------
 
     def outgoing(self, message: dict[str, Any]) -> list[dict[str, Any]]:

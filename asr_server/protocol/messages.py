@@ -199,5 +199,8 @@ class NativeDialect:
     def incoming(self, text: str) -> list[str]:
         return [text]
 
+    def incoming_binary(self, data: bytes) -> list[bytes]:
+        return [data]
+
     def outgoing(self, message: dict[str, Any]) -> list[dict[str, Any]]:
         return [message]

@@ -163,6 +163,12 @@ class OpenAiDialect:
                 options = replace(options, endpoint_ms=min(5000, max(100, silence)))
         return options
 
+    def incoming_binary(self, data: bytes) -> list[Action]:
+        """OpenAI's audio travels in ``input_audio_buffer.append`` events: a binary frame is an
+        error, and is not taken as audio."""
+        return [self._error(InvalidMessage(f"a binary frame ({len(data)} bytes) is not an event; "
+                                           "send audio as base64 in input_audio_buffer.append"))]
+
     # -- out --------------------------------------------------------------------------
 
     def outgoing(self, message: dict[str, Any]) -> list[dict[str, Any]]:

@@ -193,5 +193,10 @@ class TwilioDialect:
         audio = self._aligner.add(self._tracks.index(track), timestamp, payload)
         return [audio] if audio else []
 
+    def incoming_binary(self, data: bytes) -> list[Any]:
+        """Twilio's audio travels base64 in media events: a binary frame is an error (on the
+        followers' channel), and is not taken as audio."""
+        return [InvalidMessage(f"a binary frame ({len(data)} bytes) is not a Twilio media stream event; audio comes in media events")]
+
     def outgoing(self, message: dict[str, Any]) -> list[dict[str, Any]]:
         return []  # Twilio shows nothing: a bidirectional stream must only ever get audio, and we send none

@@ -72,6 +72,10 @@ class Dialect(Protocol):
         """What a client text frame means here: our command text, audio bytes, an event
         to send back as it is (a dict), or new stream options (Reconfigure)."""
 
+    def incoming_binary(self, data: bytes) -> list[Any]:
+        """What a client binary frame means here: audio, or an error where the protocol carries
+        its audio in text frames."""
+
     def outgoing(self, message: dict[str, Any]) -> list[dict[str, Any]]: ...
 
 __all__ = ["Connection", "replay_ended"]
@@ -318,7 +322,8 @@ class Connection:
                 if self._ending:
                     continue  # after close / a fatal error, input is ignored until we close
                 if isinstance(frame, bytes):
-                    await self._on_audio(frame)
+                    for action in self.dialect.incoming_binary(frame):
+                        await self._on_action(action)
                 else:
                     self.commands_received += 1
                     for action in self.dialect.incoming(frame):

@@ -53,6 +53,7 @@ async def twilio_call(url: str, started: asyncio.Event, parameters: dict[str, st
             "customParameters": {"language": "en", "interim_results": "true", **(parameters or {})},
             "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}))
         started.set()
+        await ws.send(b"\xff" * 320)  # not Twilio's: an error on the followers' channel, not audio
         sequence = 2
         for chunk, at in enumerate(range(0, len(caller), FRAME)):
             for track, audio in (("inbound", caller), ("outbound", agent)):
@@ -147,6 +148,7 @@ def test_a_twilio_call_is_transcribed_per_party_and_followed_live_and_after(whis
     live, sse, late = out["live"], out["sse"], out["late"]
     assert [m["seq"] for m in live] == list(range(1, len(live) + 1)) and live[-1]["type"] == "closed"
     assert sse == live and late == live and out["late_sse"] == live  # every follower ends with the same messages
+    assert [m["code"] for m in live if m["type"] == "error"] == ["invalid_message"]  # the stray binary frame, and the call went on
     assert out["late_from"] == live[5:]
     session = [m for m in live if m["type"] == "session"][-1]
     assert session["call"]["stream_sid"] == "MZ0001" and session["config"]["channels"] == 2

@@ -70,6 +70,9 @@ def test_audio_commits_clears_and_unknown_events():
     assert d.outgoing({"type": "final", "channel": 0, "utterance": 1, "text": "gone", "start": 3.0, "end": 4.0, "reason": "finalize"}) == []
     (unknown,) = d.incoming(event("response.create"))
     assert unknown["type"] == "error"
+    # OpenAI's audio comes base64 in append events: a binary frame is an error event, not audio.
+    (binary,) = d.incoming_binary(b"\x01\x02")
+    assert binary["type"] == "error" and binary["error"]["code"] == "invalid_message" and "input_audio_buffer.append" in binary["error"]["message"]
 
 
 def test_results_become_speech_events_append_only_deltas_and_completed_items():

@@ -110,3 +110,13 @@ def test_events_of_the_wrong_shape_are_invalid_messages_not_a_crash():
                        {"track": "inbound", "payload": "AAAA", "timestamp": float("inf")}, {"track": "inbound", "payload": "AAAA", "timestamp": float("nan")}):
         assert all(isinstance(out, InvalidMessage) for out in d.incoming(json.dumps({"event": "media", "media": media_body})))
     assert d.incoming(media("inbound", 0, b"\x11" * 160)) == [b"\x11" * 160]  # the call goes on
+
+
+def test_a_binary_frame_is_an_invalid_message_not_audio():
+    """Twilio sends audio only base64 in media events: a binary frame on the stream is a client
+    that is not Twilio, and its bytes must not reach the call's transcript as mu-law."""
+    d = TwilioDialect(twilio_options(), ("en",))
+    d.incoming(start(["inbound"]))
+    (error,) = d.incoming_binary(b"\x11" * 160)
+    assert isinstance(error, InvalidMessage) and "media events" in error.message
+    assert d.incoming(media("inbound", 0, b"\x11" * 160)) == [b"\x11" * 160]
