@@ -653,8 +653,9 @@ async def _serve(args: argparse.Namespace, model_path: str, interim_path: str | 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_stop_signal, stop, sig)
-    if args.api_keys_file:
-        loop.add_signal_handler(signal.SIGHUP, _reload_keys, args, server)
+    # SIGHUP (a service manager's reload, log rotation) never ends the server: with no keys file
+    # there is nothing to read again, and its default action would have killed every stream.
+    loop.add_signal_handler(signal.SIGHUP, _reload_keys, args, server)
     if not await _listen(server):
         return 2
     scheme = "https" if server.ssl else "http"
@@ -734,6 +735,9 @@ async def _load_ended(loading: asyncio.Future) -> None:
 
 def _reload_keys(args: argparse.Namespace, server: AsrServer) -> None:
     """SIGHUP: read the keys again; a file that does not parse leaves the keys as they were."""
+    if not args.api_keys_file:
+        log.info("SIGHUP: nothing to reload (no --api-keys-file); the server goes on")
+        return
     try:
         keys = _api_keys(args)
     except (OSError, ValueError) as exc:

@@ -39,6 +39,11 @@ def test_server_starts_reports_healthy_and_stops_on_sigterm():
         memory = health["memory"]
         assert memory["total_mib"] == 2048 and memory["weights_mib"] > 10 and 0 < memory["for_streams_mib"] < 2048
         assert health["load_level"] == 0 and health["accepting"] == ["interactive", "standard", "batch"]
+        # A reload (systemctl reload, log rotation) with no keys file to read: the server goes on.
+        proc.send_signal(signal.SIGHUP)
+        assert any("SIGHUP: nothing to reload" in line for line in iter(proc.stderr.readline, "")), "the server ended on SIGHUP"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            assert r.status == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     finally:
