@@ -103,7 +103,7 @@ class Session:
         self._chunkers = [Chunker(chunker_options) for _ in range(options.channels)]
         context = context or ContextOptions()
         context = replace(context, enabled=context.enabled and options.revisions)
-        self._decoders = [ChannelDecoder(c, options, context) for c in range(options.channels)]
+        self._decoders = [ChannelDecoder(c, options, context, vad_options.talker_final_db) for c in range(options.channels)]
         self._received = 0  # samples per channel at 16 kHz
         self._close_code = 1000
         self._close_reason = "closed"

@@ -1,6 +1,6 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
-    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--gain-db -30 [--bursts-dbfs -6]] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
+    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--far-db 14] [--gain-db -30 [--bursts-dbfs -6]] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--late [--context-late-back-s 0]] [--interims]
                                  [--split-after-s 3] [--prompt "Dashwood, Babylon"] [--fast-reader] [--load-streams] [--speed 1.1]
                                  [--offline] [--chunked-offline] [--json out.json]
@@ -193,16 +193,16 @@ def streams(args: argparse.Namespace):
     if not args.load_streams:
         for name in fixture_names(args.fixtures):
             channels = [with_bursts(faster(a, args.speed), args.bursts_dbfs, 7 + ch)
-                        for ch, a in enumerate(noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)[1])]
-            yield name, channels, MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)
+                        for ch, a in enumerate(noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db, args.far_db)[1])]
+            yield name, channels, MANIFEST[name]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db, args.far_db)
         return
     rounds = 2
     for name in LOAD_FIXTURES:
-        channels = [faster(a, args.speed) for a in noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)[1]]
+        channels = [faster(a, args.speed) for a in noisy_pcm(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db, args.far_db)[1]]
         for turn in (0, 1):  # as load_bench.py deals the first two copies of a recording
             cuts = [int(rotation_cut(MANIFEST[name], t) / args.speed * 16000) for t in round_turns(turn, rounds)]
             audio = [np.concatenate([np.concatenate([a[at:], a[:at]]) for at in cuts]) for a in channels]
-            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db)
+            yield f"{name} turn {turn}", audio, replayed(name, turn, rounds)[1]["references"], wire_rate(name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db, args.far_db)
 
 
 
@@ -213,8 +213,10 @@ def main() -> None:
     ap.add_argument("--noise-db", type=float, default=None, help="continuous pink noise this many dB below the speech")
     ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
     ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the VAD gate's option (0: off)")
+    ap.add_argument("--talker-final-db", type=float, default=VadOptions.talker_final_db, help="a final this far under the channel's recent ones is dropped (0: off)")
     ap.add_argument("--talker-silence-db", type=float, default=VadOptions.talker_silence_db, help="the VAD gate's energy floor under the talker's level (0: off)")
     ap.add_argument("--voices-db", type=float, default=None, help="three other people talking (backwards: no words) this many dB below the speech")
+    ap.add_argument("--far-db", type=float, default=None, help="every other sentence this many dB down: a second talker far from the microphone (a meeting room)")
     ap.add_argument("--gain-db", type=float, default=0.0, help="turn the audio down (negative) or up this much, in 16-bit steps, as a quiet microphone delivers it")
     ap.add_argument("--bursts-dbfs", type=float, default=None, help="after the gain, a 0.3 s pink-noise burst at this level (dBFS) every 5.3 s: a cough or a knock near the microphone")
     ap.add_argument("--phone", action="store_true", help="as a phone line carries it: 300-3400 Hz, 8 kHz mu-law, decoded as the server does")
@@ -268,7 +270,7 @@ def main() -> None:
         options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s, prompt=args.prompt)
         for ch, audio in enumerate(channels):
             reference = normalize(" ".join(references[ch]))
-            replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db, talker_silence_db=args.talker_silence_db), args.late)
+            replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db, talker_silence_db=args.talker_silence_db, talker_final_db=args.talker_final_db), args.late)
             first, revised = replayer.run(audio)
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]

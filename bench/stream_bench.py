@@ -297,9 +297,21 @@ def with_gain(audio: np.ndarray, gain_db: float) -> np.ndarray:
     return (np.round(np.clip(audio * 10 ** (gain_db / 20), -1, 1) * 32767) / 32767).astype(np.float32)
 
 
+def far_sentences(audio: np.ndarray, spans: list[list[float]], far_db: float) -> np.ndarray:
+    """``audio`` with every other sentence (the second, fourth, ...) turned down ``far_db``: a second
+    talker that far from the microphone, as in a meeting room. Each such sentence is turned down from
+    halfway through the pause before it to halfway through the pause after it."""
+    out = audio.astype(np.float32).copy()
+    edges = [0.0] + [(a[1] + b[0]) / 2 for a, b in zip(spans, spans[1:])] + [len(audio) / 16000]
+    for i in range(1, len(spans), 2):
+        out[int(edges[i] * 16000) : int(edges[i + 1] * 16000)] *= np.float32(10 ** (-far_db / 20))
+    return out
+
+
 def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool = False,
-              voices_db: float | None = None, gain_db: float = 0.0) -> tuple[bytes, list[np.ndarray]]:
-    """The fixture at 16 kHz as s16le: with ``room``, reverberated (RT60 0.5 s) over room tone
+              voices_db: float | None = None, gain_db: float = 0.0, far_db: float | None = None) -> tuple[bytes, list[np.ndarray]]:
+    """The fixture at 16 kHz as s16le: with ``far_db``, every other sentence that far down first
+    (:func:`far_sentences`); with ``room``, reverberated (RT60 0.5 s) over room tone
     ``ROOM_TONE_DB`` below its speech level; with ``snr_db``, continuous pink noise that far below it;
     with ``voices_db``, other people talking (:func:`voices`) that far below it; then all of it
     turned down (or up) by ``gain_db``, as a quiet microphone or a far talker delivers it.
@@ -314,6 +326,8 @@ def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool =
     band = MANIFEST[name]["sample_rate"] / 2
     for ch, audio in enumerate(load_channels(name)):
         level = speech_level(audio, MANIFEST[name]["spans"][ch])
+        if far_db is not None:
+            audio = far_sentences(audio, MANIFEST[name]["spans"][ch], far_db)
         if room:
             audio = reverberate(audio, 0.5, 5 + ch) + pink_noise(len(audio), 21 + ch, band) * level * 10 ** (-ROOM_TONE_DB / 20)
         if snr_db is not None:
@@ -327,12 +341,13 @@ def noisy_pcm(name: str, snr_db: float | None, room: bool = False, phone: bool =
     return (planar.T.reshape(-1) * 32767).astype("<i2").tobytes(), mixed
 
 
-def wire_rate(name: str, snr_db: float | None, room: bool = False, phone: bool = False, voices_db: float | None = None, gain_db: float = 0.0) -> int:
+def wire_rate(name: str, snr_db: float | None, room: bool = False, phone: bool = False, voices_db: float | None = None, gain_db: float = 0.0,
+              far_db: float | None = None) -> int:
     """The sample rate the benches stream a recording at (the server's VAD treats 8 kHz streams
-    as telephone audio): its own clean, 16 kHz with noise, room or gain, 8 kHz over a phone line."""
+    as telephone audio): its own clean, 16 kHz with noise, room, gain or a far talker, 8 kHz over a phone line."""
     if phone:
         return 8000
-    return 16000 if snr_db is not None or room or voices_db is not None or gain_db else MANIFEST[name]["sample_rate"]
+    return 16000 if snr_db is not None or room or voices_db is not None or gain_db or far_db is not None else MANIFEST[name]["sample_rate"]
 
 
 async def replay_noisy(url: str, name: str, snr_db: float | None, room: bool = False, phone: bool = False,

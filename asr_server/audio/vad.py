@@ -86,6 +86,11 @@ class VadOptions:
     # it the gate cut telephone speech at its commas (57 -> 73 utterances for 31 sentences, 1.8 points
     # of WER after revisions in the phone replay); with it wideband endpoints are as without the gate.
     talker_hold_ms: int = 150
+    # A final whose level lies this many dB under the loudest of the channel's finals in the last
+    # minute, and that the model was unsure of (on a telephone line: sure or not), is other people's
+    # talk, and dropped (asr_server/decoding/background.py); 0: off. Voices nearer than
+    # talker_floor_db pass the gate, and where the talker is silent Whisper writes them.
+    talker_final_db: float = 12.0
 
     @property
     def learned(self) -> bool:
@@ -109,8 +114,8 @@ class VadOptions:
             raise ValueError("aggressiveness must be 0..3")
         if not 1 <= self.threshold <= self.window:
             raise ValueError("threshold must be within 1..window")
-        if self.talker_floor_db < 0 or self.talker_silence_db < 0 or self.talker_window_s <= 0 or self.talker_hold_ms < 0:
-            raise ValueError("need talker_floor_db >= 0, talker_silence_db >= 0, talker_window_s > 0 and talker_hold_ms >= 0")
+        if self.talker_floor_db < 0 or self.talker_silence_db < 0 or self.talker_window_s <= 0 or self.talker_hold_ms < 0 or self.talker_final_db < 0:
+            raise ValueError("need talker_floor_db >= 0, talker_silence_db >= 0, talker_window_s > 0, talker_hold_ms >= 0 and talker_final_db >= 0")
 
 
 @dataclass(frozen=True)

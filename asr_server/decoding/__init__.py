@@ -7,6 +7,7 @@ audio stages in :mod:`asr_server.audio.decode`. Here:
   when, offsets, finals);
 * :mod:`.stability` - LocalAgreement-2, which part of an interim is stable;
 * :mod:`.text` - guards against hallucination, loops and runaway output.
+* :mod:`.background` - finals that are other people's talk, well under the talker.
 """
 
 from .incremental import ChannelDecoder

@@ -57,9 +57,11 @@ import numpy as np
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
+from ..audio.vad import NARROWBAND_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, RevisedSegment, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
+from .background import BackgroundFilter
 from .context import (SHORT_STOP_S, ContextOptions, Finalized, Span, before_ahead, count_votes, garbled, mark_heard, plan_window, reached, retimed, revised_texts, settle_window, split_words, surer_texts, trusted, window_request,
                       window_words)
 from .stability import LocalAgreement
@@ -212,10 +214,11 @@ class _Utterance:
 
 
 class ChannelDecoder:
-    def __init__(self, channel: int, options: StreamOptions, context: ContextOptions | None = None) -> None:
+    def __init__(self, channel: int, options: StreamOptions, context: ContextOptions | None = None, background_db: float = 0.0) -> None:
         self.channel = channel
         self.options = options
         self.context = context or ContextOptions(enabled=options.revisions)
+        self._background = BackgroundFilter(background_db, line=(options.sample_rate or MODEL_RATE) <= NARROWBAND_RATE)  # other people's talk (0: off)
         self._done: list[Finalized] = []  # recent non-empty finals, for the context pass
         self._unrevised = 0  # how many of the latest records no context pass has covered yet
         self._context_job: DecodeJob | None = None
@@ -627,9 +630,12 @@ class ChannelDecoder:
         end a decode early, as offline transcription's next window would pick up after (a fast
         narration under noise, bench/heldout.py: an utterance held two sentences and its final gave
         the first alone). The rest is decoded once, from the last word's end, without a prompt (a
-        fragment prompted with the text before it can echo that text), and the two are joined."""
+        fragment prompted with the text before it can echo that text), and the two are joined, unless
+        the rest is other people's talk after the talker stopped (:mod:`.background`)."""
         if utt.head is not None:
             head, cut = utt.head
+            if hyp.text and not self._background.heard(utt.audio.copy(cut - utt.start, end - utt.start), end, 0.0, hyp):
+                hyp = replace(hyp, text="", words=(), dropped=hyp.dropped + ("background",))
             shift = (cut - utt.start) / MODEL_RATE
             words = head.words + tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in hyp.words)
             text = " ".join(t for t in (head.text.strip(), hyp.text.strip()) if t)
@@ -785,6 +791,8 @@ class ChannelDecoder:
         base = utt.start / MODEL_RATE
         words = tuple(Word(w.word, round(base + w.start, 3), round(base + w.end, 3), w.probability) for w in hyp.words)
         text = hyp.text
+        if text and not self._background.heard(utt.audio.copy(0, utt.ended.end - utt.start), utt.ended.end, utt.voiced / MODEL_RATE, hyp):
+            text, words, hyp = "", (), replace(hyp, dropped=hyp.dropped + ("background",))
         if ends_sentence(_last_word(self._last_text)):
             # A decode that stopped at the prompt's sentence end can start the next in lower case
             # ("It is all that remains. the second."): the transcript reads as sentences.
