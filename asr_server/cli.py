@@ -166,9 +166,9 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
                    help="sound this many dB below the talker's level over the last 10 s is not speech: other voices, a television, "
                         "line echo, a room's echo do not hold a pause open (default %(default)g; 0: off)")
     p.add_argument("--talker-final-db", type=_decibels, default=VadOptions.talker_final_db,
-                   help="a final this many dB below the loudest of the channel's finals in the last minute, that the model was unsure of "
-                        "(on telephone audio, 8 kHz or less: sure or not), is other people's talk and is sent empty: voices nearer "
-                        "than --talker-floor-db, written where the talker is silent (default %(default)g; 0: off)")
+                   help="a final this many dB below the loudest of the channel's finals in the last minute, that the model was unsure of, "
+                        "is other people's talk and is sent empty: voices nearer than --talker-floor-db, written where the talker "
+                        "is silent (default %(default)g; 0: off)")
 
 
 def _context_options(p: argparse.ArgumentParser) -> None:

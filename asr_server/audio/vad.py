@@ -87,9 +87,9 @@ class VadOptions:
     # of WER after revisions in the phone replay); with it wideband endpoints are as without the gate.
     talker_hold_ms: int = 150
     # A final whose level lies this many dB under the loudest of the channel's finals in the last
-    # minute, and that the model was unsure of (on a telephone line: sure or not), is other people's
-    # talk, and dropped (asr_server/decoding/background.py); 0: off. Voices nearer than
-    # talker_floor_db pass the gate, and where the talker is silent Whisper writes them.
+    # minute, and that the model was unsure of, is other people's talk, and dropped
+    # (asr_server/decoding/background.py); 0: off. Voices nearer than talker_floor_db pass the
+    # gate, and where the talker is silent Whisper writes them.
     talker_final_db: float = 12.0
 
     @property

@@ -13,12 +13,11 @@ So a channel keeps the level of its recent finals, and a final whose level
 lies ``margin_db`` or more under the loudest of those within ``window_s`` of
 stream time, and that the model was unsure of (:func:`doubtful`), is dropped
 as the guards drop a hallucination. Level alone cannot tell babble from a
-second participant far from a meeting room's microphone: with every other
-sentence 10 dB down the fixtures' WER after revisions went 0.043 -> 0.288
-on level alone, 0.048 with the doubt as well (14 dB down: 0.066 -> 0.474,
-and 0.110), so a clearly heard quiet voice stays. On a telephone line (a
-stream at 8 kHz or less) the handset is next to the caller's mouth and the
-line is one party's: there level alone drops a final.
+second participant far from the microphone (a meeting room's, a speakerphone's,
+a call recorded as one channel): with every other sentence 10 dB down the
+fixtures' WER after revisions went 0.043 -> 0.288 on level alone, 0.048 with
+the doubt as well (14 dB down: 0.066 -> 0.474, and 0.110; over a phone line
+0.181 -> 0.462 on level alone), so a clearly heard quiet voice stays.
 
 A final's level is worked out as the gate's is, from its 30 ms frames: their
 90th percentile, but never more than 10 dB over their 75th (a cough or a
@@ -47,7 +46,7 @@ FRAME = MODEL_RATE * 30 // 1000  # 30 ms, as the gate's frames
 BURST_DB = 10.0  # the 90th percentile at most this far over the 75th (as TalkerLevel)
 MIN_FRAMES = 5  # a shorter final has no level (kept, and sets nothing)
 MIN_VOICED_S = 1.0  # a final with less speech than this is judged, but sets no reference
-# A quiet final is another voice's only where the model was unsure of it (except on a telephone line).
+# A quiet final is other people's talk only where the model was unsure of it.
 DOUBT_WORD_P = 0.5
 DOUBT_LOGPROB = -0.5
 WINDOW_S = 60.0  # the reference is the loudest of the finals kept within this much stream time
@@ -78,14 +77,12 @@ def level_db(audio: np.ndarray) -> float | None:
 class BackgroundFilter:
     """One channel's finals, by level: :meth:`heard` says whether a final is the talker's."""
 
-    def __init__(self, margin_db: float, window_s: float = WINDOW_S, line: bool = False) -> None:
-        """``margin_db``: how far under the reference a final is another voice's (0: every final is
-        kept); ``line``: the channel is one telephone line, where such a final is dropped however
-        sure the model was of it."""
+    def __init__(self, margin_db: float, window_s: float = WINDOW_S) -> None:
+        """``margin_db``: how far under the reference an unsure final is other people's talk (0: every
+        final is kept)."""
         if margin_db < 0 or window_s <= 0:
             raise ValueError("need margin_db >= 0 and window_s > 0")
         self.margin_db = margin_db
-        self.line = line
         self.window = int(window_s * MODEL_RATE)
         self._kept: deque[tuple[int, float]] = deque()  # (stream sample where a final ends, its level)
 
@@ -98,8 +95,7 @@ class BackgroundFilter:
     def heard(self, audio: np.ndarray, end: int, voiced_s: float, hyp: Hypothesis) -> bool:
         """Whether ``hyp``, a final of ``audio`` (ending at stream sample ``end``, ``voiced_s`` of it
         speech the gate heard), is the talker's: False when it lies ``margin_db`` or more under the
-        reference and the model was unsure of it (:func:`doubtful`; on a telephone line, sure or
-        not). A final taken as the talker's
+        reference and the model was unsure of it (:func:`doubtful`). A final taken as the talker's
         with enough speech becomes part of the reference."""
         if not self.margin_db:
             return True
@@ -107,7 +103,7 @@ class BackgroundFilter:
         if level is None:
             return True
         reference = self.reference(end)
-        if reference is not None and level <= reference - self.margin_db and (self.line or doubtful(hyp)):
+        if reference is not None and level <= reference - self.margin_db and doubtful(hyp):
             return False
         if voiced_s >= MIN_VOICED_S:
             self._kept.append((end, level))

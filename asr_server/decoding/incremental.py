@@ -57,7 +57,6 @@ import numpy as np
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
-from ..audio.vad import NARROWBAND_RATE
 from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, RevisedSegment, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
@@ -218,7 +217,7 @@ class ChannelDecoder:
         self.channel = channel
         self.options = options
         self.context = context or ContextOptions(enabled=options.revisions)
-        self._background = BackgroundFilter(background_db, line=(options.sample_rate or MODEL_RATE) <= NARROWBAND_RATE)  # other people's talk (0: off)
+        self._background = BackgroundFilter(background_db)  # other people's talk (0: off)
         self._done: list[Finalized] = []  # recent non-empty finals, for the context pass
         self._unrevised = 0  # how many of the latest records no context pass has covered yet
         self._context_job: DecodeJob | None = None

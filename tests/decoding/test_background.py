@@ -58,16 +58,6 @@ def test_a_quiet_final_the_model_was_sure_of_is_kept():
     assert doubtful(Hypothesis("yes", (), -0.8)) and not doubtful(Hypothesis("yes", (), -0.3))  # no words: the log-probability
 
 
-def test_on_a_telephone_line_a_quiet_final_is_dropped_however_sure_the_model_was():
-    f = BackgroundFilter(12.0, line=True)
-    assert f.heard(tone(2.0, -20.0), 2 * SR, 1.8, SURE)
-    assert not f.heard(tone(2.0, -34.0), 5 * SR, 1.8, SURE)
-    assert f.heard(tone(2.0, -30.0), 8 * SR, 1.8, SURE)  # 10 dB under: the party, quieter
-    d = ChannelDecoder(0, StreamOptions(encoding="mulaw", sample_rate=8000, interim_results=False, revisions=False), background_db=12.0)
-    _final(d, 0, 0.0, tone(2.0, -20.0), "Thank you for calling.")
-    assert _final(d, 1, 3.0, tone(2.0, -35.0), "See you all in a bit.").dropped == ("background",)
-
-
 def test_the_reference_forgets_a_loud_final_after_a_minute():
     f = BackgroundFilter(12.0, window_s=60.0)
     assert f.heard(tone(2.0, -10.0), 2 * SR, 1.8, UNSURE)  # a shout

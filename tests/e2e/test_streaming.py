@@ -11,7 +11,7 @@ from asr_client import stream_bytes
 
 from asr_server.audio.vad import VadOptions
 
-from ..harness import FIXTURES, FROM_AUDIO, MANIFEST, Replay, ServerThread, assert_each_sentence_finalized, load_channels, phone_line, replay
+from ..harness import FIXTURES, FROM_AUDIO, MANIFEST, Replay, ServerThread, assert_each_sentence_finalized, load_channels, replay
 from ..wer import normalize, wer
 
 pytestmark = pytest.mark.e2e
@@ -220,30 +220,32 @@ def test_a_quiet_talker_is_transcribed_as_well_as_at_the_recordings_own_level(fu
 
 
 def _with_babble(db: float) -> tuple[np.ndarray, tuple[float, float]]:
-    """The LibriVox reading with 8 s of two other voices (played backwards: no words) ``db`` under
+    """The LibriVox reading with 8 s of three other voices (played backwards: no words) ``db`` under
     it between its second and third sentences, where the reader is silent; and that stretch (s)."""
     talker = load_channels("librivox_16k.wav")[0]
     n, cut = 8 * 16000, int(12.2 * 16000)
-    babble = sum(np.resize(load_channels(name)[0][::-1], n) for name in ("cards_16k.wav", "ljspeech_babylon_16k.s16le"))
+    others = ("cards_16k.wav", "ljspeech_babylon_16k.s16le", "espeak_16k.wav")
+    babble = sum(np.resize(load_channels(name)[0][::-1], n) for name in others)
     loud = lambda a: float(np.sqrt(np.mean(np.square(a[np.abs(a) > 1e-3]))))  # noqa: E731
     babble *= loud(talker) / loud(babble) * 10 ** (-db / 20)
     return np.concatenate([talker[:cut], babble, talker[cut:]]), (cut / 16000, (cut + n) / 16000)
 
 
-def test_babble_well_under_the_caller_on_a_phone_line_is_mostly_not_transcribed(live_server, whisper_runner):
-    """Other people talking 15 dB under the party on a phone line (an open floor of agents, a room
-    behind the caller) pass the VAD's 20 dB floor as speech, and where that party is silent Whisper
-    wrote them as words: babble 15 dB down made a replayed call's agent transcript "in a little bit.
-    I'll see you all in a little bit..." (docs/benchmarks.md, seventy-sixth session). On telephone
-    audio a final 12 dB or more under the channel's recent ones is dropped (``--talker-final-db``,
+def test_babble_well_under_the_talker_is_not_written_where_the_talker_is_silent(live_server, whisper_runner):
+    """Other people talking under the talker (an open floor behind a call's agent, a café) pass the
+    VAD's 20 dB floor as speech, and where the talker is silent Whisper wrote them as words: babble
+    15 dB down made a replayed call's agent transcript "in a little bit. I'll see you all in a little
+    bit..." (docs/benchmarks.md, seventy-sixth session). A final 12 dB or more under the channel's
+    recent ones that the model was unsure of is dropped (``--talker-final-db``,
     asr_server/decoding/background.py).
 
-    The LibriVox reading over a phone line with 8 s of babble in a pause: the first-pass finals that
-    start in the babble hold at least 4 words fewer than with the rule off (measured 4 against 11:
-    babble finals lie 7-23 dB under the reader's, and those 12 dB or more under go), and the reading
-    is transcribed no worse."""
+    The LibriVox reading with 8 s of babble 15 dB down in a pause, on a server with the rule and one
+    without: the first-pass finals that start in the babble hold at least 4 words fewer with it
+    (measured twice: 1 against 12 and 9, "Yeah, I'll just move me fast and hit you."), and the
+    reading is transcribed no worse. (Other guards drop some babble too: its longest stretch comes
+    back empty with the rule off as well.)"""
     mixed, (lo, hi) = _with_babble(15.0)
-    data = phone_line([mixed])[0]
+    data = np.round(np.clip(mixed, -1, 1) * 32767).astype("<i2").tobytes()
     plain = ServerThread(whisper_runner, vad=VadOptions(talker_final_db=0)).start()
     try:
         runs = {}
@@ -251,7 +253,7 @@ def test_babble_well_under_the_caller_on_a_phone_line_is_mostly_not_transcribed(
 
             async def run(url: str = server.url) -> Replay:
                 r = Replay("librivox_16k.wav")
-                async for item in stream_bytes(url, data, bytes_per_second=8000, encoding="mulaw", sample_rate=8000, channels=1):
+                async for item in stream_bytes(url, data, bytes_per_second=32000, encoding="pcm_s16le", sample_rate=16000, channels=1):
                     r.messages.append(item)
                 return r
 
