@@ -84,7 +84,9 @@ class BackgroundFilter:
             raise ValueError("need margin_db >= 0 and window_s > 0")
         self.margin_db = margin_db
         self.window = int(window_s * MODEL_RATE)
-        self._kept: deque[tuple[int, float]] = deque()  # (stream sample where a final ends, its level)
+        # (stream sample where a final ends, its level): finals that set the reference hold MIN_VOICED_S
+        # of speech each, so no more than this many fit in the window.
+        self._kept: deque[tuple[int, float]] = deque(maxlen=int(window_s / MIN_VOICED_S) + 1)
 
     def reference(self, end: int) -> float | None:
         """The loudest level of the finals kept within the window before ``end`` (None: none)."""
