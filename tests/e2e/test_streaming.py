@@ -219,6 +219,11 @@ def test_a_quiet_talker_is_transcribed_as_well_as_at_the_recordings_own_level(fu
 
 
 
+def _loudness(audio: np.ndarray) -> float:
+    """RMS of the samples that are not (near) silence."""
+    return float(np.sqrt(np.mean(np.square(audio[np.abs(audio) > 1e-3]))))
+
+
 def _with_babble(db: float) -> tuple[np.ndarray, tuple[float, float]]:
     """The LibriVox reading with 8 s of three other voices (played backwards: no words) ``db`` under
     it between its second and third sentences, where the reader is silent; and that stretch (s)."""
@@ -226,8 +231,7 @@ def _with_babble(db: float) -> tuple[np.ndarray, tuple[float, float]]:
     n, cut = 8 * 16000, int(12.2 * 16000)
     others = ("cards_16k.wav", "ljspeech_babylon_16k.s16le", "espeak_16k.wav")
     babble = sum(np.resize(load_channels(name)[0][::-1], n) for name in others)
-    loud = lambda a: float(np.sqrt(np.mean(np.square(a[np.abs(a) > 1e-3]))))  # noqa: E731
-    babble *= loud(talker) / loud(babble) * 10 ** (-db / 20)
+    babble *= _loudness(talker) / _loudness(babble) * 10 ** (-db / 20)
     return np.concatenate([talker[:cut], babble, talker[cut:]]), (cut / 16000, (cut + n) / 16000)
 
 
