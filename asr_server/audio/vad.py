@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import webrtcvad
@@ -30,7 +30,7 @@ import webrtcvad
 from .decode import MODEL_RATE
 from .silero import WINDOW_SAMPLES, SileroModel, default_model
 
-__all__ = ["VadOptions", "VadFrame", "VadGate", "TalkerLevel", "FRAME_SAMPLES", "DETECTORS", "NARROWBAND_RATE"]
+__all__ = ["VadOptions", "VadFrame", "VadGate", "TalkerLevel", "voice_level", "FRAME_SAMPLES", "DETECTORS", "NARROWBAND_RATE"]
 
 FRAME_MS = 30
 FRAME_SAMPLES = MODEL_RATE * FRAME_MS // 1000  # 480
@@ -139,6 +139,16 @@ class VadFrame:
         return self.start + len(self.samples)
 
 
+BURST_DB = 10.0  # a voice's level is at most this far over its frames' 75th percentile (see TalkerLevel)
+
+
+def voice_level(frame_dbs: Sequence[float] | np.ndarray) -> float:
+    """The level of a voice from its frames' levels (dBFS): their 90th percentile, but never more than
+    ``BURST_DB`` over their 75th (see :class:`TalkerLevel`)."""
+    upper, high = np.percentile(frame_dbs, [75, 90])
+    return float(min(high, upper + BURST_DB))
+
+
 class TalkerLevel:
     """The level of the voice being transcribed, in dBFS: the 90th percentile of the frames that
     passed as speech within the last ``window`` frames, but never more than ``BURST_DB`` over
@@ -164,7 +174,6 @@ class TalkerLevel:
     within the floor gets no hold: held, its single loud frames would join into speech."""
 
     SPOKEN, RECENT = 3, 5
-    BURST_DB = 10.0
 
     def __init__(self, window: int, floor_db: float, hold: int = 0, warmup: int = 10) -> None:
         self.window = window
@@ -182,8 +191,7 @@ class TalkerLevel:
         if len(self._frames) < self.warmup:
             return None
         if self._level is None:
-            upper, high = np.percentile([db for _, db in self._frames], [75, 90])
-            self._level = float(min(high, upper + self.BURST_DB))
+            self._level = voice_level([db for _, db in self._frames])
         return self._level
 
     def level_at(self, index: int) -> float | None:

@@ -38,12 +38,11 @@ from collections import deque
 import numpy as np
 
 from ..audio.decode import MODEL_RATE
+from ..audio.vad import FRAME_SAMPLES, voice_level
 from ..inference.types import Hypothesis
 
 __all__ = ["BackgroundFilter", "WINDOW_S", "doubtful", "level_db"]
 
-FRAME = MODEL_RATE * 30 // 1000  # 30 ms, as the gate's frames
-BURST_DB = 10.0  # the 90th percentile at most this far over the 75th (as TalkerLevel)
 MIN_FRAMES = 5  # a shorter final has no level (kept, and sets nothing)
 MIN_VOICED_S = 1.0  # a final with less speech than this is judged, but sets no reference
 # A quiet final is other people's talk only where the model was unsure of it.
@@ -64,14 +63,12 @@ def doubtful(hyp: Hypothesis) -> bool:
 def level_db(audio: np.ndarray) -> float | None:
     """The level of ``audio`` (16 kHz float samples) in dBFS, as the gate works out a talker's,
     or None for audio shorter than ``MIN_FRAMES`` frames."""
-    n = len(audio) // FRAME
+    n = len(audio) // FRAME_SAMPLES
     if n < MIN_FRAMES:
         return None
-    frames = np.asarray(audio[: n * FRAME], np.float32).reshape(n, FRAME)
+    frames = np.asarray(audio[: n * FRAME_SAMPLES], np.float32).reshape(n, FRAME_SAMPLES)
     rms = np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))
-    db = 20.0 * np.log10(np.maximum(rms, 1e-10))
-    upper, high = np.percentile(db, [75, 90])
-    return float(min(high, upper + BURST_DB))
+    return voice_level(20.0 * np.log10(np.maximum(rms, 1e-10)))
 
 
 class BackgroundFilter:
