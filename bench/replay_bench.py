@@ -104,6 +104,9 @@ class Replayer:
         self.finals: list[str] = []
         self.final_at: list[tuple[float, float, float]] = []  # per non-empty final: (audio fed when it came, its start, its end), s
         self.reasons: dict[str, int] = {}
+        self._shown: set[int] = set()  # utterances an interim with words was sent for
+        self.phantoms = 0  # utterances whose interims showed words and whose final came out empty
+        self.unshown = 0  # non-empty finals no interim showed words of first
         self._fed = 0
         self._passes: list = []
         self.pass_count = 0
@@ -138,6 +141,7 @@ class Replayer:
         for out in outputs:
             if isinstance(out, Send):
                 self.transcript.apply(out.message)
+                self._interims(out.message)
                 if out.message["type"] == "final" and out.message["text"]:
                     self._keep(out.message["utterance"])
                     self.finals.append(out.message["text"])
@@ -148,6 +152,14 @@ class Replayer:
                     self._passes.append(out.job)
                 else:
                     self._apply(self.session.job_done(out.job, self.runner.transcribe(out.job.request)))
+
+    def _interims(self, message: dict) -> None:
+        if message["type"] == "interim" and message["text"]:
+            self._shown.add(message["utterance"])
+        elif message["type"] == "final":
+            shown = message["utterance"] in self._shown
+            self.phantoms += shown and not message["text"]
+            self.unshown += bool(message["text"]) and not shown
 
     def _keep(self, utterance: int) -> None:
         # The decoder's own record (a bench may look inside): its audio is what the chunker kept.
@@ -261,6 +273,7 @@ def main() -> None:
     offline_errors = chunked_errors = 0
     words = 0
     passes = [0, 0.0, 0.0]  # context passes, their model seconds, audio seconds replayed
+    shown = [0, 0, 0]  # finals that came out empty after interims showed words, non-empty finals no interim showed, non-empty finals
     texts = {}
     latencies: list[float] = []
     extra_cols = (" WER offline |" if args.offline else "") + (" WER offline, the chunker's audio |" if args.chunked_offline else "")
@@ -273,6 +286,7 @@ def main() -> None:
             replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db, talker_silence_db=args.talker_silence_db, talker_final_db=args.talker_final_db), args.late)
             first, revised = replayer.run(audio)
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
+            shown = [shown[0] + replayer.phantoms, shown[1] + replayer.unshown, shown[2] + len(replayer.finals)]
             e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]
             errors = [errors[0] + e[0], errors[1] + e[1]]
             columns, offline_said = "", None
@@ -300,6 +314,8 @@ def main() -> None:
     print(f"| **pooled** | **{errors[0] / words:.3f}** | **{errors[1] / words:.3f}** |{pooled_offline}")
     if latencies:
         print(f"\nfinal latency in audio time (decodes instant): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} s (n={len(latencies)})")
+    if args.interims:
+        print(f"\ninterims: {shown[0]} utterances showed words and then came out empty; {shown[1]} of {shown[2]} non-empty finals came with no interim before")
     print(f"\ncontext passes: {passes[0]}, {passes[1]:.1f} model s, {passes[1] / passes[2]:.3f} model s per audio s")
     if args.json:
         Path(args.json).write_text(json.dumps(texts, indent=1))
