@@ -15,7 +15,9 @@ narration), other espeak-ng voices and rates, and pauses drawn from a fixed list
 includes the short ones of continuous speech. They are synthetic voices, so Whisper hears
 them worse than people; compare the passes with offline transcription of the same audio
 (``--offline``), not with the fixtures' figures. Needs ``espeak-ng`` (Debian: ``apt-get
-install espeak-ng``); the same on every run.
+install espeak-ng``); the same on every run with the same espeak-ng, whose version each
+recording's ``source`` in the manifest names (another build speaks the same sentences
+differently: compare figures only on sets written by one).
 
 ``--set 2`` writes three more (a stand-up, a support call at 8 kHz, a recipe read fast), with
 other voices again, made when the first three had been measured on for ten sessions.
@@ -33,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -198,6 +202,13 @@ def write(out: Path, name: str, audio: np.ndarray, rate: int) -> str:
     return "pcm_s16le"
 
 
+def espeak_version() -> str:
+    """The installed espeak-ng's version ("1.51"), as its ``--version`` line gives it."""
+    line = subprocess.run(["espeak-ng", "--version"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"text-to-speech:\s*(\S+)", line)
+    return found.group(1) if found else line.strip()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path, help="folder to write the recordings and their manifest.json into")
@@ -206,12 +217,13 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {}
+    version = espeak_version()
     for name, sentences, rate, voice, wpm, pauses in SETS[args.set]:
         clips = [trim(espeak(sentence, rate, voice, wpm), rate) for sentence in sentences]
         audio, spans = assemble(clips, rate, [*pauses, 1.0], lead_s=0.6)
         encoding = write(args.out, name, audio, rate)
         manifest[name] = {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [sentences], "spans": [spans],
-                          "source": f"espeak-ng {voice} {wpm} wpm (bench/heldout.py)"}
+                          "source": f"espeak-ng {version} {voice} {wpm} wpm (bench/heldout.py)"}
         print(f"{name}: {len(audio) / rate:.1f} s, {len(sentences)} sentences", flush=True)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
