@@ -27,8 +27,13 @@ utterance does not; and the reference forgets (the loudest of the last
 minute, not of the stream), so one shouted sentence, or a talker who moves
 away from the microphone, is not held against what follows for long.
 
-Plain object, no clock: the decoder passes each final's audio, its
-hypothesis and where it ends in the stream.
+The same test keeps such an utterance's interims from being shown
+(:meth:`BackgroundFilter.unheard`, on the utterance's audio so far and the
+interim's hypothesis): words nobody near the microphone said would flash up
+and vanish when the final comes out empty.
+
+Plain object, no clock: the decoder passes each final's (and interim's)
+audio, its hypothesis and where it ends in the stream.
 """
 
 from __future__ import annotations
@@ -96,14 +101,22 @@ class BackgroundFilter:
         speech the gate heard), is the talker's: False when it lies ``margin_db`` or more under the
         reference and the model was unsure of it (:func:`doubtful`). A final taken as the talker's
         with enough speech becomes part of the reference."""
-        if not self.margin_db:
-            return True
-        level = level_db(audio)
+        level = level_db(audio) if self.margin_db else None
         if level is None:
             return True
-        reference = self.reference(end)
-        if reference is not None and level <= reference - self.margin_db and doubtful(hyp):
+        if self._under(level, end, hyp):
             return False
         if voiced_s >= MIN_VOICED_S:
             self._kept.append((end, level))
         return True
+
+    def unheard(self, audio: np.ndarray, end: int, hyp: Hypothesis) -> bool:
+        """Whether ``hyp``, an interim of ``audio`` (the utterance so far, ending at stream sample
+        ``end``), is one :meth:`heard` would drop as a final: not shown, so that words nobody near
+        the microphone said do not flash up before their final comes out empty. Adds nothing to the reference."""
+        level = level_db(audio) if self.margin_db else None
+        return level is not None and self._under(level, end, hyp)
+
+    def _under(self, level: float, end: int, hyp: Hypothesis) -> bool:
+        reference = self.reference(end)
+        return reference is not None and level <= reference - self.margin_db and doubtful(hyp)

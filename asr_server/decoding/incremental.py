@@ -654,7 +654,7 @@ class ChannelDecoder:
             return []
         text, stable = utt.agreement.update(hyp.text.split())
         utt.free = utt.free or unmarked(utt.agreement.committed)
-        if utt.last_interim == (text, stable):
+        if utt.last_interim == (text, stable) or self._background.unheard(utt.audio.copy(0, audio_end - utt.start), audio_end, hyp):
             return []
         utt.last_interim = (text, stable)
         return [

@@ -6,7 +6,7 @@ import pytest
 from asr_server.audio.chunker import EndReason, UtteranceAudio, UtteranceEnded, UtteranceStarted
 from asr_server.decoding.background import BackgroundFilter, doubtful, level_db
 from asr_server.decoding.incremental import ChannelDecoder
-from asr_server.events import Final, SubmitJob
+from asr_server.events import Final, Interim, SubmitJob
 from asr_server.inference.types import DecodeKind, Hypothesis, Word
 from asr_server.options import StreamOptions
 
@@ -126,3 +126,26 @@ def test_babble_after_the_talker_stopped_short_of_the_utterances_end_is_dropped_
     assert rest.request.kind is DecodeKind.FINAL and len(rest.request.audio) == end - (start + 2 * SR)
     (final,) = [e for e in d.job_done(rest, UNSURE) if isinstance(e, Final)]
     assert (final.text, final.dropped) == ("Your card will arrive.", ("background",))
+
+
+def _interims(d: ChannelDecoder, index: int, start_s: float, samples: np.ndarray, hyp: Hypothesis) -> list[Interim]:
+    """The interims sent for an utterance of ``samples`` still going on, its decode answered with ``hyp``."""
+    start = int(start_s * SR)
+    ev = d.feed([UtteranceStarted(index, start, start), UtteranceAudio(index, samples, voiced=len(samples))])
+    (job,) = [e.job for e in ev if isinstance(e, SubmitJob) and e.job.utterance == index]
+    assert job.request.kind is DecodeKind.INTERIM
+    return [e for e in d.job_done(job, hyp) if isinstance(e, Interim)]
+
+
+def test_an_interim_of_another_voice_is_not_shown_before_its_final_comes_out_empty():
+    """Words nobody near the microphone said would flash up as an interim and vanish at the final."""
+    d = ChannelDecoder(0, StreamOptions(revisions=False), background_db=12.0)
+    _final(d, 0, 0.0, tone(2.0, -20.0), "Good morning.")
+    assert _interims(d, 1, 3.0, tone(2.0, -35.0), UNSURE) == []  # babble 15 dB down
+    (job,) = [e.job for e in d.feed([UtteranceEnded(1, 5 * SR, EndReason.ENDPOINT)]) if isinstance(e, SubmitJob)]
+    (final,) = [e for e in d.job_done(job, UNSURE) if isinstance(e, Final)]
+    assert final.text == ""
+    far = _interims(d, 2, 6.0, tone(2.0, -35.0), SURE)  # as quiet, heard clearly: shown
+    assert [i.text for i in far] == [SURE.text]
+    near = _interims(ChannelDecoder(0, StreamOptions(revisions=False)), 0, 0.0, tone(2.0, -35.0), UNSURE)
+    assert [i.text for i in near] == [UNSURE.text]  # off by default in the decoder

@@ -245,8 +245,9 @@ def test_babble_well_under_the_talker_is_not_written_where_the_talker_is_silent(
 
     The LibriVox reading with 8 s of babble 15 dB down in a pause, on a server with the rule and one
     without: the first-pass finals that start in the babble hold at least 4 words fewer with it
-    (measured twice: 1 against 12 and 9, "Yeah, I'll just move me fast and hit you."), and the
-    reading is transcribed no worse. (Other guards drop some babble too: its longest stretch comes
+    (measured twice: 1 against 12 and 9, "Yeah, I'll just move me fast and hit you."), the interims
+    shown of those utterances too (measured: 2 words against 12), and the reading is transcribed
+    no worse. (Other guards drop some babble too: its longest stretch comes
     back empty with the rule off as well.)"""
     mixed, (lo, hi) = _with_babble(15.0)
     data = np.round(np.clip(mixed, -1, 1) * 32767).astype("<i2").tobytes()
@@ -270,9 +271,16 @@ def test_babble_well_under_the_talker_is_not_written_where_the_talker_is_silent(
     def babble_words(r: Replay) -> list[str]:
         return [w for f in r.of_type("final") if lo + 0.3 <= f.message["start"] < hi for w in f.message["text"].split()]
 
+    def babble_shown(r: Replay) -> dict[int, str]:
+        """Per utterance starting in the babble, the last interim shown of it (what the page held)."""
+        return {m.message["utterance"]: m.message["text"] for m in r.of_type("interim") if lo + 0.3 <= m.message["start"] < hi}
+
     on, off = babble_words(runs["on"]), babble_words(runs["off"])
     assert len(off) >= 6, off  # without the rule the babble is written as words
     assert len(on) <= len(off) - 4, (on, off)
+    # Nor are its words shown as interims before the final comes out empty.
+    shown = {k: babble_shown(r) for k, r in runs.items()}
+    assert sum(len(t.split()) for t in shown["on"].values()) <= sum(len(t.split()) for t in shown["off"].values()) - 4, shown
     said = {k: r.transcript().final_text() for k, r in runs.items()}
     name = "librivox_16k.wav"
     assert wer(reference(name), said["on"]) <= wer(reference(name), said["off"]), said
