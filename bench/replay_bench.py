@@ -104,9 +104,9 @@ class Replayer:
         self.finals: list[str] = []
         self.final_at: list[tuple[float, float, float]] = []  # per non-empty final: (audio fed when it came, its start, its end), s
         self.reasons: dict[str, int] = {}
-        self._shown: set[int] = set()  # utterances an interim with words was sent for
+        self._shown: dict[int, int] = {}  # utterance -> audio fed when an interim first showed its words
         self.phantoms = 0  # utterances whose interims showed words and whose final came out empty
-        self.unshown = 0  # non-empty finals no interim showed words of first
+        self.unshown = 0  # non-empty finals whose words no interim showed before the final came
         self._fed = 0
         self._passes: list = []
         self.pass_count = 0
@@ -155,10 +155,12 @@ class Replayer:
 
     def _interims(self, message: dict) -> None:
         if message["type"] == "interim" and message["text"]:
-            self._shown.add(message["utterance"])
+            self._shown.setdefault(message["utterance"], self._fed)
         elif message["type"] == "final":
-            shown = message["utterance"] in self._shown
-            self.phantoms += shown and not message["text"]
+            # Decodes are instant here: an interim first shown with no more audio fed than its
+            # final came with it (the one the server sends just before a final no interim preceded).
+            shown = self._shown.get(message["utterance"], self._fed) < self._fed
+            self.phantoms += message["utterance"] in self._shown and not message["text"]
             self.unshown += bool(message["text"]) and not shown
 
     def _keep(self, utterance: int) -> None:
@@ -315,7 +317,7 @@ def main() -> None:
     if latencies:
         print(f"\nfinal latency in audio time (decodes instant): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} s (n={len(latencies)})")
     if args.interims:
-        print(f"\ninterims: {shown[0]} utterances showed words and then came out empty; {shown[1]} of {shown[2]} non-empty finals came with no interim before")
+        print(f"\ninterims: {shown[0]} utterances showed words and then came out empty; {shown[1]} of {shown[2]} non-empty finals had no interim shown before they came")
     print(f"\ncontext passes: {passes[0]}, {passes[1]:.1f} model s, {passes[1] / passes[2]:.3f} model s per audio s")
     if args.json:
         Path(args.json).write_text(json.dumps(texts, indent=1))
