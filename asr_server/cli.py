@@ -168,7 +168,8 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--talker-final-db", type=_decibels, default=VadOptions.talker_final_db,
                    help="a final this many dB below the loudest of the channel's finals in the last minute, that the model was unsure of, "
                         "is other people's talk and is sent empty: voices nearer than --talker-floor-db, written where the talker "
-                        "is silent (default %(default)g; 0: off)")
+                        "is silent; 12 for channels that carry one talker over an open floor; it also drops a far participant's "
+                        "words Whisper heard badly (default %(default)g: off)")
 
 
 def _context_options(p: argparse.ArgumentParser) -> None:

@@ -227,7 +227,7 @@ def main() -> None:
     ap.add_argument("--noise-db", type=float, default=None, help="continuous pink noise this many dB below the speech")
     ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
     ap.add_argument("--talker-floor-db", type=float, default=VadOptions.talker_floor_db, help="the VAD gate's option (0: off)")
-    ap.add_argument("--talker-final-db", type=float, default=VadOptions.talker_final_db, help="a final this far under the channel's recent ones is dropped (0: off)")
+    ap.add_argument("--talker-final-db", type=float, default=VadOptions.talker_final_db, help="a final this far under the channel's recent ones, and unsure, is dropped (0, the default: off; the server's option)")
     ap.add_argument("--talker-silence-db", type=float, default=VadOptions.talker_silence_db, help="the VAD gate's energy floor under the talker's level (0: off)")
     ap.add_argument("--voices-db", type=float, default=None, help="three other people talking (backwards: no words) this many dB below the speech")
     ap.add_argument("--far-db", type=float, default=None, help="every other sentence this many dB down: a second talker far from the microphone (a meeting room)")

@@ -26,8 +26,8 @@ def test_the_talker_floor_reaches_the_vad_and_negative_decibels_are_refused(caps
 
     assert _vad(build_parser().parse_args([])).talker_floor_db == VadOptions().talker_floor_db > 0
     assert _vad(build_parser().parse_args(["--talker-floor-db", "0", "--vad", "both"])) == VadOptions(detector="both", talker_floor_db=0.0)
-    assert _vad(build_parser().parse_args([])).talker_final_db == VadOptions().talker_final_db > 0
-    assert _vad(build_parser().parse_args(["--talker-final-db", "0"])).talker_final_db == 0.0
+    assert _vad(build_parser().parse_args([])).talker_final_db == VadOptions().talker_final_db == 0.0  # off unless asked
+    assert _vad(build_parser().parse_args(["--talker-final-db", "12"])).talker_final_db == 12.0
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["--talker-floor-db", "-3"])
     assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err

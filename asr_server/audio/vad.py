@@ -89,8 +89,10 @@ class VadOptions:
     # A final whose level lies this many dB under the loudest of the channel's finals in the last
     # minute, and that the model was unsure of, is other people's talk, and dropped
     # (asr_server/decoding/background.py); 0: off. Voices nearer than talker_floor_db pass the
-    # gate, and where the talker is silent Whisper writes them.
-    talker_final_db: float = 12.0
+    # gate, and where the talker is silent Whisper writes them. Off by default: at 12 it also lost
+    # a far participant's words (docs/benchmarks.md, seventy-eighth session); 12 for a channel
+    # that carries one talker over other people's talk (a call centre's agent on an open floor).
+    talker_final_db: float = 0.0
 
     @property
     def learned(self) -> bool:
