@@ -17,11 +17,11 @@ second participant far from the microphone (a meeting room's, a speakerphone's,
 a call recorded as one channel): with every other sentence 10 dB down the
 fixtures' WER after revisions went 0.043 -> 0.288 on level alone, 0.048 with
 the doubt as well (14 dB down: 0.066 -> 0.474, and 0.110; over a phone line
-0.181 -> 0.462 on level alone), so a clearly heard quiet voice stays. But Whisper hears a far participant as
-unsurely as babble more often than not on the held-out sets (14 dB down their
-WER after revisions went 0.204-0.298 -> 0.325-0.379), so the server runs this
-only where asked (``--talker-final-db``, off by default): for a channel that
-carries one talker over other people's talk.
+0.181 -> 0.462 on level alone), so a clearly heard quiet voice stays. But
+Whisper hears a far participant as unsurely as babble more often than not on
+the held-out sets (14 dB down their WER after revisions went 0.204-0.298 ->
+0.325-0.379), so the server runs this only where asked (``--talker-final-db``,
+off by default): for a channel that carries one talker over other people's talk.
 
 A final's level is worked out as the gate's is, from its 30 ms frames: their
 90th percentile, but never more than 10 dB over their 75th (a cough or a
