@@ -217,7 +217,7 @@ class ChannelDecoder:
         self.channel = channel
         self.options = options
         self.context = context or ContextOptions(enabled=options.revisions)
-        self._background = BackgroundFilter(background_db)  # other people's talk (0: off)
+        self._background = BackgroundFilter(background_db) if background_db else None  # other people's talk (None: off)
         self._done: list[Finalized] = []  # recent non-empty finals, for the context pass
         self._unrevised = 0  # how many of the latest records no context pass has covered yet
         self._context_job: DecodeJob | None = None
@@ -633,7 +633,7 @@ class ChannelDecoder:
         the rest is other people's talk after the talker stopped (:mod:`.background`)."""
         if utt.head is not None:
             head, cut = utt.head
-            if hyp.text and not self._background.heard(utt.audio.copy(cut - utt.start, end - utt.start), end, 0.0, hyp):
+            if hyp.text and self._background and not self._background.heard(utt.audio.copy(cut - utt.start, end - utt.start), end, 0.0, hyp):
                 hyp = replace(hyp, text="", words=(), dropped=hyp.dropped + ("background",))
             shift = (cut - utt.start) / MODEL_RATE
             words = head.words + tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in hyp.words)
@@ -654,7 +654,7 @@ class ChannelDecoder:
             return []
         text, stable = utt.agreement.update(hyp.text.split())
         utt.free = utt.free or unmarked(utt.agreement.committed)
-        if utt.last_interim == (text, stable) or self._background.unheard(utt.audio.copy(0, audio_end - utt.start), audio_end, hyp):
+        if utt.last_interim == (text, stable) or self._background and self._background.unheard(utt.audio.copy(0, audio_end - utt.start), audio_end, hyp):
             return []
         utt.last_interim = (text, stable)
         return [
@@ -790,7 +790,7 @@ class ChannelDecoder:
         base = utt.start / MODEL_RATE
         words = tuple(Word(w.word, round(base + w.start, 3), round(base + w.end, 3), w.probability) for w in hyp.words)
         text = hyp.text
-        if text and not self._background.heard(utt.audio.copy(0, utt.ended.end - utt.start), utt.ended.end, utt.voiced / MODEL_RATE, hyp):
+        if text and self._background and not self._background.heard(utt.audio.copy(0, utt.ended.end - utt.start), utt.ended.end, utt.voiced / MODEL_RATE, hyp):
             text, words, hyp = "", (), replace(hyp, dropped=hyp.dropped + ("background",))
         if ends_sentence(_last_word(self._last_text)):
             # A decode that stopped at the prompt's sentence end can start the next in lower case
