@@ -20,6 +20,14 @@ def test_global_options_work_before_or_after_the_command(argv):
     assert (args.command, args.path, args.url, args.json, args.no_interim, args.fast) == ("file", "x.wav", "ws://h:1", True, True, True)
 
 
+def test_the_server_address_can_be_given_as_server_and_an_unknown_option_is_named(capsys):
+    assert build_parser().parse_args(["--server", "ws://h:1", "mic"]).url == "ws://h:1"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--host", "ws://h:1", "file", "x.wav"])
+    # Not argparse's "invalid choice: 'ws://h:1'", which names the value as if it were the command.
+    assert "unknown option --host" in capsys.readouterr().err
+
+
 def test_defaults_hold_when_nothing_is_given(monkeypatch):
     monkeypatch.delenv("ASR_URL", raising=False)
     args = build_parser().parse_args(["mic"])

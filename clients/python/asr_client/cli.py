@@ -369,7 +369,7 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     def d(value: Any) -> Any:
         return value if defaults else argparse.SUPPRESS
 
-    p.add_argument("--url", default=d(os.environ.get("ASR_URL") or DEFAULT_URL),
+    p.add_argument("--url", "--server", dest="url", default=d(os.environ.get("ASR_URL") or DEFAULT_URL),
                    help=f"server address, with a proxy's path if any (default: $ASR_URL, else {DEFAULT_URL})")
     p.add_argument("--language", default=d("en"))
     p.add_argument("--endpoint-ms", type=int, default=d(500))
@@ -401,8 +401,24 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
                         "connection that brings none for twice that plus 5 s as dropped, and resume it (default 5; 0: none)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that an option it does not know, given before the command, is reported as
+    such: argparse takes the option's value for the command and names that ("invalid choice: 'ws://...'")."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> Any:
+        if message.startswith("argument command: invalid choice"):
+            unknown = [a for a in getattr(self, "_argv", []) if a.startswith("--") and a.split("=")[0] not in self._option_string_actions]
+            if unknown:
+                message = f"unknown option {unknown[0].split('=')[0]} (see asr-client --help; the server's address is --url)"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="asr-client", description="Live captions from asr-server.")
+    p = _Parser(prog="asr-client", description="Live captions from asr-server.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_common(p, defaults=True)
     common = argparse.ArgumentParser(add_help=False)
