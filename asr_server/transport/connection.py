@@ -631,10 +631,19 @@ class Connection:
         await self._apply(self.session.end_of_stream)
 
     async def _pump_container(self) -> None:
+        """Decoded audio into the session, then the decoder's error if it raised one. A task of its
+        own: a connection that dropped under it (and cannot be held) ends the session, as in
+        :meth:`_decode`, instead of leaving asyncio an exception nobody retrieves."""
         assert self._container is not None
-        error = await ContainerPump(self._container, self.sid).run(self._container_audio, self.done)
-        if error is not None:
-            await self._fail(error)
+        try:
+            error = await ContainerPump(self._container, self.sid).run(self._container_audio, self.done)
+            if error is not None:
+                await self._fail(error)
+        except ConnectionClosed:
+            self.done.set()
+        except Exception:
+            log.exception("session=%s event=crash", self.sid)
+            await self._fail_safely(InternalError("internal error; the session was closed"))
 
     async def _container_audio(self, planar: np.ndarray) -> None:
         await self._wait_while(lambda: self.session.backpressured)

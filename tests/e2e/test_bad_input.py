@@ -603,3 +603,43 @@ def test_a_token_lifetime_past_a_floats_range_is_a_bad_option(keyed_server, capl
         head, answer = _exchange(keyed_server.server.port, request)
     assert head.startswith(b"HTTP/1.1 400") and json.loads(answer)["code"] == "invalid_option", (head, answer)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_container_that_fails_to_decode_after_the_connection_dropped_ends_its_session_quietly():
+    """Found by a hostile client: bad flac bytes, then the connection cut without a close. The
+    decoder's error came after the drop, the error message could not be sent, and asyncio logged
+    "Task exception was never retrieved" with a traceback at ERROR level, for every such client."""
+    from websockets.exceptions import ConnectionClosed
+
+    from asr_server.audio.decode import ContainerDecoder
+    from asr_server.server import AsrServer
+    from asr_server.session import Session
+    from asr_server.options import StreamOptions
+    from asr_server.transport.connection import Connection
+
+    class DroppedSocket:
+        """A connection whose peer went away: every send fails."""
+
+        def __init__(self):
+            self.transport = self
+
+        def abort(self):
+            pass
+
+        async def send(self, _text):
+            raise ConnectionClosed(None, None)
+
+        async def close(self, *_args):
+            pass
+
+    async def main():
+        conn = Connection(AsrServer(), DroppedSocket(), Session("s", StreamOptions(encoding="flac")))  # type: ignore[arg-type]
+        conn.session.start()
+        conn._container = ContainerDecoder("flac", 1)
+        conn._container.feed(b"this is not a flac stream" * 40)
+        conn._container.end()
+        await conn._pump_container()  # raised ConnectionClosed before
+        return conn
+
+    conn = asyncio.run(main())
+    assert conn.done.is_set() and conn.outcome == "client_error"  # the decoder's error, not the drop, decides the outcome
