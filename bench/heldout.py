@@ -4,6 +4,7 @@
     python bench/heldout.py --set 2 /tmp/heldout2
     python bench/heldout.py --set 3 /tmp/heldout3
     python bench/heldout.py --set 4 /tmp/heldout4
+    python bench/heldout.py --set 5 /tmp/heldout5   # needs Debian's asterisk-core-sounds-en-wav
     python bench/replay_bench.py --fixture-dir /tmp/heldout --fixtures all --offline [--noise-db 20 | --room]
     python bench/stream_bench.py --fixture-dir /tmp/heldout --fixtures all [--noise-db 20 | --room]
 
@@ -29,6 +30,12 @@ the 27 replays and on set 3's nine, and kept none: docs/benchmarks.md).
 read at 200 words a minute), made in the forty-second session once set 3 had judged a change.
 That session judged one change on its nine replays before any other (a pass window keeping a
 noisy pause's audio; not kept: docs/benchmarks.md).
+``--set 5`` is a human voice, not espeak-ng: Allison Smith's prompts for the Asterisk PBX, as
+Debian ships them (``apt-get install asterisk-core-sounds-en-wav``: 8 kHz WAV, CC-BY-SA-3.0),
+joined into three recordings a caller would hear (an install's spoken demo, 99 s; voicemail
+menus, 95 s; a conference bridge's prompts, 88 s) with the package's own transcripts. Made in
+the eightieth session, after every rule had been chosen; ``--sounds`` names another folder of
+the prompts (``dpkg -x`` of the package).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import json
 import re
 import subprocess
 import sys
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +173,59 @@ TOUR = [
     "Please do not touch the glass, and keep your bags in front of you.",
     "We will stop for twenty minutes at the cafe on the second floor.",
 ]
+# Set 5: one human voice, not espeak-ng. Allison Smith's English prompts for the Asterisk PBX
+# (Debian's asterisk-core-sounds-en-wav, 8 kHz 16-bit WAV, CC-BY-SA-3.0), joined into three
+# recordings as a caller would hear them. The references are the package's own transcripts
+# (core-sounds-en.txt in asterisk-core-sounds-en), with its marks of a cut prompt ("...") left
+# out and one misspelling mended ("represenatives"). Chosen from the prompts of six words or
+# more whose numbers are under 100 (the WER normalizer spells those out, not "1234"), before
+# anything was measured on them.
+DEMO = [
+    ("demo-congrats", "Congratulations. You have successfully installed and executed the Asterisk open source PBX. You have also installed a set of sample sounds and configuration files that should help you to get started. Like a normal PBX you will navigate this demonstration by dialing digits. If you are using a console channel driver instead of a real phone you can use the dial, answer, and hang up commands to simulate the actions of a standard telephone."),
+    ("demo-echotest", "You are about to enter an echo test. In this mode everything you say will be repeated back to you just as soon as it is received. The purpose of this test is to give you an audible sense of the latency between you and the machine that is running the echo test application. You may end the test by hanging up or by pressing the pound key."),
+    ("demo-abouttotry", "I am about to attempt an Inter-Asterisk Exchange connection to a demonstration server located at Digium. In order for this to work you must already be connected to the Internet. Please wait a moment while I attempt to make the connection."),
+    ("demo-nogo", "I am afraid I was unable to create a connection to the Digium demonstration Asterisk server. You may find some helpful debugging information on the Asterisk console."),
+    ("demo-moreinfo", "Asterisk is an Open Source full-featured PBX and IVR platform that runs on the linux operating system. For more information, visit www.asterisk.org."),
+    ("demo-thanks", "Goodbye. Thank you for trying out the Asterisk Open Source PBX."),
+]
+VOICEMAIL = [
+    ("vm-newuser", "Welcome to Comedian Mail. First, I will guide you through a short setup process."),
+    ("vm-instructions", "To look into your messages press 1 now. You may quit voicemail at any time by pressing the pound key."),
+    ("vm-opts", "Press 2 to change folders, press 3 for advanced options, press zero for mailbox options."),
+    ("vm-msginstruct", "To hear the next message press 6, to repeat this message press 5, to hear the previous message press 4, to delete or undelete this message press zero, to quit voicemail press pound."),
+    ("vm-review", "press 1 to accept this recording press 2 to listen to it press 3 to rerecord your message"),
+    ("vm-rec-name", "After the tone say your name and then press the pound key."),
+    ("vm-record-prepend", "At the tone, please record an introduction to the forwarded message. When done, press the pound sign."),
+    ("vm-invalid-password", "That password does not meet the minimum requirements for this mailbox. Please try again."),
+    ("vm-mismatch", "The passwords you entered and re-entered did not match. Please try again."),
+    ("vm-msgforwarded", "Your message has been successfully forwarded."),
+    ("queue-periodic-announce", "All of our representatives are currently busy. Please stay on the line and your call will be answered by the next available representative."),
+    ("queue-youarenext", "Your call is now first in line and will be answered by the next available representative."),
+    ("tt-allbusy", "All representatives of the household are currently assisting other telemarketers. Please hold and your call will be answered in the order it was received."),
+]
+CONFERENCE = [
+    ("conf-usermenu", "Please press 1 to mute or unmute yourself, 4 or 6 to decrease or increase the conference volume, 7 or 9 to decrease or increase your volume, or 8 to exit."),
+    ("confbridge-lock-extended", "to lock, or unlock the conference. When a conference is locked only conference administrators can join."),
+    ("dir-intro", "Welcome to the directory. Please enter the first three letters of your party's last name using your touch tone keypad. Use the 7 key for Q and the 9 key for Z."),
+    ("screen-callee-options", "You have these options: Dial 1 if you wish to immediately connect to the incoming call. Dial 2 if you wish to send this caller to voicemail. Dial 3 to send this caller to the torture menus. Dial 4 to send this caller to a polite \"don't call\" menu."),
+    ("conf-onlyperson", "You are currently the only person in this conference."),
+    ("conf-waitforleader", "The conference will begin when the leader arrives."),
+    ("confbridge-pin", "Please enter your personal identification number followed by the pound, or hash key."),
+    ("conf-invalid", "That is not a valid conference number. Please try again."),
+    ("confbridge-removed", "You have been removed from the conference."),
+    ("tt-weasels", "Weasels have eaten our phone system"),
+    ("tt-monkeysintro", "They have been carried away by monkeys"),
+    ("followme/status", "the person you are calling is not at their desk; I will try to locate them for you"),
+    ("followme/sorry", "I'm sorry, but I was unable to locate the person you are calling"),
+]
+# (file, prompts, pause after each prompt but the last, in seconds)
+PROMPTS = [
+    ("ho5_demo_8k.alaw", DEMO, [0.6, 0.35, 1.2, 0.4, 0.8]),
+    ("ho5_voicemail_8k.mulaw", VOICEMAIL, [0.5, 1.1, 0.3, 0.8, 0.45, 1.6, 0.35, 0.7, 0.3, 1.3, 0.5, 0.25]),
+    ("ho5_conference_8k.wav", CONFERENCE, [0.9, 0.4, 0.3, 1.5, 0.6, 0.35, 2.1, 0.45, 0.3, 0.8, 0.5, 0.4]),
+]
+SOUNDS = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
+
 # (file, sentences, sample rate, espeak-ng voice, words per minute, pause after each sentence in seconds)
 RECORDINGS = [
     ("heldout_meeting_16k.wav", MEETING, 16000, "en-us+m3", 170, [0.35, 0.9, 0.3, 1.4, 0.4, 0.6, 2.2, 0.3, 0.5, 1.0, 0.45]),
@@ -209,22 +270,52 @@ def espeak_version() -> str:
     return found.group(1) if found else line.strip()
 
 
+def read_prompt(folder: Path, name: str) -> np.ndarray:
+    """One Asterisk prompt as float samples at 8 kHz (16-bit mono WAV, as the package ships them)."""
+    path = folder / f"{name}.wav"
+    if not path.exists():
+        raise SystemExit(f"{path} not found: install Debian's asterisk-core-sounds-en-wav (apt-get install "
+                         "asterisk-core-sounds-en-wav), or pass --sounds the folder of its en_US_f_Allison prompts")
+    with wave.open(str(path)) as w:
+        if (w.getframerate(), w.getnchannels(), w.getsampwidth()) != (8000, 1, 2):
+            raise SystemExit(f"{path}: expected 8 kHz 16-bit mono")
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
+
+
+def human_set(out: Path, sounds: Path) -> dict:
+    """Set 5: the Asterisk prompts joined into three recordings; their manifest entries."""
+    manifest = {}
+    for name, prompts, pauses in PROMPTS:
+        clips = [trim(read_prompt(sounds, prompt), 8000) for prompt, _ in prompts]
+        audio, spans = assemble(clips, 8000, [*pauses, 1.0], lead_s=0.6)
+        encoding = write(out, name, audio, 8000)
+        manifest[name] = {"encoding": encoding, "sample_rate": 8000, "channels": 1, "references": [[text for _, text in prompts]], "spans": [spans],
+                          "source": "Allison Smith's Asterisk prompts (Debian asterisk-core-sounds-en-wav, CC-BY-SA-3.0; bench/heldout.py --set 5): "
+                                    + ", ".join(prompt for prompt, _ in prompts)}
+        print(f"{name}: {len(audio) / 8000:.1f} s, {len(prompts)} prompts", flush=True)
+    return manifest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path, help="folder to write the recordings and their manifest.json into")
-    ap.add_argument("--set", type=int, choices=sorted(SETS), default=1,
-                    help="which three recordings (2, 3 and 4: made later, for more looks)")
+    ap.add_argument("--set", type=int, choices=[*sorted(SETS), 5], default=1,
+                    help="which three recordings (2, 3 and 4: made later, for more looks; 5: a human voice over the phone)")
+    ap.add_argument("--sounds", type=Path, default=SOUNDS, help=f"set 5: the folder of the Asterisk prompts (default {SOUNDS})")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    manifest = {}
-    version = espeak_version()
-    for name, sentences, rate, voice, wpm, pauses in SETS[args.set]:
-        clips = [trim(espeak(sentence, rate, voice, wpm), rate) for sentence in sentences]
-        audio, spans = assemble(clips, rate, [*pauses, 1.0], lead_s=0.6)
-        encoding = write(args.out, name, audio, rate)
-        manifest[name] = {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [sentences], "spans": [spans],
-                          "source": f"espeak-ng {version} {voice} {wpm} wpm (bench/heldout.py)"}
-        print(f"{name}: {len(audio) / rate:.1f} s, {len(sentences)} sentences", flush=True)
+    if args.set == 5:
+        manifest = human_set(args.out, args.sounds)
+    else:
+        manifest = {}
+        version = espeak_version()
+        for name, sentences, rate, voice, wpm, pauses in SETS[args.set]:
+            clips = [trim(espeak(sentence, rate, voice, wpm), rate) for sentence in sentences]
+            audio, spans = assemble(clips, rate, [*pauses, 1.0], lead_s=0.6)
+            encoding = write(args.out, name, audio, rate)
+            manifest[name] = {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [sentences], "spans": [spans],
+                              "source": f"espeak-ng {version} {voice} {wpm} wpm (bench/heldout.py)"}
+            print(f"{name}: {len(audio) / rate:.1f} s, {len(sentences)} sentences", flush=True)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
