@@ -51,6 +51,11 @@ MOST_WORDS_PER_S = 4.5
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
 SEAM_S = 1.0
+# The most words of a first pass a decode can hear as part of a neighbour's word (:func:`_heard_across`):
+# an utterance cut out of a word said slowly ("dot org", "five five five"), not a sentence.
+ACROSS_WORDS = 3
+# ... and how near the pieces must come to both ends of its first pass's words: all of it lies under them.
+ACROSS_MARGIN_S = 0.2
 # A word timed longer than this, or as starting after the word that follows it, was mistimed: the
 # alignment lost its place (:func:`word_times`).
 MISTIMED_WORD_S = 2.0
@@ -566,12 +571,14 @@ def mark_heard(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], s
             record.heard = True
 
 
-def reached(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fresh_from: int, decide_to: int) -> int:
+def reached(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], spans: Sequence[Span], fresh_from: int, decide_to: int) -> int:
     """The last record a decode may decide: ``decide_to``, but none of the records after the
-    last one it gave words to (Whisper can stop before the end of a window: the records it
-    never reached are left to the next pass), and always ``fresh_from`` (each pass decides
-    at least one record, so passes cannot repeat themselves)."""
-    heard = [r.index for r, g in zip(records, groups, strict=True) if g]
+    last one it gave words to or heard as part of a word given to another (:func:`_heard_across`;
+    Whisper can stop before the end of a window: the records it never reached are left to the
+    next pass), and always ``fresh_from`` (each pass decides at least one record, so passes
+    cannot repeat themselves)."""
+    around = _neighbours(groups)
+    heard = [r.index for r, g, span, near in zip(records, groups, spans, around, strict=True) if g or _heard_across(r, span, near)]
     return max(fresh_from, min(decide_to, heard[-1] if heard else fresh_from))
 
 
@@ -587,8 +594,9 @@ def trusted(records: Sequence[Finalized], groups: Sequence[Sequence[Word]], fres
 
 def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Sequence[Word] = ()) -> str | None:
     """The text a decode heard in ``record``'s span (``group``: its words there), or None where it
-    is not to be trusted: no words, a very different number of words than the first pass, or
-    words that stop short of the audio the first pass's words reached. Two words fewer always
+    is not to be trusted: no words (but "" where its audio lies under the pieces of a
+    neighbour's word: :func:`_heard_across`), a very different number of words than the first
+    pass, or words that stop short of the audio the first pass's words reached. Two words fewer always
     pass: a short first pass can split one word into several (the long-form reading in the room:
     "Babylon," as "Add it on."), and 0.8 of its words less one would have left it so for good.
 
@@ -604,10 +612,25 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Seque
     text, _ = _spelled(tuple(group))
     old = len(record.text.split())
     fewest = 1 if record.garbled else _fewest_words(old, 0.8, less=1)
-    reach = [*group, *(w for w in around if _distance((w.start + w.end) / 2, span) == 0.0)]
-    if not group or not fewest <= len(_words(text)) <= record.most_words or not _covers(reach, span, record):
+    if not group:
+        return "" if _heard_across(record, span, around) else None
+    inside = [w for w in around if _distance((w.start + w.end) / 2, span) == 0.0]
+    if not fewest <= len(_words(text)) <= record.most_words or not _covers([*group, *inside], span, record):
         return None
     return text
+
+
+def _heard_across(record: Finalized, span: Span, around: Sequence[Word]) -> bool:
+    """Whether a decode that gave ``record`` no words heard its audio as part of a neighbour's word
+    (``around``: the neighbours' words): one the model wrote in pieces across the seams, pieces
+    without a space before them over the span, reaching as far as the first pass's words did at
+    both ends (within ``ACROSS_MARGIN_S``), over a first pass of at most ``ACROSS_WORDS`` words. Then the record holds no words
+    of its own. Seen on a human voice reading an address slowly ("visit w w w dot asterisk dot
+    org"): the first pass made three utterances of it ("www." "Pastorisk." ".org."), every pass
+    heard " www" ".asterisk" ".org." as one word given to the first, and the other two kept their
+    first pass for good: "www.asterisk.org. Pastorisk. .org." (bench/heldout.py --set 5)."""
+    pieces = [w for w in around if not w.word[:1].isspace() and w.start < span.end and w.end > span.start]
+    return 0 < len(record.text.split()) <= ACROSS_WORDS and bool(pieces) and _covers(pieces, span, record, ACROSS_MARGIN_S)
 
 
 def crowded(text: str, seconds: float) -> bool:
@@ -632,8 +655,15 @@ def _fewest_words(old: int, share: float, less: float = 0.0) -> float:
 
 
 def _neighbours(groups: Sequence[Sequence[Word]]) -> list[list[Word]]:
-    """For each group, the words of the groups next to it (the ones a seam shares)."""
-    return [[*(groups[k - 1] if k > 0 else ()), *(groups[k + 1] if k + 1 < len(groups) else ())] for k in range(len(groups))]
+    """For each group, the words of the groups next to it (the ones a seam shares), passing over
+    groups with none (a word in pieces can lie across two seams: :func:`_heard_across`)."""
+    def near(k: int, step: int) -> Sequence[Word]:
+        k += step
+        while 0 <= k < len(groups) and not groups[k]:
+            k += step
+        return groups[k] if 0 <= k < len(groups) else ()
+
+    return [[*near(k, -1), *near(k, 1)] for k in range(len(groups))]
 
 
 def repeats_itself(text: str, times: int = 3, shortest: int = 2) -> bool:
@@ -693,14 +723,14 @@ def _letters(words: Sequence[Word]) -> str:
     return "".join(_HYPHENATED.sub("", w.word.lower()) for w in words)
 
 
-def _covers(heard: Sequence[Word], span: Span, record: Finalized) -> bool:
-    """Whether the decode's words reach as far into the utterance's audio as the first pass's did
-    (Whisper can stop early at the end of a window and drop the last words)."""
+def _covers(heard: Sequence[Word], span: Span, record: Finalized, margin: float = COVER_MARGIN_S) -> bool:
+    """Whether the decode's words reach as far into the utterance's audio as the first pass's did,
+    within ``margin`` (Whisper can stop early at the end of a window and drop the last words)."""
     if not record.words or not heard:
         return True
     base = record.start / MODEL_RATE
-    return max(w.end for w in heard) - span.start >= record.words[-1].end - base - COVER_MARGIN_S and \
-        min(w.start for w in heard) - span.start <= record.words[0].start - base + COVER_MARGIN_S
+    return max(w.end for w in heard) - span.start >= record.words[-1].end - base - margin and \
+        min(w.start for w in heard) - span.start <= record.words[0].start - base + margin
 
 
 def _words(text: str) -> list[str]:

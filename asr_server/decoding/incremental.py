@@ -50,6 +50,7 @@ Rules it keeps:
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -851,9 +852,9 @@ class ChannelDecoder:
         keep = _trim_at_s(self.context) * MODEL_RATE
         while len(self._done) > 1 and sum(len(r.audio) + len(r.trail) for r in self._done[1:]) >= keep:
             dropped = self._done.pop(0)
-            self._trimmed = (dropped.index, dropped.offset + len(dropped.text))
+            self._trimmed = (dropped.index, _text_end(dropped))
             if self.context.settle_window_s:  # kept for settle prompts only
-                self._history = _tail_words(f"{self._history} {dropped.text}", SETTLE_PROMPT_CHARS)
+                self._history = _tail_words(f"{self._history} {dropped.text}".strip(), SETTLE_PROMPT_CHARS)
         self._unrevised = min(self._unrevised, len(self._done))
 
     def _dispatch_context(self) -> list[PipelineEvent]:
@@ -891,7 +892,7 @@ class ChannelDecoder:
         if not records:
             return []
         # All the text before, as offline transcription conditions a window on its text before.
-        before = " ".join([self._history, *(r.text for r in self._done[: self._done.index(records[0])])])
+        before = " ".join(t for t in [self._history, *(r.text for r in self._done[: self._done.index(records[0])])] if t)
         request, self._context_spans = window_request(records, self.context, self.options.language, _tail_words(before, SETTLE_PROMPT_CHARS), gain_db=self.gain_db)
         request = replace(request, long_prompt=True, settle=True, vocabulary=self.options.prompt)
         self._context_ahead, self._settling = None, True
@@ -918,7 +919,7 @@ class ChannelDecoder:
             if hypothesis is not None:
                 hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered))
                 groups = self._pass_groups(hyp.words, spans, covered)
-                decide_to = reached(covered, groups, first, decide_to)
+                decide_to = reached(covered, groups, spans, first, decide_to)
                 if trusted(covered, groups, first, decide_to):
                     texts = _mended_seams(covered, groups, spans, surer_texts(covered, groups, revised_texts(covered, groups, spans, first, decide_to)))
             if texts is not None:
@@ -975,8 +976,8 @@ class ChannelDecoder:
         against 0.243-0.276 (0.266) with the trusted tail, and 0.245-0.266 (0.252) with no late
         passes at all (docs/benchmarks.md, fifty-seventh session)."""
         if late:
-            return _tail_words(" ".join([self._history, *(r.text for r in before)]), SETTLE_PROMPT_CHARS)
-        return _tail_words(" ".join(r.text for r in _trusted_tail(before)), PROMPT_CHARS)
+            return _tail_words(" ".join(t for t in [self._history, *(r.text for r in before)] if t), SETTLE_PROMPT_CHARS)
+        return _tail_words(" ".join(r.text for r in _trusted_tail(before) if r.text), PROMPT_CHARS)
 
     def _ahead(self) -> _Utterance | None:
         """The utterance after the newest final, once it holds ``ahead_s`` of audio from where its
@@ -1029,7 +1030,7 @@ class ChannelDecoder:
             ahead_s = self._context_ahead.end - self._context_ahead.start if self._context_ahead else 0.0
             hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered) + ahead_s)
             groups = self._pass_groups(hyp.words, spans, covered)
-            intended, self._context_decide_to = self._context_decide_to, reached(covered, groups, self._context_fresh, self._context_decide_to)
+            intended, self._context_decide_to = self._context_decide_to, reached(covered, groups, spans, self._context_fresh, self._context_decide_to)
             self._last_pass = (_window_key(job.request, spans), intended, hypothesis)
         waiting = self._done[-self._unrevised :] if self._unrevised else []
         self._unrevised = sum(1 for r in self._done if r.index > self._context_decide_to)
@@ -1049,7 +1050,7 @@ class ChannelDecoder:
         last one said: settled by a settle decode (those are the first records kept, in order), or
         trimmed away (no decode holds them any more)."""
         last = next((r for r in reversed(self._done) if r.settled), None)
-        fixed = (last.index, last.offset + len(last.text)) if last is not None else self._trimmed
+        fixed = (last.index, _text_end(last)) if last is not None else self._trimmed
         if fixed is None or fixed[0] <= self._settled_sent:
             return []
         self._settled_sent = fixed[0]
@@ -1077,7 +1078,7 @@ class ChannelDecoder:
         for record, span, (text, words), upper in list(zip(covered, spans, texts, starts))[changed:]:
             shift = record.start / MODEL_RATE - span.start
             held, record.text = record.text, text
-            if words:
+            if words or not text:  # no text: its audio lay under a neighbour's word (context.heard_in)
                 record.words = tuple(Word(w.word, round(w.start + shift, 3), round(w.end + shift, 3), w.probability) for w in words)
             if upper:
                 _capitalize(record)
@@ -1088,16 +1089,19 @@ class ChannelDecoder:
         position = offset
         for record in self._done[first:]:
             record.offset = position
-            position += len(record.text) + 1
-        self._transcript_len = position - 1
-        self._last_text = self._done[-1].text
-        self._prompt = _tail_words(self._done[-1].text, PROMPT_CHARS)
+            if record.text:  # one left with none takes no room, as an empty final (docs/protocol.md)
+                position += len(record.text) + 1
+        self._transcript_len = max(0, position - 1)
+        self._last_text = _last_said(self._done)
+        self._prompt = _tail_words(self._last_text, PROMPT_CHARS)
         revised = self._done[first:]
-        shown = [retimed(r.words) for r in revised]
+        said = [r for r in revised if r.text]
+        shown = [retimed(r.words) for r in said]
         words = tuple(w for ws in shown for w in ws) if self.options.word_timestamps else ()
-        spans = (_heard_span(ws, r.start / MODEL_RATE, (r.start + len(r.audio)) / MODEL_RATE) for r, ws in zip(revised, shown))
-        parts = tuple(RevisedSegment(r.index, r.offset, round(a, 3), round(b, 3)) for r, (a, b) in zip(revised, spans))
-        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, " ".join(r.text for r in revised), words, tuple(differ), settle, parts)]
+        spans = (_heard_span(ws, r.start / MODEL_RATE, (r.start + len(r.audio)) / MODEL_RATE) for r, ws in zip(said, shown))
+        parts = tuple(RevisedSegment(r.index, r.offset, round(a, 3), round(b, 3)) for r, (a, b) in zip(said, spans))
+        text = " ".join(r.text for r in said)
+        out: list[PipelineEvent] = [Revision(self.channel, revised[0].index, revised[-1].index, offset, text, words, tuple(differ), settle, parts)]
         return out + self._moved_interim()
 
     def _placed(self, covered: list[Finalized], texts: list[tuple[str, tuple[Word, ...]]]) -> tuple[list[str], list[bool]]:
@@ -1109,7 +1113,8 @@ class ChannelDecoder:
         placed: list[str] = []
         starts: list[bool] = []
         for record, (text, _) in zip(covered, texts):
-            starts.append(ends_sentence(_last_word(placed[-1])) if placed else self._starts_a_sentence(record))
+            before = next((t for t in reversed(placed) if t), None)
+            starts.append(ends_sentence(_last_word(before)) if before is not None else self._starts_a_sentence(record))
             placed.append(_capitalized(text, ())[0] if starts[-1] else text)
         return placed, starts
 
@@ -1117,8 +1122,9 @@ class ChannelDecoder:
         """Whether ``record`` starts a sentence: the record before it ends one, or it starts the
         transcript and its text (as it stands before a revision) with a capital."""
         k = self._done.index(record)
-        if k:
-            return ends_sentence(_last_word(self._done[k - 1].text))
+        before = _last_said(self._done[:k])
+        if before:
+            return ends_sentence(_last_word(before))
         return record.offset == 0 and record.text[:1].isupper()
 
     def _moved_interim(self) -> list[PipelineEvent]:
@@ -1210,6 +1216,18 @@ def _respelled(record: Finalized, span: Span, proposed: tuple[str, tuple[Word, .
         words = (changed, *words[1:]) if at == 0 else (*words[:-1], changed)
     tokens[at] = spelling
     return " ".join(tokens), words
+
+
+def _text_end(record: Finalized) -> int:
+    """Where ``record``'s text ends in the transcript; for one a revision left with none, which sits
+    where the next one starts, the end of the text before it."""
+    return record.offset + len(record.text) if record.text else max(0, record.offset - 1)
+
+
+def _last_said(records: Sequence[Finalized]) -> str:
+    """The text of the last of ``records`` that holds any ("" if none): a revision can leave a record
+    with none, where its audio lay under a word the pass gave the one before (context.heard_in)."""
+    return next((r.text for r in reversed(records) if r.text), "")
 
 
 def _first_word(text: str) -> str:
