@@ -44,6 +44,23 @@ def test_a_revision_that_cuts_an_earlier_one_keeps_its_part_before():
     assert [s["text"] for s in t["channels"][0]["segments"]] == ["I lost my", "wallet. Yesterday!"]
 
 
+def test_an_utterance_a_revision_left_with_no_text_has_no_segment_or_cue():
+    """A pass that heard an utterance's audio as part of the word before it (docs/protocol.md): the
+    revision's segments leave it out, and it takes no room."""
+    said = [
+        {"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "Visit www.", "start": 0.5, "end": 1.8, "words": []},
+        {"type": "final", "channel": 0, "utterance": 1, "offset": 11, "text": "Pastorisk.", "start": 2.4, "end": 3.0, "words": []},
+        {"type": "final", "channel": 0, "utterance": 2, "offset": 22, "text": "Goodbye.", "start": 3.6, "end": 4.1, "words": []},
+        {"type": "revision", "channel": 0, "utterances": [0, 2], "changed": [0, 1], "offset": 0, "text": "Visit www.asterisk.org. Goodbye.", "words": [],
+         "segments": [{"utterance": 0, "offset": 0, "start": 0.5, "end": 3.0}, {"utterance": 2, "offset": 24, "start": 3.6, "end": 4.1}]},
+        {"type": "closed"},
+    ]
+    t = build_transcript([json.dumps(m) for m in said])
+    assert t["channels"][0]["text"] == "Visit www.asterisk.org. Goodbye."
+    assert [(s["utterances"], s["text"]) for s in t["channels"][0]["segments"]] == [([0, 0], "Visit www.asterisk.org."), ([2, 2], "Goodbye.")]
+    assert "Pastorisk" not in to_srt(t) and "-->" in to_srt(t)
+
+
 def test_each_channel_says_how_much_of_its_text_is_settled():
     """Up to the latest settled message's offset while the session runs (0 without one); all of
     it once the session ended."""

@@ -205,6 +205,20 @@ test("turns are a call in spoken order, each utterance revised in place by the r
   assert.deepEqual(t.turns().map((x) => x.text), ["I lost my card,", "Sorry to hear.", "Yesterday.", "Bye."]);
 });
 
+test("an utterance a revision leaves with no text has no turn, and the next final follows the revised text", () => {
+  // The pass heard "Pastorisk." as part of the word before it: www.asterisk.org (docs/protocol.md).
+  const t = new Transcript();
+  t.apply(timedFinal(0, 0, 0, "Visit www.", 0.5, 1.8));
+  t.apply(timedFinal(0, 1, 11, "Pastorisk.", 2.4, 3.0));
+  t.apply({
+    type: "revision", channel: 0, utterances: [0, 1], changed: [0, 1], offset: 0, text: "Visit www.asterisk.org.",
+    segments: [{ utterance: 0, offset: 0, start: 0.5, end: 3.0 }],
+  });
+  t.apply(timedFinal(0, 2, 24, "Goodbye.", 3.6, 4.1));
+  assert.equal(t.finalText(), "Visit www.asterisk.org. Goodbye.");
+  assert.deepEqual(t.turns().map((x) => [x.utterance, x.text]), [[0, "Visit www.asterisk.org."], [2, "Goodbye."]]);
+});
+
 test("without segments a revision's utterances become one turn, from its first start to its last end", () => {
   const t = new Transcript();
   t.apply(timedFinal(0, 0, 0, "And so it began.", 0.5, 2.0));
