@@ -51,9 +51,12 @@ MOST_WORDS_PER_S = 4.5
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
 SEAM_S = 1.0
-# The most words of a first pass a decode can hear as part of a neighbour's word (:func:`_heard_across`):
-# an utterance cut out of a word said slowly ("dot org", "five five five"), not a sentence.
-ACROSS_WORDS = 3
+# The most words, and seconds from its first word's start to its last one's end, of a first pass
+# that a decode can hear as part of a neighbour's word (:func:`_heard_across`): a stretch cut out
+# of a word said slowly ("dot asterisk", "five five five"), which a first pass may hear as a few
+# short words ("I'll ask to ask."), not a sentence.
+ACROSS_WORDS = 4
+ACROSS_SPEECH_S = 1.5
 # ... and how near the pieces must come to both ends of its first pass's words: all of it lies under them.
 ACROSS_MARGIN_S = 0.2
 # A word timed longer than this, or as starting after the word that follows it, was mistimed: the
@@ -624,13 +627,15 @@ def _heard_across(record: Finalized, span: Span, around: Sequence[Word]) -> bool
     """Whether a decode that gave ``record`` no words heard its audio as part of a neighbour's word
     (``around``: the neighbours' words): one the model wrote in pieces across the seams, pieces
     without a space before them over the span, reaching as far as the first pass's words did at
-    both ends (within ``ACROSS_MARGIN_S``), over a first pass of at most ``ACROSS_WORDS`` words. Then the record holds no words
-    of its own. Seen on a human voice reading an address slowly ("visit w w w dot asterisk dot
+    both ends (within ``ACROSS_MARGIN_S``), over a short first pass (``ACROSS_WORDS``,
+    ``ACROSS_SPEECH_S``). Then the record holds no words of its own. Seen on a human voice reading an address slowly ("visit w w w dot asterisk dot
     org"): the first pass made three utterances of it ("www." "Pastorisk." ".org."), every pass
     heard " www" ".asterisk" ".org." as one word given to the first, and the other two kept their
     first pass for good: "www.asterisk.org. Pastorisk. .org." (bench/heldout.py --set 5)."""
+    if not 0 < len(record.text.split()) <= ACROSS_WORDS or (record.words and record.words[-1].end - record.words[0].start > ACROSS_SPEECH_S):
+        return False
     pieces = [w for w in around if not w.word[:1].isspace() and w.start < span.end and w.end > span.start]
-    return 0 < len(record.text.split()) <= ACROSS_WORDS and bool(pieces) and _covers(pieces, span, record, ACROSS_MARGIN_S)
+    return bool(pieces) and _covers(pieces, span, record, ACROSS_MARGIN_S)
 
 
 def crowded(text: str, seconds: float) -> bool:
