@@ -628,8 +628,8 @@ def _heard_across(record: Finalized, span: Span, around: Sequence[Word]) -> bool
     (``around``: the neighbours' words): one the model wrote in pieces across the seams, pieces
     without a space before them over the span, reaching as far as the first pass's words did at
     both ends (within ``ACROSS_MARGIN_S``), over a short first pass (``ACROSS_WORDS``,
-    ``ACROSS_SPEECH_S``). Then the record holds no words of its own. Seen on a human voice reading an address slowly ("visit w w w dot asterisk dot
-    org"): the first pass made three utterances of it ("www." "Pastorisk." ".org."), every pass
+    ``ACROSS_SPEECH_S``). Then the record holds no words of its own. Seen on a human voice
+    reading an address slowly ("visit w w w dot asterisk dot org"): the first pass made three utterances of it ("www." "Pastorisk." ".org."), every pass
     heard " www" ".asterisk" ".org." as one word given to the first, and the other two kept their
     first pass for good: "www.asterisk.org. Pastorisk. .org." (bench/heldout.py --set 5)."""
     if not 0 < len(record.text.split()) <= ACROSS_WORDS or (record.words and record.words[-1].end - record.words[0].start > ACROSS_SPEECH_S):
