@@ -649,6 +649,28 @@ def test_only_a_short_first_pass_can_be_heard_as_part_of_a_word():
         assert [text for text, _ in revised_texts(records, groups, spans, fresh_from=0, decide_to=1)][1] == records[1].text
 
 
+def test_fewer_words_that_spell_about_as_many_letters_are_a_hearing():
+    from asr_server.decoding.context import Span, revised_texts, split_words
+
+    # Seen on a human voice over the phone in a reverberant room (bench/heldout.py --set 5): the
+    # first pass heard "Using your touchtone keypad." as eight short words; every pass heard the
+    # four (24 letters against 31), too few words to count, and the utterance kept its first pass.
+    misheard = [(" You", 0.1, 0.3), (" think", 0.3, 0.5), (" you're", 0.5, 0.7), (" touched", 0.7, 1.0),
+                (" on", 1.0, 1.1), (" who", 1.1, 1.3), (" keep", 1.3, 1.6), (" at?", 1.6, 1.9)]
+
+    def decided(heard: list[tuple[str, float, float]]) -> str:
+        records = [_heard_record(0, 30.0, 2.0, misheard)]
+        spans = [Span(0, 0.0, 2.0)]
+        groups = split_words([Word(w, a, b, 0.8) for w, a, b in heard], spans, [records[0].text])
+        return revised_texts(records, groups, spans, fresh_from=0, decide_to=0)[0][0]
+
+    assert decided([(" Using", 0.1, 0.4), (" your", 0.4, 0.6), (" touchtone", 0.6, 1.3), (" keypad.", 1.3, 1.9)]) == "Using your touchtone keypad."
+    # Fewer letters too is a stretch lost, however far the words reach; so is a hearing that
+    # stops short of where the first pass's words ended.
+    assert decided([(" Using", 0.1, 0.9), (" it.", 0.9, 1.9)]) == "You think you're touched on who keep at?"
+    assert decided([(" Using", 0.1, 0.2), (" your", 0.2, 0.3), (" touchtone", 0.3, 0.6), (" keypad.", 0.6, 0.9)]) == "You think you're touched on who keep at?"
+
+
 def test_a_wording_heard_only_at_the_windows_edge_gets_no_vote():
     from asr_server.decoding.context import Finalized, Span, count_votes, revised_texts
 
