@@ -624,9 +624,10 @@ def heard_in(record: Finalized, group: Sequence[Word], span: Span, around: Seque
         return "" if _heard_across(record, span, around) else None
     inside = [w for w in around if _distance((w.start + w.end) / 2, span) == 0.0]
     words = _words(text)
-    if not (fewest <= len(words) or _spells_as_much(record, words)) or len(words) > record.most_words:
+    enough = fewest <= len(words) or _spells_as_much(record, words)
+    if not enough or len(words) > record.most_words or not _covers([*group, *inside], span, record):
         return None
-    return text if _covers([*group, *inside], span, record) else None
+    return text
 
 
 def _spells_as_much(record: Finalized, words: Sequence[str]) -> bool:
@@ -645,9 +646,10 @@ def _heard_across(record: Finalized, span: Span, around: Sequence[Word]) -> bool
     without a space before them over the span, reaching as far as the first pass's words did at
     both ends (within ``ACROSS_MARGIN_S``), over a short first pass (``ACROSS_WORDS``,
     ``ACROSS_SPEECH_S``). Then the record holds no words of its own. Seen on a human voice
-    reading an address slowly ("visit w w w dot asterisk dot org"): the first pass made three utterances of it ("www." "Pastorisk." ".org."), every pass
-    heard " www" ".asterisk" ".org." as one word given to the first, and the other two kept their
-    first pass for good: "www.asterisk.org. Pastorisk. .org." (bench/heldout.py --set 5)."""
+    reading an address slowly ("visit w w w dot asterisk dot org"): the first pass made three
+    utterances of it ("www." "Pastorisk." ".org."), every pass heard " www" ".asterisk" ".org."
+    as one word given to the first, and the other two kept their first pass for good:
+    "www.asterisk.org. Pastorisk. .org." (bench/heldout.py --set 5)."""
     if not 0 < len(record.text.split()) <= ACROSS_WORDS or (record.words and record.words[-1].end - record.words[0].start > ACROSS_SPEECH_S):
         return False
     pieces = [w for w in around if not w.word[:1].isspace() and w.start < span.end and w.end > span.start]
