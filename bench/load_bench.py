@@ -68,7 +68,7 @@ from stream_bench import bucket_quantile, cpu_seconds, first_changes, fixture_na
 from asr_client import stream_bytes  # noqa: E402
 
 from tests.harness import MANIFEST, Replay, bytes_per_second, fixture_path, load_channels  # noqa: E402
-from tests.wer import edit_distance, normalize  # noqa: E402
+from tests.wer import errors as word_errors  # noqa: E402
 
 REVISIONS = ["true"]  # the streams' option, set from the command line
 EXTRA_OPTIONS: dict[str, str] = {}  # more stream options from the command line (--split-after-s)
@@ -370,11 +370,11 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
                     latencies.append(match.at - end)
                     late.append(match.at - end)
                     per_sentence.setdefault((r.fixture, ch, ref), []).append(match.at - end)
-            ref = normalize(" ".join(entry["references"][ch]))
-            e1, e2 = edit_distance(ref, normalize(r.final_text(ch))), edit_distance(ref, normalize(r.transcript().final_text(ch)))
-            errors, refined_errors, words = errors + e1, refined_errors + e2, words + len(ref)
+            ref = " ".join(entry["references"][ch])
+            (e1, n), (e2, _) = word_errors(ref, r.final_text(ch)), word_errors(ref, r.transcript().final_text(ch))
+            errors, refined_errors, words = errors + e1, refined_errors + e2, words + n
             tally = per_fixture.setdefault(f"{r.fixture} ch{ch}", [0, 0, 0])
-            tally[0], tally[1], tally[2] = tally[0] + e1, tally[1] + e2, tally[2] + len(ref)
+            tally[0], tally[1], tally[2] = tally[0] + e1, tally[1] + e2, tally[2] + n
             first_delays, again, revision_firsts, pass_delays = revision_delays(r, ch)
             by_passes += pass_delays
             settle_delays, unsettled = settled_delays(r, ch)

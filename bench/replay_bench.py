@@ -88,7 +88,7 @@ from asr_server.options import StreamOptions  # noqa: E402
 from asr_server.scheduler.governor import LoadSettings  # noqa: E402
 from asr_server.session import Send, Session  # noqa: E402
 from tests.harness import MANIFEST  # noqa: E402
-from tests.wer import edit_distance, normalize  # noqa: E402
+from tests.wer import errors as word_errors, normalize  # noqa: E402
 
 PIECE = 1600  # 100 ms at 16 kHz
 
@@ -284,25 +284,26 @@ def main() -> None:
         # Fed decoded 16 kHz audio either way; the stream's rate decides its VAD thresholds.
         options = StreamOptions(encoding="pcm_s16le", sample_rate=rate, interim_results=args.interims, split_after_s=args.split_after_s, prompt=args.prompt)
         for ch, audio in enumerate(channels):
-            reference = normalize(" ".join(references[ch]))
+            reference = " ".join(references[ch])
+            n = len(normalize(reference))
             replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db, talker_silence_db=args.talker_silence_db, talker_final_db=args.talker_final_db), args.late)
             first, revised = replayer.run(audio)
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
             shown = [shown[0] + replayer.phantoms, shown[1] + replayer.unshown, shown[2] + len(replayer.finals)]
-            e = [edit_distance(reference, normalize(first)), edit_distance(reference, normalize(revised))]
+            e = [word_errors(reference, first)[0], word_errors(reference, revised)[0]]
             errors = [errors[0] + e[0], errors[1] + e[1]]
             columns, offline_said = "", None
             if args.offline:
                 offline_said = offline_text(audio, args.compute_type)
-                off = edit_distance(reference, normalize(offline_said))
+                off = word_errors(reference, offline_said)[0]
                 offline_errors += off
-                columns = f" {off / len(reference):.3f} |"
+                columns = f" {off / n:.3f} |"
             if args.chunked_offline:
                 chunked_said = offline_text(replayer.kept_audio(context), args.compute_type, vad_filter=False)
-                off = edit_distance(reference, normalize(chunked_said))
+                off = word_errors(reference, chunked_said)[0]
                 chunked_errors += off
-                columns += f" {off / len(reference):.3f} |"
-            words += len(reference)
+                columns += f" {off / n:.3f} |"
+            words += n
             texts[f"{name} ch{ch}"] = {"reference": " ".join(references[ch]), "first": first, "revised": revised}
             if offline_said is not None:
                 texts[f"{name} ch{ch}"]["offline"] = offline_said

@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.wer import edit_distance, normalize  # noqa: E402
+from tests.wer import errors as word_errors  # noqa: E402
 
 SETS = ("fixtures", "heldout1", "heldout2", "heldout3", "heldout4", "heldout5")
 # heldout3 to heldout5 on request: kept apart to check rules chosen on the others (heldout5, a human
@@ -92,11 +92,10 @@ def tally(texts: dict[str, dict[str, str]]) -> Tally:
     """The errors of one replay's ``--json`` texts (every channel it replayed)."""
     out = Tally()
     for said in texts.values():
-        reference = normalize(said["reference"])
         for column in COLUMNS:
             if column in said:
-                out.errors[column] += edit_distance(reference, normalize(said[column]))
-        out.words += len(reference)
+                out.errors[column] += word_errors(said["reference"], said[column])[0]
+        out.words += word_errors(said["reference"], "")[1]
     return out
 
 
@@ -185,6 +184,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="keep each replay's table and texts here")
     ap.add_argument("--against", type=Path, default=None, help="an earlier run's --out folder: compare after revisions with it, replay by replay")
     ap.add_argument("--chunked-offline", action="store_true", help="and offline on the chunker's audio (replay_bench.py --chunked-offline): two more columns")
+    ap.add_argument("--count", type=Path, default=None, help="an earlier run's --out folder: count its texts again (tests/wer.py as it is now) instead of replaying")
     ap.add_argument("replay_args", nargs="*", help="after --: options for every replay_bench.py run")
     args = ap.parse_args()
     sets, conditions = args.sets.split(","), args.conditions.split(",")
@@ -199,6 +199,9 @@ def main() -> None:
     cells = [Cell(s, c, v) for s in sets for c in conditions for v in speeds]
     extra = [*args.replay_args, *(["--chunked-offline"] if args.chunked_offline else [])]
     against = earlier(args.against, cells) if args.against else None
+    if args.count:
+        print(report(earlier(args.count, cells), against, args.chunked_offline))
+        return
     with tempfile.TemporaryDirectory(prefix="replay-matrix-") as scratch:
         heldout = args.heldout_dir or Path(scratch)
         if any(s != "fixtures" for s in sets):

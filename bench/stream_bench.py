@@ -65,7 +65,7 @@ from asr_client import stream_bytes  # noqa: E402
 
 from tests.harness import MANIFEST, Replay, fast_reader, phone_line, replay  # noqa: E402
 from tests.harness import load_channels as _load_channels  # noqa: E402
-from tests.wer import edit_distance, normalize  # noqa: E402
+from tests.wer import errors as word_errors, normalize  # noqa: E402
 
 DEFAULT_FIXTURES = "librivox_16k.s16le,espeak_8k.mulaw,call_8k_stereo.s16le,cards_44k.f32le,ljspeech_babylon_16k.s16le"
 
@@ -151,9 +151,8 @@ def offline_text(audio: np.ndarray, compute_type: str, vad_filter: bool = True) 
 
 def offline_errors(name: str, channel: int, compute_type: str, audio: np.ndarray | None = None) -> tuple[int, int]:
     """Word errors of :func:`offline_text` on a fixture channel (``audio``: as streamed, noise included)."""
-    ref = normalize(" ".join(MANIFEST[name]["references"][channel]))
     text = offline_text(load_channels(name)[channel] if audio is None else audio, compute_type)
-    return edit_distance(ref, normalize(text)), len(ref)
+    return word_errors(" ".join(MANIFEST[name]["references"][channel]), text)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -560,9 +559,9 @@ def main() -> None:
                     settled[1].append(unsettled)
                     if run:
                         continue
-                    ref = normalize(" ".join(entry["references"][ch]))
-                    first = edit_distance(ref, normalize(r.final_text(ch)))
-                    better = edit_distance(ref, normalize(refined.final_text(ch)))
+                    said = " ".join(entry["references"][ch])
+                    ref = normalize(said)
+                    first, better = word_errors(said, r.final_text(ch))[0], word_errors(said, refined.final_text(ch))[0]
                     offline, _ = offline_errors(name, ch, args.compute_type, heard[ch])
                     rows.append((f"{name} ch{ch}", first / len(ref), better / len(ref), offline / len(ref)))
                     texts[f"{name} ch{ch}"] = {"reference": " ".join(ref), "first": r.final_text(ch), "revised": refined.final_text(ch)}

@@ -26,7 +26,7 @@ from bench.stream_bench import pct, start_server  # noqa: E402
 from asr_server.transport.webrtc import restrict_host_addresses  # noqa: E402
 from tests.harness import MANIFEST, load_mono, replay  # noqa: E402
 from tests.rtc_client import ArrayTrack, run_rtc, to_48k  # noqa: E402
-from tests.wer import edit_distance, normalize  # noqa: E402
+from tests.wer import errors as word_errors  # noqa: E402
 
 
 def latencies(finals: list[tuple[float, str]], spans: list[list[float]]) -> list[float]:
@@ -35,8 +35,7 @@ def latencies(finals: list[tuple[float, str]], spans: list[list[float]]) -> list
 
 
 def errors(name: str, text: str) -> tuple[int, int]:
-    ref = normalize(" ".join(MANIFEST[name]["references"][0]))
-    return edit_distance(ref, normalize(text)), len(ref)
+    return word_errors(" ".join(MANIFEST[name]["references"][0]), text)
 
 
 async def over_websocket(url: str, name: str) -> tuple[list[tuple[float, str]], str]:
