@@ -220,10 +220,16 @@ def test_a_final_the_model_cannot_decode_costs_one_utterance_not_the_session():
     assert lost["text"] == "" and error["seq"] < lost["seq"]
     assert all(f["text"] for f in finals if f["utterance"] != 1)
     transcript = ""
-    for f in finals:  # offsets skip the empty final, as for any empty final
-        if f["text"]:
-            assert f["offset"] == (len(transcript) + 1 if transcript else 0)
-            transcript = (transcript + " " + f["text"]).strip()
+    for m in d.messages:  # offsets skip the empty final, as for any empty final, and follow revisions
+        if m["type"] == "final" and m["text"]:
+            assert m["offset"] == (len(transcript) + 1 if transcript else 0)
+            transcript = (transcript + " " + m["text"]).strip()
+        elif m["type"] == "revision":
+            transcript = (transcript[: m["offset"] - 1] + " " + m["text"]) if m["offset"] else m["text"]
+    # The context pass heard the lost utterance in its window (its first pass heard no words), so
+    # the transcript at the close has its words after all.
+    assert any(1 in m["changed"] for m in d.of_type("revision"))
+    assert len(transcript) > len(" ".join(f["text"] for f in finals if f["text"]))
     assert d.messages[-1]["type"] == "closed" and d.close.code == 1000
 
 

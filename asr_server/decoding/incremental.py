@@ -81,8 +81,8 @@ PROMPT_MIN_WORD_PROBABILITY = 0.5
 # A final that repeats this many words or more of the end of its prompt is decoded again without it.
 ECHO_MIN_WORDS = 3
 # ... and so is one that came back with no words at all (none dropped by the guards) for an
-# utterance with this much speech the VAD heard: a prompted decode can end at once, and an empty
-# final is never heard again (the context pass covers finals with text).
+# utterance with this much speech the VAD heard: a prompted decode can end at once (the context
+# pass hears an empty final again, but only where a pass runs, and later).
 EMPTY_REDO_VOICED_S = 1.0
 # A sentence split: the sentence is at least SPLIT_MIN_S long, the next word starts at least
 # SPLIT_MIN_GAP_S after its last one (a pause, not a word run together with the next), and the
@@ -603,7 +603,8 @@ class ChannelDecoder:
           back as the whole sentence before it), or is empty (nothing dropped) in that much speech
           although the prompt held text said before: a prompted decode can end at once.
 
-        An empty final is lost for good: the context pass re-hears only finals with text."""
+        An empty final with words dropped is lost for good: the context pass re-hears finals
+        with text, and empty ones whose decode heard no words at all."""
         if utt.head is not None:
             return False
         heard = normalized_text(hyp.text).split()
@@ -810,6 +811,8 @@ class ChannelDecoder:
             doubtful = garbled(text, (utt.ended.end - utt.start) / MODEL_RATE, hyp.sampled)
             self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) and not doubtful else ""
             self._remember(utt, offset, text, words, hyp.sampled)
+        elif not hyp.dropped:
+            self._remember(utt, offset, "", (), hyp.sampled, unheard=True)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []
         if self.options.interim_results and text and utt.last_interim is None:
@@ -834,13 +837,16 @@ class ChannelDecoder:
 
     # -- the context pass -----------------------------------------------------------
 
-    def _remember(self, utt: _Utterance, offset: int, text: str, words: tuple[Word, ...], sampled: bool) -> None:
+    def _remember(self, utt: _Utterance, offset: int, text: str, words: tuple[Word, ...], sampled: bool, unheard: bool = False) -> None:
+        """Keep a final for the context pass: one with text, or an empty one whose first pass
+        heard no words (``unheard``; not one whose words the guards dropped: a stock phrase on
+        noise, other people's talk)."""
         assert utt.ended is not None
         if not self.context.enabled:
             return
         keep = utt.ended.end - utt.start
         audio, trail = utt.audio.copy(0, keep), utt.audio.copy(keep, keep + int(self.context.real_gap_s * MODEL_RATE))
-        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words, trail, sampled))
+        self._done.append(Finalized(utt.index, utt.start, audio, offset, text, words, trail, sampled, unheard=unheard))
         self._unrevised += 1
         self._last_final_end = utt.ended.end
         self._trim()
