@@ -149,10 +149,11 @@ def offline_text(audio: np.ndarray, compute_type: str, vad_filter: bool = True) 
     return " ".join(s.text for s in segments)
 
 
-def offline_errors(name: str, channel: int, compute_type: str, audio: np.ndarray | None = None) -> tuple[int, int]:
-    """Word errors of :func:`offline_text` on a fixture channel (``audio``: as streamed, noise included)."""
+def offline_errors(name: str, channel: int, compute_type: str, audio: np.ndarray | None = None) -> tuple[int, str]:
+    """Word errors of :func:`offline_text` on a fixture channel (``audio``: as streamed, noise
+    included), and the text."""
     text = offline_text(load_channels(name)[channel] if audio is None else audio, compute_type)
-    return word_errors(" ".join(MANIFEST[name]["references"][channel]), text)
+    return word_errors(" ".join(MANIFEST[name]["references"][channel]), text)[0], text
 
 
 def pct(values: list[float], q: float) -> float:
@@ -526,7 +527,7 @@ def main() -> None:
     slow: list[tuple[float, str]] = []  # per sentence a final covered: (latency, which)
     text_lag: list[float] = []  # per utterance begun with speech: to its first text (see text_lags)
     by_fixture: dict[str, list[float]] = {}
-    texts: dict[str, dict[str, str]] = {}  # per fixture channel: the reference and what the client held
+    texts: dict[str, dict[str, str]] = {}  # per fixture channel: the reference, what the client held, and offline's text
     totals = {"first": 0, "refined": 0, "offline": 0, "words": 0, "finals": 0, "revisions": 0}
     audio_s = 0.0
     cpu0, model0, lag0 = cpu_seconds(proc.pid), model_seconds(port), lag_buckets(port)
@@ -562,9 +563,9 @@ def main() -> None:
                     said = " ".join(entry["references"][ch])
                     ref = normalize(said)
                     first, better = word_errors(said, r.final_text(ch))[0], word_errors(said, refined.final_text(ch))[0]
-                    offline, _ = offline_errors(name, ch, args.compute_type, heard[ch])
+                    offline, offline_said = offline_errors(name, ch, args.compute_type, heard[ch])
                     rows.append((f"{name} ch{ch}", first / len(ref), better / len(ref), offline / len(ref)))
-                    texts[f"{name} ch{ch}"] = {"reference": " ".join(ref), "first": r.final_text(ch), "revised": refined.final_text(ch)}
+                    texts[f"{name} ch{ch}"] = {"reference": " ".join(ref), "first": r.final_text(ch), "revised": refined.final_text(ch), "offline": offline_said}
                     for key, value in (("first", first), ("refined", better), ("offline", offline), ("words", len(ref))):
                         totals[key] += value
                 totals["finals"] += sum(1 for t in r.of_type("final") if t.message["text"])
