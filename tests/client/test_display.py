@@ -81,11 +81,12 @@ def test_a_revision_from_inside_a_line_an_earlier_revision_joined_rewrites_that_
 
 
 def _segments(pieces: list[tuple[int, str]], offset: int) -> list[dict]:
-    """A revision's ``segments`` for its pieces of text, one per utterance, from ``offset``."""
+    """A revision's ``segments`` for its pieces of text, one per utterance with text, from ``offset``."""
     out = []
     for utterance, piece in pieces:
-        out.append({"utterance": utterance, "offset": offset, "start": float(utterance), "end": utterance + 0.5})
-        offset += len(piece) + 1
+        if piece:
+            out.append({"utterance": utterance, "offset": offset, "start": float(utterance), "end": utterance + 0.5})
+            offset += len(piece) + 1
     return out
 
 
@@ -108,7 +109,9 @@ def test_what_a_terminal_shows_is_the_transcript_after_every_message():
     from inside a line an earlier revision joined, with ``segments`` (a line per utterance, kept
     in the order the finals came) or without (a server from before them): the screen, line by
     line per channel, joins up to :class:`Transcript`'s final text (the rule the server and the
-    other clients apply)."""
+    other clients apply). Some finals are empty, and some revisions give an empty one words or
+    leave an utterance with none (the server does both): with ``segments`` each utterance's line
+    appears, or goes, in its place."""
     import random
 
     from asr_client import Transcript
@@ -119,28 +122,32 @@ def test_what_a_terminal_shows_is_the_transcript_after_every_message():
         out, t = Tty(), Transcript()
         with_segments = run % 2 == 0
         order: list[tuple[int, int]] = []  # (channel, utterance) of the finals, as they came
+        said: dict[tuple[int, int], str] = {}  # each utterance's text now
         d = Display(out, channels=2)
         starts: dict[int, list[int]] = {0: [], 1: []}  # where each channel's utterances start
         utterance = {0: 0, 1: 0}
         for _ in range(rng.randint(1, 14)):
             ch = rng.randint(0, 1)
-            text = " ".join(rng.choices(words, k=rng.randint(1, 9)))
+            text = " ".join(rng.choices(words, k=rng.randint(1, 9))) if rng.random() > 0.15 else ""
             held = t.final_text(ch)
             if starts[ch] and rng.random() < 0.4:
-                # A revision covers utterance k to the latest, a piece of text each.
+                # A revision covers utterance k to the latest, a piece of text each (none for some; the last has one).
                 k = rng.randrange(len(starts[ch]))
                 offset = starts[ch][k]
-                pieces = [" ".join(rng.choices(words, k=rng.randint(1, 5))) for _ in range(k, utterance[ch])]
-                text = " ".join(pieces)
+                pieces = [" ".join(rng.choices(words, k=rng.randint(1, 5))) if rng.random() > 0.15 else "" for _ in range(k, utterance[ch])]
+                pieces[-1] = pieces[-1] or "dog"
+                text = " ".join(p for p in pieces if p)
                 message = {"type": "revision", "channel": ch, "utterances": [k, utterance[ch] - 1], "offset": offset, "text": text}
                 if with_segments:
                     message["segments"] = _segments(list(zip(range(k, utterance[ch]), pieces)), offset)
-                starts[ch][k:] = [offset + sum(len(p) + 1 for p in pieces[:i]) for i in range(len(pieces))]
+                starts[ch][k:] = [offset + sum(len(p) + 1 for p in pieces[:i] if p) for i in range(len(pieces))]
+                said.update({(ch, u): p for u, p in zip(range(k, utterance[ch]), pieces)})
             else:
                 offset = len(held) + 1 if held else 0
                 message = {"type": "final", "channel": ch, "utterance": utterance[ch], "offset": offset, "text": text}
                 starts[ch].append(offset)
                 order.append((ch, utterance[ch]))
+                said[(ch, utterance[ch])] = text
                 utterance[ch] += 1
             t.apply(message)
             d.show(message)
@@ -152,5 +159,6 @@ def test_what_a_terminal_shows_is_the_transcript_after_every_message():
                 assert " ".join(turn.text for turn in turns) == t.final_text(c)
                 if with_segments:
                     assert [turn.text for turn in turns] == mine
-            if with_segments:
-                assert [line[:5] for line in shown] == [f"[ch{c}]" for c, _ in order]  # a line per final, in order
+            if with_segments:  # a line per utterance with text, in the order their finals came
+                assert [line[:5] for line in shown] == [f"[ch{c}]" for c, u in order if said[(c, u)]]
+                assert [line[6:] for line in shown] == [said[key] for key in order if said[key]]

@@ -129,6 +129,21 @@ def test_turns_are_a_call_in_spoken_order_with_revisions_applied_to_each():
     assert [turn.text for turn in t.turns()] == ["I lost my card,", "Sorry to hear.", "Yesterday.", "Bye."]
 
 
+def test_a_revision_that_gives_an_empty_final_words_appends_them_as_its_turn():
+    """The server's context pass can hear words in an utterance whose final was empty (a last word
+    said alone after a pause): the revision starts where that final stood, one past the end of the
+    text, and names the utterance in ``segments`` for the first time (docs/protocol.md)."""
+    from asr_client import Turn
+
+    t = Transcript()
+    t.apply(final(0, 0, 0, "Thank you for trying out the asterisk open source.", 94.1, 97.2))
+    t.apply(final(0, 1, 51, "", 97.4, 98.1))
+    t.apply({"type": "revision", "channel": 0, "utterances": [1, 1], "changed": [1], "offset": 51, "text": "PBX.",
+             "segments": [{"utterance": 1, "offset": 51, "start": 97.4, "end": 98.0}]})
+    assert t.final_text() == "Thank you for trying out the asterisk open source. PBX."
+    assert t.turns() == [Turn(0, 0, 94.1, 97.2, "Thank you for trying out the asterisk open source."), Turn(0, 1, 97.4, 98.0, "PBX.")]
+
+
 def test_without_segments_a_revisions_utterances_become_one_turn():
     """A server from before ``segments``: the revised range is one turn, heard from its first
     utterance's start to its last one's end."""

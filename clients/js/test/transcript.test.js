@@ -219,6 +219,20 @@ test("an utterance a revision leaves with no text has no turn, and the next fina
   assert.deepEqual(t.turns().map((x) => [x.utterance, x.text]), [[0, "Visit www.asterisk.org."], [2, "Goodbye."]]);
 });
 
+test("a revision that gives an empty final words appends them as its turn", () => {
+  // The context pass heard a last word said alone, whose final was empty (docs/protocol.md): the
+  // revision starts where that final stood, one past the end of the text.
+  const t = new Transcript();
+  t.apply(timedFinal(0, 0, 0, "Thank you for trying out the asterisk open source.", 94.1, 97.2));
+  t.apply(timedFinal(0, 1, 51, "", 97.4, 98.1));
+  t.apply({
+    type: "revision", channel: 0, utterances: [1, 1], changed: [1], offset: 51, text: "PBX.",
+    segments: [{ utterance: 1, offset: 51, start: 97.4, end: 98.0 }],
+  });
+  assert.equal(t.finalText(), "Thank you for trying out the asterisk open source. PBX.");
+  assert.deepEqual(t.turns().map((x) => [x.utterance, x.text]), [[0, "Thank you for trying out the asterisk open source."], [1, "PBX."]]);
+});
+
 test("without segments a revision's utterances become one turn, from its first start to its last end", () => {
   const t = new Transcript();
   t.apply(timedFinal(0, 0, 0, "And so it began.", 0.5, 2.0));

@@ -73,7 +73,8 @@ class Display:
                 self._live = False
             if message["text"]:
                 self.out.write(self._label(message) + message["text"] + "\n")
-                self._lines.append((message["channel"], message["utterance"], message["offset"], message["text"]))
+            # An empty final keeps its place, unseen: a revision can give it words.
+            self._lines.append((message["channel"], message["utterance"], message["offset"], message["text"]))
         elif kind == "revision" and self.tty:
             self._revise(message)
         elif kind == "error":
@@ -96,16 +97,21 @@ class Display:
         channel = message["channel"]
         parts = _segment_texts(message)
         held = {utt for ch, utt, _, _ in self._lines if ch == channel}
+        first = message["utterances"][0]
         if parts is not None and set(parts) <= held:
-            at = next(i for i, (ch, utt, _, _) in enumerate(self._lines) if ch == channel and utt in parts)
-            lines = [(ch, utt, *parts[utt]) if ch == channel and utt in parts else (ch, utt, start, text)
-                     for ch, utt, start, text in self._lines[at:] if ch != channel or utt in parts]
+            at = next(i for i, (ch, utt, _, _) in enumerate(self._lines) if ch == channel and utt >= first)
+            end = message["offset"] + len(message["text"]) + 1
+            # An utterance the revision left with no text keeps its place, unseen, where the next one starts.
+            lines = [line if line[0] != channel else (channel, line[1], *parts[line[1]]) if line[1] in parts else
+                     (channel, line[1], min((parts[u][0] for u in parts if u > line[1]), default=end), "")
+                     for line in self._lines[at:]]
         else:
             at, lines = self._joined(message)
         self.clear()
-        if at < len(self._lines):
-            self.out.write(f"\x1b[{self._height(self._lines[at:])}F\x1b[J")
-        self.out.write("".join(self._label({"channel": ch}) + text + "\n" for ch, _, _, text in lines))
+        rows = self._height(self._lines[at:])
+        if rows:
+            self.out.write(f"\x1b[{rows}F\x1b[J")
+        self.out.write("".join(self._label({"channel": ch}) + text + "\n" for ch, _, _, text in lines if text))
         self._lines[at:] = lines
 
     def _joined(self, message: dict[str, Any]) -> tuple[int, list[tuple[int, int, int, str]]]:
@@ -124,7 +130,7 @@ class Display:
     def _height(self, lines: list[tuple[int, int, int, str]]) -> int:
         """Terminal rows the lines take, wrapped at the terminal's width."""
         columns = max(1, shutil.get_terminal_size((100, 20)).columns)
-        return sum(max(1, -(-len(self._label({"channel": ch}) + text) // columns)) for ch, _, _, text in lines)
+        return sum(max(1, -(-len(self._label({"channel": ch}) + text) // columns)) for ch, _, _, text in lines if text)
 
     def clear(self) -> None:
         if self._live:
