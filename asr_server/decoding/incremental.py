@@ -811,7 +811,10 @@ class ChannelDecoder:
             doubtful = garbled(text, (utt.ended.end - utt.start) / MODEL_RATE, hyp.sampled)
             self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) and not doubtful else ""
             self._remember(utt, offset, text, words, hyp.sampled)
-        elif not hyp.dropped:
+        elif not hyp.dropped and self._background is None:
+            # Not where other people's talk is guarded against (--talker-final-db): there an
+            # utterance the model heard nothing in is as likely babble, and a pass has no such guard
+            # (its words in the babble made the LibriVox reading under babble 0.070 -> 0.113).
             self._remember(utt, offset, "", (), hyp.sampled, unheard=True)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []
