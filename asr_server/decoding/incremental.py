@@ -811,10 +811,7 @@ class ChannelDecoder:
             doubtful = garbled(text, (utt.ended.end - utt.start) / MODEL_RATE, hyp.sampled)
             self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) and not doubtful else ""
             self._remember(utt, offset, text, words, hyp.sampled)
-        elif not hyp.dropped and self._background is None:
-            # Not where other people's talk is guarded against (--talker-final-db): there an
-            # utterance the model heard nothing in is as likely babble, and a pass has no such guard
-            # (its words in the babble made the LibriVox reading under babble 0.070 -> 0.113).
+        elif not hyp.dropped and self._background is None:  # not under --talker-final-db: see _remember
             self._remember(utt, offset, "", (), hyp.sampled, unheard=True)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []
@@ -843,7 +840,9 @@ class ChannelDecoder:
     def _remember(self, utt: _Utterance, offset: int, text: str, words: tuple[Word, ...], sampled: bool, unheard: bool = False) -> None:
         """Keep a final for the context pass: one with text, or an empty one whose first pass
         heard no words (``unheard``; not one whose words the guards dropped: a stock phrase on
-        noise, other people's talk)."""
+        noise, other people's talk), nor any empty one where --talker-final-db guards against
+        other people's talk: there it is as likely babble, and a pass has no such guard (its words
+        in the babble made the LibriVox reading under babble 0.070 -> 0.113)."""
         assert utt.ended is not None
         if not self.context.enabled:
             return
