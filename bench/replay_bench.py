@@ -312,7 +312,7 @@ def main() -> None:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(replayer.reasons.items()))
             late = audio_latencies(replayer, name, ch, args.speed) if not args.load_streams else []
             latencies += late
-            print(f"| {name} ch{ch} | {e[0] / len(reference):.3f} | {e[1] / len(reference):.3f} |{columns} {reasons} | {pct(late, 0.5):.2f} / {max(late, default=float('nan')):.2f} |", flush=True)
+            print(f"| {name} ch{ch} | {e[0] / n:.3f} | {e[1] / n:.3f} |{columns} {reasons} | {pct(late, 0.5):.2f} / {max(late, default=float('nan')):.2f} |", flush=True)
     pooled_offline = (f" **{offline_errors / words:.3f}** |" if args.offline else "") + (f" **{chunked_errors / words:.3f}** |" if args.chunked_offline else "")
     print(f"| **pooled** | **{errors[0] / words:.3f}** | **{errors[1] / words:.3f}** |{pooled_offline}")
     if latencies:
