@@ -1,6 +1,6 @@
 """Deterministic replay: fixtures through the session core and the real model, with no pacing and no queue.
 
-    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--far-db 14] [--gain-db -30 [--bursts-dbfs -6]] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
+    python bench/replay_bench.py [--fixtures a,b,...] [--noise-db 20] [--room] [--voices-db 20] [--far-db 14] [--gain-db -30 [--bursts-dbfs -6]] [--events-dbfs -30] [--phone] [--context-back-s 24] [--context-ahead-s 3] [--context-settle-window-s 30]
                                  [--lean [--lean-context-encoder-pad-s 10]] [--late [--context-late-back-s 0]] [--interims]
                                  [--split-after-s 3] [--prompt "Dashwood, Babylon"] [--fast-reader] [--load-streams] [--speed 1.1]
                                  [--offline] [--chunked-offline] [--json out.json]
@@ -41,6 +41,11 @@ rule flips on one take by chance need not flip on the next).
 a knock near the microphone) every 5.3 s from 2.5 s on, several inside sentences: with
 ``--gain-db -30`` they are far louder than the talker (``-6``: about 40 dB over the speech).
 
+``--events-dbfs X`` replays the one-channel recordings with 1.6 s put after every other
+sentence, holding a sound that is not speech at X dBFS (``stream_bench.with_events``: a cough,
+typing, a phone's ringback tone, a knock, a chair scraping, a beep, in turn): any word written
+there is one the talker never said. The fixtures' speech is about -24 dBFS.
+
 ``--offline`` adds a column: faster-whisper's own transcription of each channel (beam 5, its
 VAD filter). ``--chunked-offline`` adds another: the same transcription, without the VAD filter,
 of the audio the server's VAD and chunker kept for the finals, each utterance joined to the next
@@ -76,7 +81,7 @@ import ctranslate2  # noqa: E402
 import numpy as np  # noqa: E402
 from asr_client import Transcript  # noqa: E402
 from load_bench import FIXTURES as LOAD_FIXTURES, replayed, rotation_cut, round_turns  # noqa: E402
-from stream_bench import DEFAULT_FIXTURES, covering_latencies, fixture_names, load_channels, noisy_pcm, offline_text, pct, pink_noise, speech_ends, use_fast_reader, use_fixture_dir, wire_rate  # noqa: E402
+from stream_bench import DEFAULT_FIXTURES, covering_latencies, fixture_names, load_channels, noisy_pcm, offline_text, pct, pink_noise, speech_ends, one_channel, use_events, use_fast_reader, use_fixture_dir, wire_rate  # noqa: E402
 
 from asr_server.audio.vad import VadOptions  # noqa: E402
 from asr_server.decoding.context import ContextOptions, Finalized, window_request  # noqa: E402
@@ -104,6 +109,7 @@ class Replayer:
         self.finals: list[str] = []
         self.final_at: list[tuple[float, float, float]] = []  # per non-empty final: (audio fed when it came, its start, its end), s
         self.reasons: dict[str, int] = {}
+        self.empty = 0  # finals with no words
         self._shown: dict[int, int] = {}  # utterance -> audio fed when an interim first showed its words
         self.phantoms = 0  # utterances whose interims showed words and whose final came out empty
         self.unshown = 0  # non-empty finals whose words no interim showed before the final came
@@ -142,6 +148,7 @@ class Replayer:
             if isinstance(out, Send):
                 self.transcript.apply(out.message)
                 self._interims(out.message)
+                self.empty += out.message["type"] == "final" and not out.message["text"]
                 if out.message["type"] == "final" and out.message["text"]:
                     self._keep(out.message["utterance"])
                     self.finals.append(out.message["text"])
@@ -233,6 +240,8 @@ def main() -> None:
     ap.add_argument("--far-db", type=float, default=None, help="every other sentence this many dB down: a second talker far from the microphone (a meeting room)")
     ap.add_argument("--gain-db", type=float, default=0.0, help="turn the audio down (negative) or up this much, in 16-bit steps, as a quiet microphone delivers it")
     ap.add_argument("--bursts-dbfs", type=float, default=None, help="after the gain, a 0.3 s pink-noise burst at this level (dBFS) every 5.3 s: a cough or a knock near the microphone")
+    ap.add_argument("--events-dbfs", type=float, default=None, help="one-channel recordings with a sound that is not speech (a cough, typing, a ringback tone, a knock, a chair, a beep) "
+                    "at this level (dBFS) in 1.6 s put after every other sentence")
     ap.add_argument("--phone", action="store_true", help="as a phone line carries it: 300-3400 Hz, 8 kHz mu-law, decoded as the server does")
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
     ap.add_argument("--context-ahead-s", type=float, default=ContextOptions().ahead_s, help="a pass may decide the newest final once the next utterance holds this much (0: once the next final came)")
@@ -265,6 +274,10 @@ def main() -> None:
     if args.fast_reader:
         for name in fixture_names(args.fixtures):
             use_fast_reader(name)
+    if args.events_dbfs is not None:
+        args.fixtures = ",".join(one_channel(fixture_names(args.fixtures), "--events-dbfs"))
+        for name in fixture_names(args.fixtures):
+            use_events(name, args.events_dbfs)
     # Whisper's fallback samples when a decode fails its checks: a fixed seed keeps the replay the same on every run.
     ctranslate2.set_random_seed(1)
     runner = WhisperRunner(resolve_model(DEFAULT_MODEL), compute_type=args.compute_type, lean_context_pad_s=args.lean_context_encoder_pad_s,
@@ -275,6 +288,7 @@ def main() -> None:
     offline_errors = chunked_errors = 0
     words = 0
     passes = [0, 0.0, 0.0]  # context passes, their model seconds, audio seconds replayed
+    empty = 0
     shown = [0, 0, 0]  # finals that came out empty after interims showed words, non-empty finals no interim showed, non-empty finals
     texts = {}
     latencies: list[float] = []
@@ -289,6 +303,7 @@ def main() -> None:
             replayer = Replayer(runner, context, options, args.lean, VadOptions(talker_floor_db=args.talker_floor_db, talker_silence_db=args.talker_silence_db, talker_final_db=args.talker_final_db), args.late)
             first, revised = replayer.run(audio)
             passes = [passes[0] + replayer.pass_count, passes[1] + replayer.pass_model_s, passes[2] + len(audio) / 16000]
+            empty += replayer.empty
             shown = [shown[0] + replayer.phantoms, shown[1] + replayer.unshown, shown[2] + len(replayer.finals)]
             e = [word_errors(reference, first)[0], word_errors(reference, revised)[0]]
             errors = [errors[0] + e[0], errors[1] + e[1]]
@@ -319,6 +334,7 @@ def main() -> None:
         print(f"\nfinal latency in audio time (decodes instant): p50 {pct(latencies, 0.5):.2f}, p95 {pct(latencies, 0.95):.2f}, max {max(latencies):.2f} s (n={len(latencies)})")
     if args.interims:
         print(f"\ninterims: {shown[0]} utterances showed words and then came out empty; {shown[1]} of {shown[2]} non-empty finals had no interim shown before they came")
+    print(f"\nfinals with no words (the table's reasons count only those with words): {empty}")
     print(f"\ncontext passes: {passes[0]}, {passes[1]:.1f} model s, {passes[1] / passes[2]:.3f} model s per audio s")
     if args.json:
         Path(args.json).write_text(json.dumps(texts, indent=1))

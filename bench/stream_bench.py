@@ -204,6 +204,85 @@ def band_limited(audio: np.ndarray, band_hz: float | None) -> np.ndarray:
     return np.fft.irfft(spectrum, len(audio))
 
 
+def band_passed(audio: np.ndarray, low_hz: float, high_hz: float) -> np.ndarray:
+    """``audio`` (16 kHz) with only ``low_hz`` to ``high_hz`` left."""
+    spectrum = np.fft.rfft(audio)
+    freqs = np.fft.rfftfreq(len(audio), 1 / 16000)
+    spectrum[(freqs < low_hz) | (freqs > high_hz)] = 0
+    return np.fft.irfft(spectrum, len(audio))
+
+
+def _decaying(n: int, tau_s: float, rng: np.random.Generator, low_hz: float, high_hz: float) -> np.ndarray:
+    """A struck sound: band-passed noise with a 2 ms attack and an exponential decay."""
+    t = np.arange(n) / 16000
+    return band_passed(rng.standard_normal(n), low_hz, high_hz) * np.minimum(t / 0.002, 1) * np.exp(-t / tau_s)
+
+
+def _at(n: int, pieces: list[tuple[float, np.ndarray]]) -> np.ndarray:
+    out = np.zeros(n)
+    for at_s, piece in pieces:
+        i = int(at_s * 16000)
+        out[i : i + len(piece)] += piece[: n - i]
+    return out
+
+
+def sound_event(kind: int, rng: np.random.Generator) -> np.ndarray:
+    """One of the sounds a room makes between sentences, at 16 kHz, unit RMS over its length:
+    0 a cough (two bursts), 1 typing (a dozen key clicks), 2 a phone's ringback tone, 3 a knock
+    on a door (three thumps), 4 a chair scraping, 5 a notification beep."""
+    t = np.arange(16000) / 16000
+    if kind == 0:
+        burst = lambda: _decaying(4800, 0.07, rng, 250, 3500)  # noqa: E731
+        out = _at(9600, [(0.0, burst()), (0.3, burst())])
+    elif kind == 1:
+        out = _at(16000, [(at, _decaying(400, 0.004, rng, 1000, 7000)) for at in np.sort(rng.uniform(0, 0.97, 12))])
+    elif kind == 2:
+        out = (np.sin(2 * np.pi * 440 * t) + np.sin(2 * np.pi * 480 * t)) * np.minimum(np.minimum(t, t[::-1]) / 0.02, 1)
+    elif kind == 3:
+        out = _at(8000, [(at, _decaying(1600, 0.03, rng, 60, 600)) for at in (0.0, 0.17, 0.34)])
+    elif kind == 4:
+        n = 9600
+        out = band_passed(rng.standard_normal(n), 800, 4000) * (0.6 + 0.4 * np.sin(2 * np.pi * 23 * t[:n])) * np.hanning(n)
+    else:
+        n = 4800
+        out = np.sin(2 * np.pi * 1000 * t[:n]) * np.minimum(np.minimum(t[:n], t[:n][::-1]) / 0.01, 1)
+    return (out / np.sqrt(np.mean(out**2))).astype(np.float32)
+
+
+EVENT_KINDS = 6
+
+
+def with_events(audio: np.ndarray, spans: list[list[float]], dbfs: float, seed: int) -> tuple[np.ndarray, list[list[float]]]:
+    """The recording (16 kHz, one channel) with a sound that is not speech after every other
+    sentence (the first, third, ...; :func:`sound_event`, the kinds in turn) at ``dbfs`` (its RMS):
+    1.6 s of silence holding the sound is put in the middle of the pause after the sentence
+    (the sound at least 0.3 s from either side of it); and the sentences' spans where they now
+    lie. Nothing is said there, so any word written there is one the talker never said."""
+    rng, pieces, moved, at, shift = np.random.default_rng(seed), [], [], 0, 0.0
+    for i, (start, end) in enumerate(spans):
+        moved.append([start + shift, end + shift])
+        if i % 2:
+            continue
+        following = spans[i + 1][0] if i + 1 < len(spans) else len(audio) / 16000
+        cut = int((end + min(following - end, 0.6) / 2) * 16000)
+        event = sound_event((i // 2) % EVENT_KINDS, rng) * np.float32(10 ** (dbfs / 20))
+        inserted = np.zeros(int(1.6 * 16000), np.float32)
+        inserted[(len(inserted) - len(event)) // 2 :][: len(event)] = event
+        pieces += [audio[at:cut], inserted]
+        at, shift = cut, shift + 1.6
+    pieces.append(audio[at:])
+    return np.clip(np.concatenate(pieces), -1, 1).astype(np.float32), moved
+
+
+def use_events(name: str, dbfs: float) -> None:
+    """From here on, ``name`` (one channel: :func:`one_channel`) is its :func:`with_events` version
+    in this process."""
+    entry = MANIFEST[name]
+    audio, spans = with_events(load_channels(name)[0], entry["spans"][0], dbfs, seed=11)
+    MANIFEST[name] = {**entry, "spans": [spans]}
+    _DERIVED[name] = [audio]
+
+
 def reverberate(audio: np.ndarray, rt60_s: float, seed: int) -> np.ndarray:
     """A room's reverberation: the dry signal plus a tail of exponentially decaying noise
     (60 dB down after ``rt60_s``) carrying as much energy as the direct sound, as at 1-2 m
@@ -262,15 +341,15 @@ def fixture_names(arg: str) -> list[str]:
     return list(_ADDED) if arg == "all" else arg.split(",")
 
 
-def one_channel(names: list[str]) -> list[str]:
-    """``--fast-reader``'s recordings: those of one channel (a call's channels would fall out of
-    step); the others are left out, and said so."""
+def one_channel(names: list[str], flag: str = "--fast-reader") -> list[str]:
+    """``--fast-reader``'s (or ``flag``'s) recordings: those of one channel (a call's channels would
+    fall out of step); the others are left out, and said so."""
     kept = [n for n in names if MANIFEST[n]["channels"] == 1]
     if len(kept) < len(names):
         left = ", ".join(n for n in names if n not in kept)
-        print(f"--fast-reader: one-channel recordings only; left out {left}", file=sys.stderr)
+        print(f"{flag}: one-channel recordings only; left out {left}", file=sys.stderr)
     if not kept:
-        raise SystemExit("--fast-reader needs one-channel recordings")
+        raise SystemExit(f"{flag} needs one-channel recordings")
     return kept
 
 
@@ -493,6 +572,8 @@ def main() -> None:
     ap.add_argument("--fixture-dir", type=Path, default=None, help="recordings and manifest.json from this folder (bench/heldout.py writes one)")
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--noise-db", type=float, default=None, help="add continuous pink noise this many dB below the speech (raw 16 kHz replay)")
+    ap.add_argument("--events-dbfs", type=float, default=None, help="one-channel recordings with a sound that is not speech (a cough, typing, a ringback tone, a knock, "
+                    "a chair, a beep) at this level (dBFS) in 1.6 s put after every other sentence (raw 16 kHz replay)")
     ap.add_argument("--room", action="store_true", help="reverberate the audio (RT60 0.5 s) over room tone 35 dB below the speech")
     ap.add_argument("--phone", action="store_true", help="send the audio as a phone line carries it: 300-3400 Hz, 8 kHz mu-law")
     ap.add_argument("--voices-db", type=float, default=None, help="add three other people talking (backwards: no words) this many dB below the speech")
@@ -502,6 +583,7 @@ def main() -> None:
     ap.add_argument("--fast-reader", action="store_true", help="every pause in the (one-channel) recordings cut to 0.12 s, as a fast reader leaves")
     ap.add_argument("--interim-results", default="true", help="the stream option (true/false; Deepgram's clients ask for false)")
     ap.add_argument("--json", help="write raw figures here")
+    ap.add_argument("--messages", default=None, help="append every stream's messages to this file (JSON lines, with the seconds into the stream each came)")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable), e.g. --server-arg=--final-encoder-pad-s=15")
     args = ap.parse_args()
     use_fixture_dir(args.fixture_dir)
@@ -514,6 +596,10 @@ def main() -> None:
         names = one_channel(names)
         for name in names:
             use_fast_reader(name)
+    if args.events_dbfs is not None:
+        names = one_channel(names, "--events-dbfs")
+        for name in names:
+            use_events(name, args.events_dbfs)
     proc, port = start_server(args.compute_type, *args.server_arg)
     try:
         print(machine_line(port), flush=True)
@@ -536,11 +622,14 @@ def main() -> None:
             entry = MANIFEST[name]
             for run in range(args.runs):
                 dry = list(load_channels(name))
-                if args.noise_db is None and args.voices_db is None and not args.room and not args.phone and not args.fast_reader and not args.gain_db:
+                if args.noise_db is None and args.voices_db is None and not args.room and not args.phone and not args.fast_reader and args.events_dbfs is None and not args.gain_db:
                     r = asyncio.run(replay(url, name, realtime=True, **stream_options))
                     heard = dry
                 else:
                     r, heard = asyncio.run(replay_noisy(url, name, args.noise_db, args.room, args.phone, args.voices_db, args.gain_db, **stream_options))
+                if args.messages:
+                    with open(args.messages, "a", encoding="utf-8") as out:
+                        out.writelines(json.dumps({"fixture": name, "run": run, "at": round(t.at, 3), "message": t.message}) + "\n" for t in r.messages)
                 audio_s += r.of_type("closed")[0].message["audio_received_s"]
                 refined = r.transcript()
                 for ch in range(entry["channels"]):
