@@ -55,6 +55,11 @@ MOST_WORDS_PER_S = 4.5
 # A word heard near a seam between two utterances goes to the one whose first pass heard it,
 # if it lies within this much of that utterance's audio (else to the one it lies in).
 SEAM_S = 1.0
+# At most this many words before a lookahead may be its opening words put before the seam
+# (:func:`_ahead_opening`), when the decode's first words after the seam (up to
+# AHEAD_OPENING_FOLLOW) go on from them as the lookahead's interim does.
+AHEAD_OPENING_WORDS = 2
+AHEAD_OPENING_FOLLOW = 2
 # The most words, and seconds from its first word's start to its last one's end, of a first pass
 # that a decode can hear as part of a neighbour's word (:func:`_heard_across`): a stretch cut out
 # of a word said slowly ("dot asterisk", "five five five"), which a first pass may hear as a few
@@ -351,12 +356,15 @@ def split_words(words: Sequence[Word], spans: Sequence[Span], texts: Sequence[st
     return out
 
 
-def before_ahead(words: Sequence[Word], start: float) -> tuple[Word, ...]:
+def before_ahead(words: Sequence[Word], start: float, ahead_text: str = "") -> tuple[Word, ...]:
     """The words a decode heard before a lookahead that starts at ``start`` (window seconds): a word
     whose middle lies in the lookahead goes, with the pieces written after it (",800" after " 3").
     Not left to :func:`split_words`: its seam rule gives a word near a seam to the utterance whose
     first-pass text holds it at the aligned place, and the lookahead has no first pass to hold its
-    own words (the next utterance's first word went to the one before so, in a test)."""
+    own words (the next utterance's first word went to the one before so, in a test).
+
+    Given the lookahead's latest interim (``ahead_text``), the words just before the seam that are
+    its opening words go too, where the words after the seam go on from them (:func:`_ahead_opening`)."""
     out: list[Word] = []
     keep = True
     times = word_times(words)
@@ -365,7 +373,26 @@ def before_ahead(words: Sequence[Word], start: float) -> tuple[Word, ...]:
             keep = times[k] < start
         if keep:
             out.append(w)
-    return tuple(out)
+    return tuple(out[: len(out) - _ahead_opening(out, words[len(out) :], times[: len(out)], ahead_text, start)])
+
+
+def _ahead_opening(kept: Sequence[Word], dropped: Sequence[Word], times: Sequence[float], ahead_text: str, start: float) -> int:
+    """How many of the ``kept`` pieces at the end are the lookahead's opening words, timed before its
+    start: the last one to :data:`AHEAD_OPENING_WORDS` whole words of ``kept``, within ``SEAM_S`` of
+    ``start``, are the first words of the lookahead's interim ``ahead_text``, and the first ``dropped``
+    words are the interim's next ones. Whisper's alignment can put a sentence's first word in the
+    pause before it; kept, it was decided into the utterance before, and the next one's final held
+    it too. Seen in real time, a ringback tone in the pause: "Press 3 to re-record your message.
+    After" then "After the tone, say your name..." (docs/benchmarks.md, eighty-third session)."""
+    said = [w for w in map(normalize_word, ahead_text.split()) if w]
+    starts = [k for k in range(len(kept)) if _opens_word(kept, k)]
+    wholes = [normalize_word("".join(w.word for w in kept[a:b])) for a, b in zip(starts, [*starts[1:], len(kept)], strict=True)]
+    heard_next = [normalize_word(w) for w in "".join(w.word for w in dropped).split()][:AHEAD_OPENING_FOLLOW]
+    for n in range(1, min(AHEAD_OPENING_WORDS, len(starts)) + 1):
+        follow = said[n : n + len(heard_next)]
+        if wholes[-n:] == said[:n] and follow and heard_next[: len(follow)] == follow and times[starts[-n]] >= start - SEAM_S:
+            return len(kept) - starts[-n]
+    return 0
 
 
 def word_times(words: Sequence[Word]) -> list[float]:

@@ -224,6 +224,7 @@ class ChannelDecoder:
         self._context_job: DecodeJob | None = None
         self._context_spans: list[Span] = []
         self._context_ahead: Span | None = None  # where the pass in flight's lookahead sits in its window
+        self._context_ahead_text = ""  # the lookahead's interim when the pass was planned (its opening words: before_ahead)
         self._context_fresh = 0  # the first utterance the pass in flight may revise (earlier ones: context only)
         self._context_decide_to = 0  # the last one it may revise (later ones: lookahead only)
         self._context_closed = False  # no more context passes (given up at close)
@@ -243,8 +244,7 @@ class ChannelDecoder:
         self._prompt = ""
         self._carry: tuple[np.ndarray, int] | None = None  # (audio, voiced samples) after a max-length cut
         self.transcribed_samples = 0
-        # Audio an utterance must grow by between interim decodes; the server
-        # raises it under load (fewer, larger interims) and lowers it again.
+        # Audio an utterance must grow by between interim decodes (raised under load: fewer, larger interims).
         self.interim_ms = options.interim_ms
         self.interim_model = False  # interims on the server's smaller interim model
         self.interim_short_window = False  # interims on the model's short encoder window
@@ -964,6 +964,7 @@ class ChannelDecoder:
         request = replace(request, long_prompt=late, vocabulary=self.options.prompt)
         self._context_spans = spans[: len(records)]
         self._context_ahead = None if ahead is None else spans[-1]
+        self._context_ahead_text = self._ahead_text() if ahead is not None else ""
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
         settled = self._settled() or ahead is not None
         self._context_decide_to = records[-1].index if settled or len(records) < 2 else records[-2].index
@@ -1003,6 +1004,11 @@ class ChannelDecoder:
             return None
         audio = utt.audio.copy(0, utt.speech_at - utt.start + int(self.context.ahead_max_s * MODEL_RATE))
         return Finalized(utt.index, utt.start, audio, 0, "", ())
+
+    def _ahead_text(self) -> str:
+        """The text of the lookahead utterance's latest interim decode ("" before one)."""
+        utt = self._ahead()
+        return utt.last_interim[0] if utt is not None and utt.last_interim is not None else ""
 
     def _settled(self) -> bool:
         """Whether the newest final may be decided without a later one (the speaker stopped, or the stream ended)."""
@@ -1073,7 +1079,7 @@ class ChannelDecoder:
         """:func:`split_words` over the pass's records; the words of its lookahead, if any, are dropped first
         (:func:`before_ahead`)."""
         if self._context_ahead is not None:
-            words = before_ahead(words, self._context_ahead.start)
+            words = before_ahead(words, self._context_ahead.start, self._context_ahead_text)
         return split_words(words, spans, [r.text for r in covered])
 
     def _revise(self, covered: list[Finalized], spans: list[Span], texts: list[tuple[str, tuple[Word, ...]]], settle: bool = False) -> list[PipelineEvent]:

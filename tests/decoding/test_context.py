@@ -1226,6 +1226,72 @@ def test_the_newest_final_is_decided_once_the_next_sentence_is_under_way_and_the
     assert d.client.final_text() == " ".join(together) == server_transcript(d)
 
 
+def test_a_sentence_start_timed_before_the_lookahead_goes_with_the_lookahead_when_its_interim_opens_so():
+    """Whisper's alignment can put the next sentence's first word in the pause before it (seen in
+    real time with a ringback tone there: "Press 3 to re-record your message. After" then the
+    next final "After the tone, say your name..."). Words just before the seam go with the
+    lookahead when its interim opens with them and the words after the seam go on from them; a
+    word the interim does not open with, or one the pass did not hear the interim go on from,
+    stays where its time puts it."""
+    from asr_server.decoding.context import before_ahead
+
+    timed = [("your", 8.0, 8.3), ("message.", 8.3, 8.9), ("After", 9.2, 9.5), ("the", 10.3, 10.4), ("tone,", 10.4, 10.7), ("say", 10.8, 11.0)]
+    words = [Word(" " + w, a, b, 0.9) for w, a, b in timed]
+
+    def kept(text: str, upto: float = 10.2) -> list[str]:
+        return [w.word.strip() for w in before_ahead(words, upto, text)]
+
+    assert kept("") == ["your", "message.", "After"]  # no interim: by time alone
+    assert kept("After the tone, say your name") == ["your", "message."]
+    assert kept("after the") == ["your", "message."]  # as far as the interim goes
+    assert kept("Then the tone") == ["your", "message.", "After"]  # it opens otherwise
+    assert kept("After a tone") == ["your", "message.", "After"]  # the pass heard it go on otherwise
+    assert kept("After") == ["your", "message.", "After"]  # nothing after it to confirm the opening
+    assert kept("message. After the tone", upto=9.5) == ["your"]  # up to two words
+    assert kept("your message. After the tone", upto=9.5) == ["your", "message.", "After"]  # not three
+    assert kept("After the tone", upto=10.85) == ["your", "message.", "After", "the", "tone,"]  # "say" does not go on from "the tone"
+    far = [Word(" After", 7.0, 7.3, 0.9), *words[3:]]
+    assert [w.word.strip() for w in before_ahead(far, 10.2, "After the tone")] == ["After"]  # more than SEAM_S from the seam
+
+
+def test_a_pass_with_lookahead_keeps_the_next_sentences_first_word_out_of_the_one_it_decides():
+    """Through the session: the pass deciding the first sentence holds the next one's opening
+    seconds as lookahead, and its fake model times the lookahead's first word ("words") at the end
+    of the first sentence. The interim of the sentence under way opens with it, so the revision
+    leaves it out; by time alone the first sentence would end "... young man words"."""
+
+    class EarlyAhead(TwoPassModel):
+        def context(self, request) -> Hypothesis:
+            hyp = super().context(request)
+            spans = _spans(request.audio)
+            if self.windows[-1][-1] != AHEAD:
+                return hyp
+            words = list(hyp.words)
+            first = next(k for k, w in enumerate(words) if w.start >= spans[-1][0] / 16000 - 1e-6)
+            seam = spans[-2][1] / 16000
+            words[first] = Word(words[first].word, seam - 0.3, seam - 0.05, 0.9)
+            return Hypothesis(hyp.text, tuple(words), avg_logprob=hyp.avg_logprob)
+
+        def interim(self, request) -> Hypothesis:
+            return Hypothesis(AHEAD_WORDS)
+
+    together = [ALONE[0].replace("old-sposed", "ill-disposed"), *ALONE[1:]]
+    model = EarlyAhead(ALONE, together)
+    d = Driver(model, context=passes(min_new_s=0.1, ahead_s=1.5))
+    audio = speech()
+    for i in range(0, len(audio), 1600):
+        d.feed(audio[i : i + 1600])
+        if d.context_jobs:
+            d.run_context()
+        check_rules(d)
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert any(w[-1] == AHEAD for w in model.windows)  # a pass with lookahead ran
+    assert AHEAD_WORDS.split()[0] not in d.client.final_text()
+    assert d.client.final_text() == " ".join(together) == server_transcript(d)
+
+
 def test_a_pass_that_only_hears_a_sentence_start_in_lower_case_sends_no_revision():
     """A window can join two sentences and hear the second one's first word in lower case ("young
     man, unless to be"); the revision would give that utterance its capital back, the same text
