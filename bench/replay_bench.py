@@ -41,7 +41,7 @@ rule flips on one take by chance need not flip on the next).
 a knock near the microphone) every 5.3 s from 2.5 s on, several inside sentences: with
 ``--gain-db -30`` they are far louder than the talker (``-6``: about 40 dB over the speech).
 
-``--events-dbfs X`` replays the one-channel recordings with 1.6 s put after every other
+``--events-dbfs X`` replays the one-channel recordings with 1.8 s put after every other
 sentence, holding a sound that is not speech at X dBFS (``stream_bench.with_events``: a cough,
 typing, a phone's ringback tone, a knock, a chair scraping, a beep, in turn): any word written
 there is one the talker never said. The fixtures' speech is about -24 dBFS.
@@ -241,7 +241,7 @@ def main() -> None:
     ap.add_argument("--gain-db", type=float, default=0.0, help="turn the audio down (negative) or up this much, in 16-bit steps, as a quiet microphone delivers it")
     ap.add_argument("--bursts-dbfs", type=float, default=None, help="after the gain, a 0.3 s pink-noise burst at this level (dBFS) every 5.3 s: a cough or a knock near the microphone")
     ap.add_argument("--events-dbfs", type=float, default=None, help="one-channel recordings with a sound that is not speech (a cough, typing, a ringback tone, a knock, a chair, a beep) "
-                    "at this level (dBFS) in 1.6 s put after every other sentence")
+                    "at this level (dBFS) in 1.8 s put after every other sentence")
     ap.add_argument("--phone", action="store_true", help="as a phone line carries it: 300-3400 Hz, 8 kHz mu-law, decoded as the server does")
     ap.add_argument("--context-back-s", type=float, default=ContextOptions().back_s)
     ap.add_argument("--context-ahead-s", type=float, default=ContextOptions().ahead_s, help="a pass may decide the newest final once the next utterance holds this much (0: once the next final came)")

@@ -250,26 +250,30 @@ def sound_event(kind: int, rng: np.random.Generator) -> np.ndarray:
 
 
 EVENT_KINDS = 6
+EVENT_GAP_S = 1.8  # silence put after a sentence to hold a sound (with_events)
+EVENT_AFTER_S = 0.65  # where the sound starts after the sentence's end
 
 
 def with_events(audio: np.ndarray, spans: list[list[float]], dbfs: float, seed: int) -> tuple[np.ndarray, list[list[float]]]:
     """The recording (16 kHz, one channel) with a sound that is not speech after every other
     sentence (the first, third, ...; :func:`sound_event`, the kinds in turn) at ``dbfs`` (its RMS):
-    1.6 s of silence holding the sound is put in the middle of the pause after the sentence
-    (the sound at least 0.3 s from either side of it); and the sentences' spans where they now
-    lie. Nothing is said there, so any word written there is one the talker never said."""
+    ``EVENT_GAP_S`` of silence holding the sound is put in the pause after the sentence, the
+    sound starting ``EVENT_AFTER_S`` after the sentence's end (beyond where :func:`speech_ends`
+    looks for the end of its speech); and the sentences' spans where they now lie. Nothing is
+    said there, so any word written there is one the talker never said."""
     rng, pieces, moved, at, shift = np.random.default_rng(seed), [], [], 0, 0.0
     for i, (start, end) in enumerate(spans):
         moved.append([start + shift, end + shift])
         if i % 2:
             continue
         following = spans[i + 1][0] if i + 1 < len(spans) else len(audio) / 16000
-        cut = int((end + min(following - end, 0.6) / 2) * 16000)
+        cut = end + min(following - end, 0.6) / 2
         event = sound_event((i // 2) % EVENT_KINDS, rng) * np.float32(10 ** (dbfs / 20))
-        inserted = np.zeros(int(1.6 * 16000), np.float32)
-        inserted[(len(inserted) - len(event)) // 2 :][: len(event)] = event
-        pieces += [audio[at:cut], inserted]
-        at, shift = cut, shift + 1.6
+        inserted = np.zeros(int(EVENT_GAP_S * 16000), np.float32)
+        lead = int((EVENT_AFTER_S - (cut - end)) * 16000)
+        inserted[lead : lead + len(event)] = event
+        pieces += [audio[at : int(cut * 16000)], inserted]
+        at, shift = int(cut * 16000), shift + EVENT_GAP_S
     pieces.append(audio[at:])
     return np.clip(np.concatenate(pieces), -1, 1).astype(np.float32), moved
 
@@ -573,7 +577,7 @@ def main() -> None:
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--noise-db", type=float, default=None, help="add continuous pink noise this many dB below the speech (raw 16 kHz replay)")
     ap.add_argument("--events-dbfs", type=float, default=None, help="one-channel recordings with a sound that is not speech (a cough, typing, a ringback tone, a knock, "
-                    "a chair, a beep) at this level (dBFS) in 1.6 s put after every other sentence (raw 16 kHz replay)")
+                    "a chair, a beep) at this level (dBFS) in 1.8 s put after every other sentence (raw 16 kHz replay)")
     ap.add_argument("--room", action="store_true", help="reverberate the audio (RT60 0.5 s) over room tone 35 dB below the speech")
     ap.add_argument("--phone", action="store_true", help="send the audio as a phone line carries it: 300-3400 Hz, 8 kHz mu-law")
     ap.add_argument("--voices-db", type=float, default=None, help="add three other people talking (backwards: no words) this many dB below the speech")
