@@ -371,10 +371,10 @@ async def run_level(url: str, n: int, seed: int, pid: int, port: int, rounds: in
                     late.append(match.at - end)
                     per_sentence.setdefault((r.fixture, ch, ref), []).append(match.at - end)
             ref = " ".join(entry["references"][ch])
-            (e1, n), (e2, _) = word_errors(ref, r.final_text(ch)), word_errors(ref, r.transcript().final_text(ch))
-            errors, refined_errors, words = errors + e1, refined_errors + e2, words + n
+            (e1, said), (e2, _) = word_errors(ref, r.final_text(ch)), word_errors(ref, r.transcript().final_text(ch))
+            errors, refined_errors, words = errors + e1, refined_errors + e2, words + said
             tally = per_fixture.setdefault(f"{r.fixture} ch{ch}", [0, 0, 0])
-            tally[0], tally[1], tally[2] = tally[0] + e1, tally[1] + e2, tally[2] + n
+            tally[0], tally[1], tally[2] = tally[0] + e1, tally[1] + e2, tally[2] + said
             first_delays, again, revision_firsts, pass_delays = revision_delays(r, ch)
             by_passes += pass_delays
             settle_delays, unsettled = settled_delays(r, ch)
