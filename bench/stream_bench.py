@@ -199,9 +199,7 @@ def band_limited(audio: np.ndarray, band_hz: float | None) -> np.ndarray:
     """``audio`` (16 kHz) with nothing above ``band_hz`` (None: as it is)."""
     if band_hz is None or band_hz >= 8000:
         return audio
-    spectrum = np.fft.rfft(audio)
-    spectrum[np.fft.rfftfreq(len(audio), 1 / 16000) > band_hz] = 0
-    return np.fft.irfft(spectrum, len(audio))
+    return band_passed(audio, 0.0, band_hz)
 
 
 def band_passed(audio: np.ndarray, low_hz: float, high_hz: float) -> np.ndarray:
