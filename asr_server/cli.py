@@ -126,7 +126,8 @@ def _connection_options(p: argparse.ArgumentParser) -> None:
 def _decoding_options(p: argparse.ArgumentParser) -> None:
     """How speech is found and decoded: windows, beams, quick finals, packing, the VAD."""
     p.add_argument("--final-cpu-threads", type=_count_or_default, default=0,
-                   help="threads of a call of finals on CPU (default: every core; the model is loaded twice when this is more than "
+                   help="threads of a call of finals on CPU (default: every core, where the start-up timing finds a lone final clearly "
+                        "faster so than on one thread, else one thread per call; the model is loaded twice when this is more than "
                         "--cpu-threads, so that a final has the cores other calls leave idle)")
     p.add_argument("--background-nice", type=int, default=BACKGROUND_NICE,
                    help="with that second copy, how much lower in CPU priority (Linux nice) the other calls compute: interims and "
@@ -543,6 +544,9 @@ def _load(
     loaded = process_rss()
     _unless_stopped(stop, "warming the model up")
     runner.warm_up()
+    if not args.final_cpu_threads:
+        _unless_stopped(stop, "timing the finals' copies")
+        _choose_final_copy(runner, stop)
     _unless_stopped(stop, "sizing the memory budget")
     # The largest batch the limits allow, in 30 s finals: its working memory is the most a call needs.
     budget = _measure_budget(args, runner, baseline, loaded, plan.max_windows)
@@ -550,6 +554,17 @@ def _load(
         log.info("memory budget %s", budget.to_wire())
     _unless_stopped(stop, "measuring the capacity")
     return runner, interim, budget, _capacity(args, runner, plan, stop)
+
+
+def _choose_final_copy(runner: WhisperRunner, stop: Callable[[], bool]) -> None:
+    """Finals on a thread per core only where that is faster on this machine (the default
+    ``--final-cpu-threads``; a number given keeps its copy whatever it measures)."""
+    timed = runner.measure_final_copies(stop=stop)
+    if timed is None:
+        return
+    wide = runner.choose_final_copy(*timed)
+    log.info("finals decode %s: a lone final took %.3f s on %d threads, %.3f s on one",
+             f"with {runner.final_threads} threads" if wide else "on one thread each", timed[0], runner.wide_threads, timed[1])
 
 
 def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan, stop: Callable[[], bool] = lambda: False) -> CapacityModel | None:

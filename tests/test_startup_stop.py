@@ -12,7 +12,7 @@ from asr_server import cli
 from asr_server.cli import StartupStopped, build_parser, on_stop_signal
 
 # The start-up steps in order, as the stand-in runner records them.
-STEPS = ["load", "warm_up", "warm_up_batch", "burst_final", "pass"]
+STEPS = ["load", "warm_up", "final_copies", "warm_up_batch", "burst_final", "pass"]
 
 
 class StandInRunner:
@@ -22,6 +22,17 @@ class StandInRunner:
 
     def __init__(self, path, **kwargs):
         self.steps.append("load")
+        self.final_threads = self.wide_threads = 2
+
+    def measure_final_copies(self, stop=lambda: False):
+        if stop():
+            return None
+        self.steps.append("final_copies")
+        return 0.19, 0.13
+
+    def choose_final_copy(self, wide_s, narrow_s):
+        self.final_threads = 1
+        return False
 
     def warm_up(self):
         self.steps.append("warm_up")
@@ -42,7 +53,7 @@ class StandInRunner:
         return 0.5
 
 
-def _load(monkeypatch, stop_after: int | None):
+def _load(monkeypatch, stop_after: int | None, argv: tuple[str, ...] = ()):
     """Run the start-up load with the stand-in runner; ``stop`` says yes from its ``stop_after``-th question on."""
     monkeypatch.setattr(cli, "WhisperRunner", StandInRunner)
     monkeypatch.setattr(StandInRunner, "steps", [])
@@ -52,7 +63,7 @@ def _load(monkeypatch, stop_after: int | None):
         asked.append(len(StandInRunner.steps))
         return stop_after is not None and len(asked) > stop_after
 
-    args = build_parser().parse_args([])
+    args = build_parser().parse_args(list(argv))
     return cli._load(args, cli._plan(args, "model"), "model", None, stop), StandInRunner.steps
 
 
@@ -63,12 +74,19 @@ def test_without_a_stop_every_start_up_step_runs_and_the_capacity_is_measured(mo
     assert capacity is not None and capacity.channels() >= 1
 
 
-@pytest.mark.parametrize("stop_after", range(6))
+def test_finals_threads_given_on_the_command_line_are_kept_without_timing_the_copies(monkeypatch):
+    (runner, _, _, _), steps = _load(monkeypatch, None, ("--final-cpu-threads", "2"))
+    assert steps == [s for s in STEPS if s != "final_copies"] and runner.final_threads == 2
+    (runner, _, _, _), steps = _load(monkeypatch, None)
+    assert steps == STEPS and runner.final_threads == 1  # the default: chosen by the timing
+
+
+@pytest.mark.parametrize("stop_after", range(8))
 def test_a_stop_during_start_up_ends_the_load_before_its_next_step(monkeypatch, stop_after):
-    # The questions come before: loading, warming up, the budget's batch, the capacity measure,
-    # and then the measure's own two decodes.
-    ran = [[], ["load"], ["load", "warm_up"], ["load", "warm_up", "warm_up_batch"],
-           ["load", "warm_up", "warm_up_batch"], ["load", "warm_up", "warm_up_batch", "burst_final"]][stop_after]
+    # The questions come before: loading, warming up, timing the finals' copies, that timing's own
+    # decodes, the budget's batch, the capacity measure, and then the measure's own two decodes.
+    ran = [[], ["load"], ["load", "warm_up"], ["load", "warm_up"], ["load", "warm_up", "final_copies"],
+           *[["load", "warm_up", "final_copies", "warm_up_batch"]] * 2, ["load", "warm_up", "final_copies", "warm_up_batch", "burst_final"]][stop_after]
     with pytest.raises(StartupStopped):
         _load(monkeypatch, stop_after)
     assert StandInRunner.steps == ran

@@ -71,6 +71,14 @@ APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 CONTINUE_REST_S = 1.0
 # ... at most this many times per pass (each takes a lean window: the rest plus its pad).
 CONTINUE_TIMES = 2
+# Finals decode on the wide copy (a thread per core) only where a lone quick final takes at most
+# this share of its time on one thread (:meth:`WhisperRunner.choose_final_copy`, at start-up): a
+# call that has every core must be clearly faster, since it holds the cores the other calls would
+# use. On a slow first-generation EPYC two threads took 0.58 s against 0.87 s on one; on a 2-core
+# Intel Xeon (AVX-512) 0.19 s against 0.13 s, and one stream's finals on one thread came p50 0.49
+# -> 0.44 s for 40% less final model time, 8 staggered streams' p95 0.73-0.77 -> 0.63-0.69 s
+# (docs/benchmarks.md, eighty-fourth session).
+WIDE_FINALS_SHARE = 0.85
 
 
 @dataclass
@@ -168,6 +176,8 @@ class WhisperRunner(Runner):
         self._burst_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=threads,
                                           num_workers=max(1, workers)) if burst_copy and self.background_nice > 0 else None
         self.final_threads = final_threads if wide else threads
+        self._threads, self.wide_threads = threads, final_threads
+        self.wide_finals = wide  # calls of finals take the wide copy (choose_final_copy may say no)
         self._wide_free = threading.Lock()  # held by the call of finals on the wide copy
         self._local = threading.local()  # the model the calling worker's batch runs on
 
@@ -187,10 +197,12 @@ class WhisperRunner(Runner):
         With a burst copy, every call of burst finals decodes there instead, and so does a call
         of other finals that finds the wide copy taken, rather than wait for it: under load two
         such calls then decode at once (16 streams on 2 cores: finals p95 1.10-1.38 s against
-        1.30-1.64 s waiting, revisions later; docs/benchmarks.md).
+        1.30-1.64 s waiting, revisions later; docs/benchmarks.md). Where the wide copy is no
+        faster than one thread (:meth:`choose_final_copy`), every call of finals decodes on the
+        burst copy.
         Yields whether the call is on the wide copy."""
         spill = kind is DecodeKind.FINAL and self._burst_model is not None
-        wide = (kind is DecodeKind.FINAL and self._wide_model is not None and not (burst and spill)
+        wide = (kind is DecodeKind.FINAL and self.wide_finals and not (burst and spill)
                 and self._wide_free.acquire(blocking=self.background_nice > 0 and not burst and not spill))
         self._local.model = self._wide_model if wide else self._burst_model if spill else self._base_model
         try:
@@ -246,6 +258,35 @@ class WhisperRunner(Runner):
         with self._using(DecodeKind.FINAL, burst=True):
             return self._time_decode(DecodeKind.FINAL, seconds, tokens, repeats, stop)
 
+    def measure_final_copies(self, seconds: float = 4.0, tokens: int = 16, repeats: int = 3,
+                             stop: Callable[[], bool] = lambda: False) -> tuple[float, float] | None:
+        """Model seconds of a lone quick final of ``seconds`` of speech (beam search, ``tokens``
+        steps, word timing) on the wide copy and on a one-thread copy at the finals' priority (the
+        burst copy): medians of ``repeats``, the two taken in turn, so that a machine that slows
+        meanwhile slows both. None without both copies, or once ``stop`` says so."""
+        if self._wide_model is None or self._burst_model is None:
+            return None
+        wide: list[float] = []
+        narrow: list[float] = []
+        for _ in range(repeats):
+            for burst, times in ((False, wide), (True, narrow)):
+                with self._using(DecodeKind.FINAL, burst=burst):
+                    times.append(self._time_decode(DecodeKind.FINAL, seconds, tokens, 1, stop, quick=True))
+        if any(math.isnan(t) for t in wide + narrow):
+            return None
+        return sorted(wide)[len(wide) // 2], sorted(narrow)[len(narrow) // 2]
+
+    def choose_final_copy(self, wide_s: float, narrow_s: float) -> bool:
+        """Whether calls of finals go on taking the wide copy, given a lone final's model seconds on
+        it and on one thread (:meth:`measure_final_copies`): only where it is at most
+        :data:`WIDE_FINALS_SHARE` of the one-thread time. Else they decode on the burst copy, one
+        thread at the finals' priority, as finals in a burst do."""
+        if self._wide_model is None or self._burst_model is None:
+            return self.wide_finals
+        self.wide_finals = wide_s <= WIDE_FINALS_SHARE * narrow_s
+        self.final_threads = self.wide_threads if self.wide_finals else self._threads
+        return self.wide_finals
+
     def measure_context_pass(self, seconds: float = 24.0, tokens: int = 36, repeats: int = 1,
                              stop: Callable[[], bool] = lambda: False) -> float:
         """Model seconds of one context pass over ``seconds`` of speech on the full window, as passes
@@ -255,11 +296,14 @@ class WhisperRunner(Runner):
         with self._using(DecodeKind.CONTEXT):
             return self._time_decode(DecodeKind.CONTEXT, seconds, tokens, repeats, stop)
 
-    def _time_decode(self, kind: DecodeKind, seconds: float, tokens: int, repeats: int, stop: Callable[[], bool]) -> float:
+    def _time_decode(self, kind: DecodeKind, seconds: float, tokens: int, repeats: int, stop: Callable[[], bool], quick: bool = False) -> float:
+        """Median model seconds of ``repeats`` decodes of noise on the calling thread's copy (``quick``:
+        a quick final; else a final is a burst final)."""
         language = "en" if "en" in self.languages else self.languages[0]
         tokenizer = self._tokenizer(language)
         noise = (np.random.default_rng(1).standard_normal(int(seconds * SAMPLE_RATE)) * 0.01).astype(np.float32)
-        request = DecodeRequest(noise, kind, language=language, word_timestamps=True, burst=kind is DecodeKind.FINAL)
+        final = kind is DecodeKind.FINAL
+        request = DecodeRequest(noise, kind, language=language, word_timestamps=True, burst=final and not quick, short_window=final and quick)
         times = []
         for _ in range(repeats):
             if stop():
