@@ -280,11 +280,15 @@ class WhisperRunner(Runner):
         """Whether calls of finals go on taking the wide copy, given a lone final's model seconds on
         it and on one thread (:meth:`measure_final_copies`): only where it is at most
         :data:`WIDE_FINALS_SHARE` of the one-thread time. Else they decode on the burst copy, one
-        thread at the finals' priority, as finals in a burst do."""
+        thread at the finals' priority, as finals in a burst do, and the wide copy is let go (about
+        80 MiB of tiny.en's): once it says no, nothing goes back to it. Call it before any decode
+        but its own timing runs (the server does, at start-up)."""
         if self._wide_model is None or self._burst_model is None:
             return self.wide_finals
         self.wide_finals = wide_s <= WIDE_FINALS_SHARE * narrow_s
         self.final_threads = self.wide_threads if self.wide_finals else self._threads
+        if not self.wide_finals:
+            self._wide_model = None
         return self.wide_finals
 
     def measure_context_pass(self, seconds: float = 24.0, tokens: int = 36, repeats: int = 1,
