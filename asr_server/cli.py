@@ -127,7 +127,7 @@ def _decoding_options(p: argparse.ArgumentParser) -> None:
     """How speech is found and decoded: windows, beams, quick finals, packing, the VAD."""
     p.add_argument("--final-cpu-threads", type=_count_or_default, default=0,
                    help="threads of a call of finals on CPU (default: every core, where the start-up timing finds a lone final clearly "
-                        "faster so than on one thread, else one thread per call; the model is loaded twice when this is more than "
+                        "faster on them than on one thread, else one thread per call; the model is loaded twice when this is more than "
                         "--cpu-threads, so that a final has the cores other calls leave idle)")
     p.add_argument("--background-nice", type=int, default=BACKGROUND_NICE,
                    help="with that second copy, how much lower in CPU priority (Linux nice) the other calls compute: interims and "
