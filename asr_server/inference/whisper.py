@@ -175,11 +175,15 @@ class WhisperRunner(Runner):
         self._wide_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=final_threads, num_workers=1) if wide else None
         self._burst_model = fw.load_model(model_path, device=device, compute_type=compute_type, cpu_threads=threads,
                                           num_workers=max(1, workers)) if burst_copy and self.background_nice > 0 else None
-        self.final_threads = final_threads if wide else threads
         self._threads, self.wide_threads = threads, final_threads
         self.wide_finals = wide  # calls of finals take the wide copy (choose_final_copy may say no)
         self._wide_free = threading.Lock()  # held by the call of finals on the wide copy
         self._local = threading.local()  # the model the calling worker's batch runs on
+
+    @property
+    def final_threads(self) -> int:
+        """Threads of a call of finals: the wide copy's while finals take it, else one worker's."""
+        return self.wide_threads if self.wide_finals else self._threads
 
     @property
     def model(self) -> Any:
@@ -286,7 +290,6 @@ class WhisperRunner(Runner):
         if self._wide_model is None or self._burst_model is None:
             return self.wide_finals
         self.wide_finals = wide_s <= WIDE_FINALS_SHARE * narrow_s
-        self.final_threads = self.wide_threads if self.wide_finals else self._threads
         if not self.wide_finals:
             self._wide_model = None
         return self.wide_finals
