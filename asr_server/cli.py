@@ -546,7 +546,7 @@ def _load(
     runner.warm_up()
     if not args.final_cpu_threads:
         _unless_stopped(stop, "timing the finals' copies")
-        _choose_final_copy(runner, stop)
+        loaded -= _choose_final_copy(runner, stop)
     _unless_stopped(stop, "sizing the memory budget")
     # The largest batch the limits allow, in 30 s finals: its working memory is the most a call needs.
     budget = _measure_budget(args, runner, baseline, loaded, plan.max_windows)
@@ -556,15 +556,20 @@ def _load(
     return runner, interim, budget, _capacity(args, runner, plan, stop)
 
 
-def _choose_final_copy(runner: WhisperRunner, stop: Callable[[], bool]) -> None:
+def _choose_final_copy(runner: WhisperRunner, stop: Callable[[], bool]) -> int:
     """Finals on a thread per core only where that is faster on this machine (the default
-    ``--final-cpu-threads``; a number given keeps its copy whatever it measures)."""
+    ``--final-cpu-threads``; a number given keeps its copy whatever it measures). Returns the bytes
+    of resident memory that letting the wide copy go gave back (0 where it is kept), which the
+    memory budget's weights then do not count."""
     timed = runner.measure_final_copies(stop=stop)
     if timed is None:
-        return
+        return 0
+    before = process_rss()
     wide = runner.choose_final_copy(*timed)
+    freed = max(0, before - process_rss())
     log.info("finals decode %s: a lone final took %.3f s on %d threads, %.3f s on one",
              f"with {runner.final_threads} threads" if wide else "on one thread each", timed[0], runner.wide_threads, timed[1])
+    return freed
 
 
 def _capacity(args: argparse.Namespace, runner: WhisperRunner, plan: _Plan, stop: Callable[[], bool] = lambda: False) -> CapacityModel | None:

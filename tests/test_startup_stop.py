@@ -81,6 +81,33 @@ def test_finals_threads_given_on_the_command_line_are_kept_without_timing_the_co
     assert steps == STEPS and runner.final_threads == 1  # the default: chosen by the timing
 
 
+def test_the_memory_budget_does_not_count_the_weights_of_a_finals_copy_let_go(monkeypatch):
+    rss = [100 << 20]  # resident memory as the stand-ins change it
+    monkeypatch.setattr(cli, "process_rss", lambda: rss[0])
+    monkeypatch.setattr(cli, "peak_rss", lambda: rss[0])
+
+    class Loading(StandInRunner):
+        keeps_wide = False
+
+        def __init__(self, path, **kwargs):
+            super().__init__(path, **kwargs)
+            rss[0] += 300 << 20  # the weights, the finals' wide copy among them
+
+        def choose_final_copy(self, wide_s, narrow_s):
+            if self.keeps_wide:
+                return True
+            rss[0] -= 80 << 20  # the wide copy let go
+            return super().choose_final_copy(wide_s, narrow_s)
+
+    monkeypatch.setattr(cli, "WhisperRunner", Loading)
+    for argv, keeps_wide, weights in (((), False, 220), (("--final-cpu-threads", "2"), False, 300), ((), True, 300)):
+        monkeypatch.setattr(Loading, "keeps_wide", keeps_wide)
+        rss[0] = 100 << 20
+        args = build_parser().parse_args(list(argv))
+        _runner, _interim, budget, _capacity = cli._load(args, cli._plan(args, "model"), "model", None)
+        assert budget is not None and budget.weights == weights << 20, argv
+
+
 @pytest.mark.parametrize("stop_after", range(8))
 def test_a_stop_during_start_up_ends_the_load_before_its_next_step(monkeypatch, stop_after):
     # The questions come before: loading, warming up, timing the finals' copies, that timing's own
