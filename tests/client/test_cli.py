@@ -166,3 +166,23 @@ def test_a_turn_line_says_when_and_who():
     assert turn_line(Turn(0, 9, 3725.31, 3726.0, "Later."), channels=1) == "[1:02:05.3] Later."
     assert turn_line(Turn(0, 9, 59.97, 61.0, "Then."), channels=1) == "[01:00.0] Then."
     assert turn_line(Turn(0, 2, None, None, "Untimed."), channels=1) == "[--:--.-] Untimed."
+
+
+@pytest.mark.parametrize("mode", [[], ["--transcript"], ["--json"], ["--settled"]])
+def test_finals_printed_to_a_pipe_and_revised_later_are_pointed_out_at_the_end(mode, capsys):
+    from asr_client.cli import Captions
+
+    captions = Captions(build_parser().parse_args(["file", "x.wav", *mode]))
+    for message in (
+        {"type": "session", "config": {"channels": 1}},
+        {"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "He was not an old supposed young man."},
+        {"type": "revision", "channel": 0, "utterances": [0, 0], "changed": [0], "offset": 0, "text": "He was not an ill-disposed young man."},
+        {"type": "closed"},
+    ):
+        captions.see(message)
+    captions.finish()
+    out, err = capsys.readouterr()  # pytest's capture is no terminal: a pipe, as far as the client can tell
+    pointed_out = "revised 1 line after printing it" in err and "--transcript" in err
+    assert pointed_out == (mode == [])  # the other modes print the revised text themselves, or every message
+    if mode == []:
+        assert out == "He was not an old supposed young man.\n"

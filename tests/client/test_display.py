@@ -162,3 +162,24 @@ def test_what_a_terminal_shows_is_the_transcript_after_every_message():
             if with_segments:  # a line per utterance with text, in the order their finals came
                 assert [line[:5] for line in shown] == [f"[ch{c}]" for c, u in order if said[(c, u)]]
                 assert [line[6:] for line in shown] == [said[key] for key in order if said[key]]
+
+
+def test_a_pipe_counts_the_printed_lines_a_revision_changed_afterwards():
+    out = io.StringIO()
+    d = Display(out)
+    d.show({"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "ten of clubs"})
+    d.show({"type": "final", "channel": 0, "utterance": 1, "offset": 13, "text": ""})  # empty: never printed
+    d.show({"type": "final", "channel": 0, "utterance": 2, "offset": 13, "text": "four of close"})
+    assert d.outdated == 0
+    d.show({"type": "revision", "channel": 0, "utterances": [0, 2], "changed": [0, 1], "offset": 0, "text": "10 of clubs. Five."})
+    assert d.outdated == 1  # the empty final's new words were never on the page
+    d.show({"type": "revision", "channel": 0, "utterances": [0, 2], "changed": [0, 2], "offset": 0, "text": "10 of clubs. Five. Four of clubs."})
+    assert d.outdated == 2  # each line once, however often it changed
+    assert out.getvalue() == "ten of clubs\nfour of close\n"  # what was printed stays as it was
+
+
+def test_a_terminal_rewrites_revised_lines_and_counts_none_as_outdated():
+    d = Display(Tty())
+    d.show({"type": "final", "channel": 0, "utterance": 0, "offset": 0, "text": "ten of clubs"})
+    d.show({"type": "revision", "channel": 0, "utterances": [0, 0], "changed": [0], "offset": 0, "text": "10 of clubs"})
+    assert d.outdated == 0

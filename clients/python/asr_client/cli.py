@@ -15,6 +15,9 @@ it as subtitles, cut for reading by the server: ``asr-client file talk.mp4
 --fast --subtitles srt > talk.srt``. ``--settled`` prints the text as it goes:
 each stretch once the server has settled it (it will not change again), the
 rest when the stream ends: ``asr-client mic --settled >> notes.txt``.
+Without any of these, a pipe or file gets the first-pass finals one a line as
+they come, and at the end a line on stderr says how many of them the server
+revised after they were printed (a terminal has them rewritten in place).
 Exit status: 0 when the server finished the transcript (``closed``), 1 when
 it ended the stream early or with an error, 2 when the file or the server
 could not be reached.
@@ -46,7 +49,8 @@ class Display:
     changes, as far up as the screen still shows them. When the output is a
     pipe or file only first-pass finals are printed, one per line (``--json``
     gives every message, revisions included; ``--transcript`` the revised
-    transcript when the stream ends).
+    transcript when the stream ends); ``outdated`` counts the lines printed
+    there that a revision changed afterwards, so that the CLI can say so.
     """
 
     def __init__(self, out: TextIO, channels: int = 1) -> None:
@@ -56,6 +60,12 @@ class Display:
         self._live = False
         # Final lines on screen: (channel, utterance, where the line's text starts in the channel's transcript, text).
         self._lines: list[tuple[int, int, int, str]] = []
+        self._outdated: set[tuple[int, int]] = set()  # (channel, utterance) of printed lines revised since
+
+    @property
+    def outdated(self) -> int:
+        """Lines printed to a pipe or file that a revision changed after they were written."""
+        return len(self._outdated)
 
     def _label(self, message: dict[str, Any]) -> str:
         return f"[ch{message['channel']}] " if self.channels > 1 else ""
@@ -77,6 +87,10 @@ class Display:
             self._lines.append((message["channel"], message["utterance"], message["offset"], message["text"]))
         elif kind == "revision" and self.tty:
             self._revise(message)
+        elif kind == "revision":
+            printed = {(ch, u) for ch, u, _offset, text in self._lines if text}
+            changed = message.get("changed", range(message["utterances"][0], message["utterances"][1] + 1))
+            self._outdated |= {(message["channel"], u) for u in changed} & printed
         elif kind == "error":
             self.clear()
             print(f"error {message['code']}: {message['message']}", file=sys.stderr)
@@ -225,6 +239,7 @@ class Captions:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.display = Display(sys.stderr if args.transcript or args.turns or args.settled or args.subtitles else sys.stdout)
+        self.finals_out = not (args.json or args.transcript or args.turns or args.settled or args.subtitles)  # the finals are the output
         self.outcome, self.transcript = Outcome(), Transcript()
         self.settled = SettledLines(sys.stdout, self.transcript) if args.settled else None
 
@@ -243,6 +258,11 @@ class Captions:
     def finish(self) -> int:
         """Once the stream has ended: what the options print then (:func:`finish`), and the exit status."""
         self.display.clear()
+        if self.display.outdated and self.finals_out:
+            n = self.display.outdated
+            print(f"asr-client: the server revised {n} line{'s' if n > 1 else ''} after printing {'them' if n > 1 else 'it'} "
+                  "(the output is not a terminal, so printed lines are not rewritten); --transcript prints the revised "
+                  "transcript at the end, --settled each stretch once it will not change", file=sys.stderr)
         return finish(self.args, self.transcript, self.outcome, self.display.channels, self.settled)
 
 
