@@ -1,0 +1,160 @@
+"""One long session: does anything creep? Every chosen one-channel recording, back to back, as one stream.
+
+    python bench/long_bench.py [--fixture-dir /tmp/ho/set1 ...] [--fixtures all] [--noise-db 20 | --room]
+                               [--stretch-s 180] [--offline] [--server-arg=...]
+
+Streams the recordings one after the other as a single real-time stream (a meeting that goes on for
+a quarter of an hour rather than a recording of a minute), and reports the figures a user would
+see drift if something grew with the session (a re-decoded buffer, a queue, per-stream state):
+per stretch of ``--stretch-s`` seconds of audio, the final latency (from where each sentence's speech
+ends in the dry recording, found by its energy, as ``stream_bench.py`` measures it), the delay of
+the revisions that changed a final, the server's resident memory and its CPU; then the whole
+session's word error rate of the first-pass finals and of the transcript after revisions (with
+``--offline``, faster-whisper's own transcription of the same audio beside them, computed in the
+same run). The stream asks for what the captioning page asks for (interims, revisions, word
+times). The server is started by the bench without admission control (``--max-channels 0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+from asr_client import Transcript, stream_bytes  # noqa: E402
+from stream_bench import MANIFEST, cpu_seconds, fixture_names, load_channels, machine_line, noisy_pcm, offline_text, one_channel, sentence_latencies, speech_ends, start_server, use_fixture_dir  # noqa: E402
+
+from tests.wer import errors  # noqa: E402
+
+RATE = 16000
+DEFAULT_FIXTURES = "librivox_16k.s16le,cards_44k.f32le,espeak_8k.mulaw,ljspeech_babylon_16k.s16le"
+
+
+@dataclass
+class Session:
+    """The stream as sent: its 16 kHz s16le bytes, the sentences' references and where their speech ends."""
+
+    pcm: bytearray = field(default_factory=bytearray)
+    references: list[str] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return len(self.pcm) / 2 / RATE
+
+    def add(self, name: str, noise_db: float | None, room: bool) -> None:
+        entry = MANIFEST[name]
+        data, _heard = noisy_pcm(name, noise_db, room)
+        self.ends += [self.seconds + end for end in speech_ends(load_channels(name)[0], entry["spans"][0])]
+        self.references += entry["references"][0]
+        self.pcm += data
+
+
+def sample_server(pid: int, into: list[tuple[float, int, float]], done: threading.Event, every_s: float = 5.0) -> None:
+    """(monotonic time, resident MiB, CPU seconds) of the server every ``every_s`` until ``done``."""
+    while not done.is_set():
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        rss = int(next(line for line in status if line.startswith("VmRSS")).split()[1]) // 1024
+        into.append((time.monotonic(), rss, cpu_seconds(pid)))
+        done.wait(every_s)
+
+
+async def stream(url: str, pcm: bytes) -> tuple[float, list[tuple[float, dict]]]:
+    """Send ``pcm`` at real-time pace; (monotonic time streaming began, [(seconds into the stream, message)])."""
+    messages: list[tuple[float, dict]] = []
+    began = None
+    async for item in stream_bytes(url, pcm, bytes_per_second=RATE * 2, realtime=True, encoding="pcm_s16le", sample_rate=RATE, channels=1):
+        began = began if began is not None else time.monotonic() - item.at
+        messages.append((item.at, item.message))
+    return began or time.monotonic(), messages
+
+
+def revision_delays(messages: list[tuple[float, dict]]) -> list[tuple[float, float]]:
+    """Per final a revision changed: (when the final came, seconds until the first revision that changed it)."""
+    shown: dict[int, float] = {}
+    first: dict[int, tuple[float, float]] = {}
+    for at, m in messages:
+        if m["type"] == "final":
+            shown[m["utterance"]] = at
+        elif m["type"] == "revision":
+            for u in m.get("changed", [m["utterances"][0]]):
+                if u in shown:
+                    first.setdefault(u, (shown[u], at - shown[u]))
+    return list(first.values())
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def stretch_rows(session: Session, messages: list[tuple[float, dict]], samples: list[tuple[float, int, float]], began: float, stretch_s: float) -> list[str]:
+    finals = [(at, m["start"], m["end"]) for at, m in messages if m["type"] == "final" and m["text"]]
+    latencies = sentence_latencies(finals, session.ends)
+    delays = revision_delays(messages)
+    rows = []
+    for lo in np.arange(0.0, session.seconds, stretch_s):
+        hi = lo + stretch_s
+        lat = [x for end, x in zip(session.ends, latencies) if x is not None and lo <= end < hi]
+        missed = sum(x is None for end, x in zip(session.ends, latencies) if lo <= end < hi)
+        rev = [d for at, d in delays if lo <= at < hi]
+        inside = [(rss, cpu) for t, rss, cpu in samples if lo <= t - began < hi]
+        cpu = (inside[-1][1] - inside[0][1]) / (len(inside) - 1) / 5.0 if len(inside) > 1 else float("nan")
+        rows.append(f"| {lo / 60:.0f}-{min(hi, session.seconds) / 60:.1f} | {len(lat)} ({missed} without a final) | {pct(lat, 50):.2f} / {pct(lat, 95):.2f} / {max(lat, default=float('nan')):.2f} "
+                    f"| {len(rev)} | {pct(rev, 50):.1f} / {pct(rev, 95):.1f} | {max((r for r, _ in inside), default=0)} | {cpu:.2f} |")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fixture-dir", type=Path, action="append", default=[], help="more recordings (bench/heldout.py writes them); repeatable")
+    ap.add_argument("--fixtures", default=DEFAULT_FIXTURES, help="comma-separated names, or all (every one-channel recording the --fixture-dirs add)")
+    ap.add_argument("--noise-db", type=float, default=None, help="continuous pink noise this many dB below the speech")
+    ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
+    ap.add_argument("--stretch-s", type=float, default=180.0, help="report per this many seconds of the session")
+    ap.add_argument("--offline", action="store_true", help="also transcribe the whole session offline (faster-whisper, beam 5, its VAD filter)")
+    ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable)")
+    args = ap.parse_args()
+    for folder in args.fixture_dir:
+        use_fixture_dir(folder)
+    names = DEFAULT_FIXTURES.split(",") + fixture_names("all") if args.fixtures == "all" else fixture_names(args.fixtures)
+    session = Session()
+    for name in one_channel(names, "long_bench.py"):
+        session.add(name, args.noise_db, args.room)
+    print(f"{len(session.ends)} sentences, {session.seconds / 60:.1f} min of audio as one stream", flush=True)
+    proc, port = start_server("auto", "--max-channels", "0", *args.server_arg)
+    samples: list[tuple[float, int, float]] = []
+    done = threading.Event()
+    try:
+        print(machine_line(port), flush=True)
+        threading.Thread(target=sample_server, args=(proc.pid, samples, done), daemon=True).start()
+        began, messages = asyncio.run(stream(f"ws://127.0.0.1:{port}", bytes(session.pcm)))
+    finally:
+        done.set()
+        proc.terminate()
+        proc.wait(10)
+    print("| minutes | sentences | finals p50 / p95 / max (s) | finals revised | revision delay p50 / p95 (s) | server RSS max (MiB) | server CPU (cores) |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(stretch_rows(session, messages, samples, began, args.stretch_s)))
+    transcript = Transcript()
+    for _at, m in messages:
+        transcript.apply(m)
+    reference = " ".join(session.references)
+    first = " ".join(m["text"] for _at, m in messages if m["type"] == "final" and m["text"])
+    (e1, n), (e2, _n) = errors(reference, first), errors(reference, transcript.final_text(0))
+    line = f"WER first pass {e1 / n:.3f}, after revisions {e2 / n:.3f}"
+    if args.offline:
+        e3, _n = errors(reference, offline_text(np.frombuffer(bytes(session.pcm), np.int16).astype(np.float32) / 32768, "auto"))
+        line += f", offline {e3 / n:.3f}"
+    print(f"{line} ({n} words)")
+
+
+if __name__ == "__main__":
+    main()
