@@ -140,6 +140,9 @@ def main() -> None:
         done.set()
         proc.terminate()
         proc.wait(10)
+    ended = [m for _at, m in messages if m["type"] in ("error", "closed")]
+    if not ended or ended[-1]["type"] != "closed":
+        print(f"the stream ended early, after {messages[-1][0]:.1f} s: {ended[-1] if ended else messages[-1][1]}", flush=True)
     print("| minutes | sentences | finals p50 / p95 / max (s) | finals revised | revision delay p50 / p95 (s) | server RSS max (MiB) | server CPU (cores) |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(stretch_rows(session, messages, samples, began, args.stretch_s)))
