@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-from asr_client import Transcript, stream_bytes  # noqa: E402
+from asr_client import Transcript, connect  # noqa: E402
 from stream_bench import MANIFEST, cpu_seconds, fixture_names, load_channels, machine_line, noisy_pcm, offline_text, one_channel, sentence_latencies, speech_ends, start_server, use_fixture_dir  # noqa: E402
 
 from tests.wer import errors  # noqa: E402
@@ -67,14 +67,29 @@ def sample_server(pid: int, into: list[tuple[float, int, float]], done: threadin
         done.wait(every_s)
 
 
-async def stream(url: str, pcm: bytes) -> tuple[float, list[tuple[float, dict]]]:
-    """Send ``pcm`` at real-time pace; (monotonic time streaming began, [(seconds into the stream, message)])."""
+async def stream(url: str, pcm: bytes) -> tuple[float, list[tuple[float, dict]], str]:
+    """Send ``pcm`` at real-time pace in 100 ms pieces, then close; (monotonic time streaming
+    began, [(seconds into the stream, message)], how the connection ended: its close code and the
+    client's reconnects, for a stream that ends before ``closed``)."""
     messages: list[tuple[float, dict]] = []
-    began = None
-    async for item in stream_bytes(url, pcm, bytes_per_second=RATE * 2, realtime=True, encoding="pcm_s16le", sample_rate=RATE, channels=1):
-        began = began if began is not None else time.monotonic() - item.at
-        messages.append((item.at, item.message))
-    return began or time.monotonic(), messages
+    piece = RATE * 2 // 10
+    async with connect(url, encoding="pcm_s16le", sample_rate=RATE, channels=1) as s:
+        began = time.monotonic()
+
+        async def send() -> None:
+            for k in range(0, len(pcm), piece):
+                await asyncio.sleep(max(0.0, began + k / (RATE * 2) - time.monotonic()))
+                await s.send_audio(pcm[k : k + piece])
+            await s.close_stream()
+
+        sender = asyncio.create_task(send())
+        try:
+            async for message in s:
+                messages.append((time.monotonic() - began, message))
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+        return began, messages, f"close code {s.close_code}, {s.reconnects} reconnects"
 
 
 def revision_delays(messages: list[tuple[float, dict]]) -> list[tuple[float, float]]:
@@ -135,14 +150,14 @@ def main() -> None:
     try:
         print(machine_line(port), flush=True)
         threading.Thread(target=sample_server, args=(proc.pid, samples, done), daemon=True).start()
-        began, messages = asyncio.run(stream(f"ws://127.0.0.1:{port}", bytes(session.pcm)))
+        began, messages, how = asyncio.run(stream(f"ws://127.0.0.1:{port}", bytes(session.pcm)))
     finally:
         done.set()
         proc.terminate()
         proc.wait(10)
     ended = [m for _at, m in messages if m["type"] in ("error", "closed")]
     if not ended or ended[-1]["type"] != "closed":
-        print(f"the stream ended early, after {messages[-1][0]:.1f} s: {ended[-1] if ended else messages[-1][1]}", flush=True)
+        print(f"the stream ended early, after {messages[-1][0]:.1f} s ({how}): {ended[-1] if ended else messages[-1][1]}", flush=True)
     print("| minutes | sentences | finals p50 / p95 / max (s) | finals revised | revision delay p50 / p95 (s) | server RSS max (MiB) | server CPU (cores) |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(stretch_rows(session, messages, samples, began, args.stretch_s)))
@@ -156,7 +171,7 @@ def main() -> None:
     if args.offline:
         e3, _n = errors(reference, offline_text(np.frombuffer(bytes(session.pcm), np.int16).astype(np.float32) / 32768, "auto"))
         line += f", offline {e3 / n:.3f}"
-    print(f"{line} ({n} words)")
+    print(f"{line} ({n} words); the connection: {how}")
 
 
 if __name__ == "__main__":
