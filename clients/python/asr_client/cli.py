@@ -238,8 +238,9 @@ class Captions:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.display = Display(sys.stderr if args.transcript or args.turns or args.settled or args.subtitles else sys.stdout)
-        self.finals_out = not (args.json or args.transcript or args.turns or args.settled or args.subtitles)  # the finals are the output
+        text_at_end = args.transcript or args.turns or args.settled or args.subtitles  # the live captions go to stderr
+        self.display = Display(sys.stderr if text_at_end else sys.stdout)
+        self.finals_out = not (args.json or text_at_end)  # the first-pass finals are the output
         self.outcome, self.transcript = Outcome(), Transcript()
         self.settled = SettledLines(sys.stdout, self.transcript) if args.settled else None
 
