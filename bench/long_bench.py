@@ -13,12 +13,16 @@ session's word error rate of the first-pass finals and of the transcript after r
 ``--offline``, faster-whisper's own transcription of the same audio beside them, computed in the
 same run). The stream asks for what the captioning page asks for (interims, revisions, word
 times). The server is started by the bench without admission control (``--max-channels 0``).
+With ``$BENCH_MESSAGES`` set, every message received is written there as a JSON line (seconds into
+the stream, message), to look into a run afterwards (with ``$BENCH_SERVER_LOG``, the server's log).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import sys
 import threading
 import time
@@ -155,6 +159,8 @@ def main() -> None:
         done.set()
         proc.terminate()
         proc.wait(10)
+    if os.environ.get("BENCH_MESSAGES"):
+        Path(os.environ["BENCH_MESSAGES"]).write_text("".join(json.dumps([round(at, 3), m]) + "\n" for at, m in messages))
     ended = [m for _at, m in messages if m["type"] in ("error", "closed")]
     if not ended or ended[-1]["type"] != "closed":
         print(f"the stream ended early, after {messages[-1][0]:.1f} s ({how}): {ended[-1] if ended else messages[-1][1]}", flush=True)
