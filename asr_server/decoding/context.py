@@ -341,9 +341,8 @@ def split_words(words: Sequence[Word], spans: Sequence[Span], texts: Sequence[st
     times = word_times(words)
     by_time = [min(range(len(spans)), key=lambda j: _distance(t, spans[j])) for t in times]
     if texts is not None and words:  # no words (the guards dropped a loop): nothing to match
-        starts = [k for k in range(len(words)) if _opens_word(words, k)]  # each whole word's first piece
-        wholes = ["".join(w.word for w in words[a:b]) for a, b in zip(starts, [*starts[1:], len(words)], strict=True)]
-        for n, j in _matched_spans([normalize_word(w) for w in wholes], texts).items():
+        starts, wholes = _whole_words(words)
+        for n, j in _matched_spans(wholes, texts).items():
             k = starts[n]
             if _distance(times[k], spans[j]) <= SEAM_S:
                 by_time[k] = j
@@ -385,8 +384,7 @@ def _ahead_opening(kept: Sequence[Word], dropped: Sequence[Word], times: Sequenc
     it too. Seen in real time, a ringback tone in the pause: "Press 3 to re-record your message.
     After" then "After the tone, say your name..." (docs/benchmarks.md, eighty-third session)."""
     said = [w for w in map(normalize_word, ahead_text.split()) if w]
-    starts = [k for k in range(len(kept)) if _opens_word(kept, k)]
-    wholes = [normalize_word("".join(w.word for w in kept[a:b])) for a, b in zip(starts, [*starts[1:], len(kept)], strict=True)]
+    starts, wholes = _whole_words(kept)
     heard_next = [normalize_word(w) for w in "".join(w.word for w in dropped).split()][:AHEAD_OPENING_FOLLOW]
     for n in range(1, min(AHEAD_OPENING_WORDS, len(starts)) + 1):
         follow = said[n : n + len(heard_next)]
@@ -442,6 +440,16 @@ def retimed(words: Sequence[Word]) -> tuple[Word, ...]:
             out[i] = replace(words[i], start=round(lo + (i - k) * step, 3), end=round(lo + (i - k + 1) * step, 3))
         k = j
     return tuple(out)
+
+
+def _whole_words(words: Sequence[Word]) -> tuple[list[int], list[str]]:
+    """Where each whole word begins in ``words`` (its first piece, :func:`_opens_word`), and each
+    whole word's pieces joined and normalized. No words, no whole words: a decode that heard
+    nothing, or a pass whose every word lay in its lookahead (that case once closed a session
+    with an internal error, a word's end being taken where no word began)."""
+    starts = [k for k in range(len(words)) if _opens_word(words, k)]
+    ends = [*starts[1:], len(words)] if starts else []
+    return starts, [normalize_word("".join(w.word for w in words[a:b])) for a, b in zip(starts, ends, strict=True)]
 
 
 def _opens_word(words: Sequence[Word], k: int) -> bool:

@@ -1252,6 +1252,7 @@ def test_a_sentence_start_timed_before_the_lookahead_goes_with_the_lookahead_whe
     assert kept("After the tone", upto=10.85) == ["your", "message.", "After", "the", "tone,"]  # "say" does not go on from "the tone"
     far = [Word(" After", 7.0, 7.3, 0.9), *words[3:]]
     assert [w.word.strip() for w in before_ahead(far, 10.2, "After the tone")] == ["After"]  # more than SEAM_S from the seam
+    assert before_ahead(words, 7.0, "your message. After") == before_ahead((), 10.2, "After the tone") == ()  # nothing before the seam
 
 
 def test_a_pass_with_lookahead_keeps_the_next_sentences_first_word_out_of_the_one_it_decides():
@@ -1289,6 +1290,39 @@ def test_a_pass_with_lookahead_keeps_the_next_sentences_first_word_out_of_the_on
     check_rules(d)
     assert any(w[-1] == AHEAD for w in model.windows)  # a pass with lookahead ran
     assert AHEAD_WORDS.split()[0] not in d.client.final_text()
+    assert d.client.final_text() == " ".join(together) == server_transcript(d)
+
+
+def test_a_pass_that_heard_only_its_lookahead_leaves_the_session_going():
+    """A pass with lookahead whose every word lies in the lookahead (Whisper heard nothing of the
+    finals before it: noise, or a window it skipped) holds no word for any final. It once ended
+    the session with an internal error (a long noisy stream, eleven minutes in, beside three
+    others); it decides nothing from words it did not hear, and the next pass revises as usual."""
+
+    class OnlyAhead(TwoPassModel):
+        def context(self, request) -> Hypothesis:
+            hyp = super().context(request)
+            if self.windows[-1][-1] != AHEAD or self.context_requests > 1:
+                return hyp
+            spans = _spans(request.audio)
+            ahead = [w for w in hyp.words if w.start >= spans[-1][0] / 16000 - 1e-6]
+            return Hypothesis(AHEAD_WORDS, tuple(ahead), avg_logprob=hyp.avg_logprob)
+
+    together = [ALONE[0].replace("old-sposed", "ill-disposed"), *ALONE[1:]]
+    model = OnlyAhead(ALONE, together)
+    d = Driver(model, context=passes(min_new_s=0.1, ahead_s=1.5))
+    audio = speech()
+    for i in range(0, len(audio), 1600):
+        d.feed(audio[i : i + 1600])
+        if d.context_jobs:
+            d.run_context()
+        check_rules(d)
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert model.windows[0][-1] == AHEAD and model.context_requests > 1  # the lookahead-only pass, then more
+    assert not d.of_type("error")
+    assert AHEAD_WORDS.split()[0] not in d.client.text()
     assert d.client.final_text() == " ".join(together) == server_transcript(d)
 
 
