@@ -1,7 +1,7 @@
 """One long session: does anything creep? Every chosen one-channel recording, back to back, as one stream.
 
     python bench/long_bench.py [--fixture-dir /tmp/ho/set1 ...] [--fixtures all] [--noise-db 20 | --room]
-                               [--stretch-s 180] [--offline] [--server-arg=...]
+                               [--streams 1] [--stretch-s 180] [--offline] [--server-arg=...]
 
 Streams the recordings one after the other as a single real-time stream (a meeting that goes on for
 a quarter of an hour rather than a recording of a minute), and reports the figures a user would
@@ -12,9 +12,11 @@ the revisions that changed a final, the server's resident memory and its CPU; th
 session's word error rate of the first-pass finals and of the transcript after revisions (with
 ``--offline``, faster-whisper's own transcription of the same audio beside them, computed in the
 same run). The stream asks for what the captioning page asks for (interims, revisions, word
-times). The server is started by the bench without admission control (``--max-channels 0``).
-With ``$BENCH_MESSAGES`` set, every message received is written there as a JSON line (seconds into
-the stream, message), to look into a run afterwards (with ``$BENCH_SERVER_LOG``, the server's log).
+times). ``--streams N`` runs N such sessions at once, started together, each taking the recordings
+in its own order (a room of long meetings on one server: the stretches' figures are all the
+streams' together, the WER their words together). The server is started by the bench without
+admission control (``--max-channels 0``). With ``$BENCH_MESSAGES`` set, every message received is written there as a JSON line (the stream's
+index, seconds into it, the message), to look into a run afterwards (with ``$BENCH_SERVER_LOG``, the server's log).
 """
 
 from __future__ import annotations
@@ -114,21 +116,64 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def stretch_rows(session: Session, messages: list[tuple[float, dict]], samples: list[tuple[float, int, float]], began: float, stretch_s: float) -> list[str]:
-    finals = [(at, m["start"], m["end"]) for at, m in messages if m["type"] == "final" and m["text"]]
-    latencies = sentence_latencies(finals, session.ends)
-    delays = revision_delays(messages)
+def stretch_rows(runs: list[tuple[Session, list[tuple[float, dict]]]], samples: list[tuple[float, int, float]], began: float, stretch_s: float) -> list[str]:
+    """One row per ``stretch_s`` of the session: every stream's sentences and revisions in it together."""
+    lat: list[tuple[float, float | None]] = []  # (sentence end, latency or None)
+    delays: list[tuple[float, float]] = []
+    for session, messages in runs:
+        finals = [(at, m["start"], m["end"]) for at, m in messages if m["type"] == "final" and m["text"]]
+        lat += list(zip(session.ends, sentence_latencies(finals, session.ends)))
+        delays += revision_delays(messages)
     rows = []
-    for lo in np.arange(0.0, session.seconds, stretch_s):
+    seconds = max(session.seconds for session, _ in runs)
+    for lo in np.arange(0.0, seconds, stretch_s):
         hi = lo + stretch_s
-        lat = [x for end, x in zip(session.ends, latencies) if x is not None and lo <= end < hi]
-        missed = sum(x is None for end, x in zip(session.ends, latencies) if lo <= end < hi)
+        got = [x for end, x in lat if x is not None and lo <= end < hi]
+        missed = sum(x is None for end, x in lat if lo <= end < hi)
         rev = [d for at, d in delays if lo <= at < hi]
         inside = [(rss, cpu) for t, rss, cpu in samples if lo <= t - began < hi]
         cpu = (inside[-1][1] - inside[0][1]) / (len(inside) - 1) / 5.0 if len(inside) > 1 else float("nan")
-        rows.append(f"| {lo / 60:.0f}-{min(hi, session.seconds) / 60:.1f} | {len(lat)} ({missed} without a final) | {pct(lat, 50):.2f} / {pct(lat, 95):.2f} / {max(lat, default=float('nan')):.2f} "
+        rows.append(f"| {lo / 60:.1f}-{min(hi, seconds) / 60:.1f} | {len(got)} ({missed} without a final) | {pct(got, 50):.2f} / {pct(got, 95):.2f} / {max(got, default=float('nan')):.2f} "
                     f"| {len(rev)} | {pct(rev, 50):.1f} / {pct(rev, 95):.1f} | {max((r for r, _ in inside), default=0)} | {cpu:.2f} |")
     return rows
+
+
+def rotated(names: list[str], k: int, streams: int) -> list[str]:
+    """Stream ``k``'s order of the recordings: each stream starts ``k / streams`` of the way along, so
+    streams started together say different things at once (a room of talkers, not one echoed)."""
+    at = k * len(names) // streams
+    return names[at:] + names[:at]
+
+
+def report(runs: list[tuple[Session, list[tuple[float, dict]], str]], samples: list[tuple[float, int, float]], began: float, args: argparse.Namespace) -> None:
+    for k, (_session, messages, how) in enumerate(runs):
+        ended = [m for _at, m in messages if m["type"] in ("error", "closed")]
+        if not ended or ended[-1]["type"] != "closed":
+            last = f"{messages[-1][0]:.1f} s" if messages else "no message"
+            print(f"stream {k} ended early, after {last} ({how}): {ended[-1] if ended else messages[-1][1] if messages else '-'}", flush=True)
+    print("| minutes | sentences | finals p50 / p95 / max (s) | finals revised | revision delay p50 / p95 (s) | server RSS max (MiB) | server CPU (cores) |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(stretch_rows([(session, messages) for session, messages, _how in runs], samples, began, args.stretch_s)))
+    counts = np.zeros(4, int)  # errors first pass, after revisions, offline; words
+    for session, messages, _how in runs:
+        transcript = Transcript()
+        for _at, m in messages:
+            transcript.apply(m)
+        reference = " ".join(session.references)
+        first = " ".join(m["text"] for _at, m in messages if m["type"] == "final" and m["text"])
+        (e1, n), (e2, _n) = errors(reference, first), errors(reference, transcript.final_text(0))
+        e3 = errors(reference, offline_text(np.frombuffer(bytes(session.pcm), np.int16).astype(np.float32) / 32768, "auto"))[0] if args.offline else 0
+        counts += (e1, e2, e3, n)
+    line = f"WER first pass {counts[0] / counts[3]:.3f}, after revisions {counts[1] / counts[3]:.3f}"
+    line += f", offline {counts[2] / counts[3]:.3f}" if args.offline else ""
+    closes = ", ".join(sorted({how for _s, _m, how in runs}))
+    print(f"{line} ({counts[3]} words); {'the connection' if len(runs) == 1 else 'the connections'}: {closes}")
+
+
+async def stream_all(url: str, sessions: list[Session]) -> tuple[float, list[tuple[list[tuple[float, dict]], str]]]:
+    """Every session as its own stream, all started together; (when the first began, per stream its messages and how it ended)."""
+    done = await asyncio.gather(*(stream(url, bytes(session.pcm)) for session in sessions))
+    return min(began for began, _m, _h in done), [(messages, how) for _b, messages, how in done]
 
 
 def main() -> None:
@@ -137,47 +182,33 @@ def main() -> None:
     ap.add_argument("--fixtures", default=DEFAULT_FIXTURES, help="comma-separated names, or all (every one-channel recording the --fixture-dirs add)")
     ap.add_argument("--noise-db", type=float, default=None, help="continuous pink noise this many dB below the speech")
     ap.add_argument("--room", action="store_true", help="reverberate (RT60 0.5 s) over room tone")
+    ap.add_argument("--streams", type=int, default=1, help="this many long sessions at once, started together, each with the recordings in its own order")
     ap.add_argument("--stretch-s", type=float, default=180.0, help="report per this many seconds of the session")
-    ap.add_argument("--offline", action="store_true", help="also transcribe the whole session offline (faster-whisper, beam 5, its VAD filter)")
+    ap.add_argument("--offline", action="store_true", help="also transcribe each session offline (faster-whisper, beam 5, its VAD filter)")
     ap.add_argument("--server-arg", action="append", default=[], help="more arguments for the server (repeatable)")
     args = ap.parse_args()
     for folder in args.fixture_dir:
         use_fixture_dir(folder)
-    names = DEFAULT_FIXTURES.split(",") + fixture_names("all") if args.fixtures == "all" else fixture_names(args.fixtures)
-    session = Session()
-    for name in one_channel(names, "long_bench.py"):
-        session.add(name, args.noise_db, args.room)
-    print(f"{len(session.ends)} sentences, {session.seconds / 60:.1f} min of audio as one stream", flush=True)
+    names = one_channel(DEFAULT_FIXTURES.split(",") + fixture_names("all") if args.fixtures == "all" else fixture_names(args.fixtures), "long_bench.py")
+    sessions = [Session() for _ in range(args.streams)]
+    for k, session in enumerate(sessions):
+        for name in rotated(names, k, args.streams):
+            session.add(name, args.noise_db, args.room)
+    print(f"{len(sessions[0].ends)} sentences, {sessions[0].seconds / 60:.1f} min of audio as one stream, {args.streams} such stream(s) at once", flush=True)
     proc, port = start_server("auto", "--max-channels", "0", *args.server_arg)
     samples: list[tuple[float, int, float]] = []
     done = threading.Event()
     try:
         print(machine_line(port), flush=True)
         threading.Thread(target=sample_server, args=(proc.pid, samples, done), daemon=True).start()
-        began, messages, how = asyncio.run(stream(f"ws://127.0.0.1:{port}", bytes(session.pcm)))
+        began, streamed = asyncio.run(stream_all(f"ws://127.0.0.1:{port}", sessions))
     finally:
         done.set()
         proc.terminate()
         proc.wait(10)
     if os.environ.get("BENCH_MESSAGES"):
-        Path(os.environ["BENCH_MESSAGES"]).write_text("".join(json.dumps([round(at, 3), m]) + "\n" for at, m in messages))
-    ended = [m for _at, m in messages if m["type"] in ("error", "closed")]
-    if not ended or ended[-1]["type"] != "closed":
-        print(f"the stream ended early, after {messages[-1][0]:.1f} s ({how}): {ended[-1] if ended else messages[-1][1]}", flush=True)
-    print("| minutes | sentences | finals p50 / p95 / max (s) | finals revised | revision delay p50 / p95 (s) | server RSS max (MiB) | server CPU (cores) |")
-    print("|---|---|---|---|---|---|---|")
-    print("\n".join(stretch_rows(session, messages, samples, began, args.stretch_s)))
-    transcript = Transcript()
-    for _at, m in messages:
-        transcript.apply(m)
-    reference = " ".join(session.references)
-    first = " ".join(m["text"] for _at, m in messages if m["type"] == "final" and m["text"])
-    (e1, n), (e2, _n) = errors(reference, first), errors(reference, transcript.final_text(0))
-    line = f"WER first pass {e1 / n:.3f}, after revisions {e2 / n:.3f}"
-    if args.offline:
-        e3, _n = errors(reference, offline_text(np.frombuffer(bytes(session.pcm), np.int16).astype(np.float32) / 32768, "auto"))
-        line += f", offline {e3 / n:.3f}"
-    print(f"{line} ({n} words); the connection: {how}")
+        Path(os.environ["BENCH_MESSAGES"]).write_text("".join(json.dumps([k, round(at, 3), m]) + "\n" for k, (messages, _how) in enumerate(streamed) for at, m in messages))
+    report([(session, messages, how) for session, (messages, how) in zip(sessions, streamed)], samples, began, args)
 
 
 if __name__ == "__main__":
