@@ -1396,10 +1396,15 @@ def unheard_tail(
 def _heard_span(words: tuple[Word, ...], start: float, end: float) -> tuple[float, float]:
     """Where an utterance heard as ``words`` (as clients get them, :func:`retimed`) is heard, in
     stream seconds: from its first word to its last, within ``end``; ``start`` to ``end`` where
-    it has no words. A final's ``start``/``end`` and a revision's segments' both."""
+    it has no words. A final's ``start``/``end`` and a revision's segments' both. Never ending
+    before it starts: a pass can time an utterance's first word after its audio ends (a word
+    said in the pause after it, matched to it by its first pass), and a subtitle cue or a
+    turn whose end came before its start is what a client got then (random hypotheses,
+    tests/decoding/test_pass_robustness.py)."""
     if not words:
         return start, end
-    return words[0].start, min(end, max(words[-1].end, words[0].start))
+    first = min(words[0].start, end)
+    return first, min(end, max(words[-1].end, first))
 
 
 def _tail_words(text: str, limit: int) -> str:
