@@ -153,6 +153,7 @@ def check_rules(d: Driver) -> None:
         if m["type"] in ("interim", "final"):
             assert m["offset"] == (len(finals) + 1 if finals else 0)  # offsets follow the revised transcript
             if m["type"] == "final" and m["text"]:
+                assert m["start"] <= m["end"]  # heard from its first word to its last
                 finals = (finals + " " + m["text"]).strip()
                 per_utterance[m["utterance"]] = m["text"]
         elif m["type"] == "revision":
