@@ -752,11 +752,11 @@ class VaryingModel(TwoPassModel):
         return Hypothesis(" ".join("".join(w.word for w in words).split()), tuple(words), avg_logprob=-0.1)
 
 
-def _pass_after_every_final(model: TwoPassModel) -> Driver:
-    """Every sentence fed, with a context pass run as soon as one is asked for (each final
-    starts one: min_new_s 0.1, with the next final as its lookahead: ahead_s 0), then the end
-    of the stream and the last pass."""
-    d = Driver(model, context=passes(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0))
+def _pass_after_every_final(model: TwoPassModel, context: ContextOptions | None = None) -> Driver:
+    """Every sentence fed, with a context pass run as soon as one is asked for (by default each
+    final starts one: min_new_s 0.1, with the next final as its lookahead: ahead_s 0), then the
+    end of the stream and the last pass; the rules checked after every 0.1 s and at the end."""
+    d = Driver(model, context=context or passes(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0))
     audio = speech()
     for i in range(0, len(audio), 1600):
         d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
@@ -1279,16 +1279,7 @@ def test_a_pass_with_lookahead_keeps_the_next_sentences_first_word_out_of_the_on
 
     together = [ALONE[0].replace("old-sposed", "ill-disposed"), *ALONE[1:]]
     model = EarlyAhead(ALONE, together)
-    d = Driver(model, context=passes(min_new_s=0.1, ahead_s=1.5))
-    audio = speech()
-    for i in range(0, len(audio), 1600):
-        d.feed(audio[i : i + 1600])
-        if d.context_jobs:
-            d.run_context()
-        check_rules(d)
-    d.apply(d.session.end_of_stream())
-    d.run_context()
-    check_rules(d)
+    d = _pass_after_every_final(model, passes(min_new_s=0.1, ahead_s=1.5))
     assert any(w[-1] == AHEAD for w in model.windows)  # a pass with lookahead ran
     assert AHEAD_WORDS.split()[0] not in d.client.final_text()
     assert d.client.final_text() == " ".join(together) == server_transcript(d)
@@ -1311,16 +1302,7 @@ def test_a_pass_that_heard_only_its_lookahead_leaves_the_session_going():
 
     together = [ALONE[0].replace("old-sposed", "ill-disposed"), *ALONE[1:]]
     model = OnlyAhead(ALONE, together)
-    d = Driver(model, context=passes(min_new_s=0.1, ahead_s=1.5))
-    audio = speech()
-    for i in range(0, len(audio), 1600):
-        d.feed(audio[i : i + 1600])
-        if d.context_jobs:
-            d.run_context()
-        check_rules(d)
-    d.apply(d.session.end_of_stream())
-    d.run_context()
-    check_rules(d)
+    d = _pass_after_every_final(model, passes(min_new_s=0.1, ahead_s=1.5))
     assert model.windows[0][-1] == AHEAD and model.context_requests > 1  # the lookahead-only pass, then more
     assert not d.of_type("error")
     assert AHEAD_WORDS.split()[0] not in d.client.text()
