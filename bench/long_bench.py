@@ -15,8 +15,9 @@ same run). The stream asks for what the captioning page asks for (interims, revi
 times). ``--streams N`` runs N such sessions at once, started together, each taking the recordings
 in its own order (a room of long meetings on one server: the stretches' figures are all the
 streams' together, the WER their words together). The server is started by the bench without
-admission control (``--max-channels 0``). With ``$BENCH_MESSAGES`` set, every message received is written there as a JSON line (the stream's
-index, seconds into it, the message), to look into a run afterwards (with ``$BENCH_SERVER_LOG``, the server's log).
+admission control (``--max-channels 0``). With ``$BENCH_MESSAGES`` set, every message received
+is written there as a JSON line (the stream's index, seconds into it, the message), to look into
+a run afterwards (with ``$BENCH_SERVER_LOG``, the server's log).
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def rotated(names: list[str], k: int, streams: int) -> list[str]:
 
 
 def report(runs: list[tuple[Session, list[tuple[float, dict]], str]], samples: list[tuple[float, int, float]], began: float, args: argparse.Namespace) -> None:
+    """Print any stream that ended before ``closed``, the stretches' rows, and the WER of all the streams' words."""
     for k, (_session, messages, how) in enumerate(runs):
         ended = [m for _at, m in messages if m["type"] in ("error", "closed")]
         if not ended or ended[-1]["type"] != "closed":
