@@ -6,7 +6,7 @@ over seconds or over none, and a pass with lookahead may hear only the lookahead
 every word lay in its lookahead once closed a session with an internal error, eleven minutes into
 a long stream (docs/benchmarks.md, eighty-sixth session); these tests feed the session core
 hypotheses drawn at random (seeded, so a failure replays) for every kind of decode, with passes,
-lookahead and settle decodes, and check after every step what a client relies on
+lookahead and settle decodes, and some passes skipped or failed, and check after every step what a client relies on
 (:func:`.test_context.check_rules`).
 """
 
@@ -22,6 +22,23 @@ from .test_context import ALONE, Driver, TwoPassModel, check_rules, passes, serv
 
 VOCABULARY = [w for sentence in ALONE for w in sentence.split()] + ["3", "the", "I", "you."]
 PIECES = [",800", "'s", ".", "-ish", "%"]  # written after a word with no space before them
+
+
+class RandomDriver(Driver):
+    """Some passes come back skipped (the scheduler had newer work) or failed (the model raised)."""
+
+    def run_context(self) -> None:
+        rng = self.model.rng
+        while self.context_jobs:
+            job = self.context_jobs.pop(0)
+            job = self.session.refresh_job(job) or job
+            fate = rng.random()
+            if fate < 0.1:
+                self.apply(self.session.job_skipped(job))
+            elif fate < 0.15:
+                self.apply(self.session.job_failed(job))
+            else:
+                self.apply(self.session.job_done(job, self.model.context(job.request)))
 
 
 class RandomModel(TwoPassModel):
@@ -59,7 +76,7 @@ class RandomModel(TwoPassModel):
 def test_passes_over_random_hypotheses_keep_the_session_going_and_the_transcript_rules(seed, settle):
     model = RandomModel(seed)
     options = ContextOptions(ahead_s=1.5, min_new_s=0.1) if settle else passes(ahead_s=1.5, min_new_s=0.1)
-    d = Driver(model, context=options)
+    d = RandomDriver(model, context=options)
     d.session._decoders[0].spare_time = settle
     audio = speech()
     for i in range(0, len(audio), 1600):
