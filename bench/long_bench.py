@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -58,11 +59,17 @@ class Session:
         return len(self.pcm) / 2 / RATE
 
     def add(self, name: str, noise_db: float | None, room: bool) -> None:
-        entry = MANIFEST[name]
-        data, _heard = noisy_pcm(name, noise_db, room)
-        self.ends += [self.seconds + end for end in speech_ends(load_channels(name)[0], entry["spans"][0])]
-        self.references += entry["references"][0]
+        data, ends = recording(name, noise_db, room)
+        self.ends += [self.seconds + end for end in ends]
+        self.references += MANIFEST[name]["references"][0]
         self.pcm += data
+
+
+@functools.cache
+def recording(name: str, noise_db: float | None, room: bool) -> tuple[bytes, tuple[float, ...]]:
+    """One recording as streamed (16 kHz s16le, noise or room applied) and where its sentences'
+    speech ends in the dry recording; made once however many streams send it."""
+    return noisy_pcm(name, noise_db, room)[0], tuple(speech_ends(load_channels(name)[0], MANIFEST[name]["spans"][0]))
 
 
 def sample_server(pid: int, into: list[tuple[float, int, float]], done: threading.Event, every_s: float = 5.0) -> None:
