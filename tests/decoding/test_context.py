@@ -116,8 +116,11 @@ class Driver:
     def run_context(self) -> None:
         while self.context_jobs:
             job = self.context_jobs.pop(0)
-            job = self.session.refresh_job(job) or job
-            self.apply(self.session.job_done(job, self.model.context(job.request)))
+            self.apply(self.answer_context(self.session.refresh_job(job) or job))
+
+    def answer_context(self, job):
+        """What the session does with the pass's answer: here, the model's hypothesis."""
+        return self.session.job_done(job, self.model.context(job.request))
 
     def feed(self, audio: np.ndarray, piece: int = 1600) -> None:
         for i in range(0, len(audio), piece):

@@ -27,18 +27,13 @@ PIECES = [",800", "'s", ".", "-ish", "%"]  # written after a word with no space 
 class RandomDriver(Driver):
     """Some passes come back skipped (the scheduler had newer work) or failed (the model raised)."""
 
-    def run_context(self) -> None:
-        rng = self.model.rng
-        while self.context_jobs:
-            job = self.context_jobs.pop(0)
-            job = self.session.refresh_job(job) or job
-            fate = rng.random()
-            if fate < 0.1:
-                self.apply(self.session.job_skipped(job))
-            elif fate < 0.15:
-                self.apply(self.session.job_failed(job))
-            else:
-                self.apply(self.session.job_done(job, self.model.context(job.request)))
+    def answer_context(self, job):
+        fate = self.model.rng.random()
+        if fate < 0.1:
+            return self.session.job_skipped(job)
+        if fate < 0.15:
+            return self.session.job_failed(job)
+        return super().answer_context(job)
 
 
 class RandomModel(TwoPassModel):
