@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .audio.chunker import EndReason
 from .inference.types import DecodeRequest, Word
 
-__all__ = ["SpeechStart", "Interim", "Final", "RevisedSegment", "Revision", "Settled", "ContextDecided", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
+__all__ = ["SpeechStart", "Interim", "Final", "RevisedSegment", "Revision", "Settled", "ContextDecided", "PassFailed", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,19 @@ class ContextDecided:
 
 
 @dataclass(frozen=True, eq=False)
+class PassFailed:
+    """Handling a context pass's or a settle decode's answer raised ``error`` (a fault in this
+    server, not in the client's audio). The channel went back to where it was before that answer
+    and went on as if the pass had been skipped: its finals keep their text, and the session goes
+    on. Not sent to the client; the transport logs it with its traceback and counts it
+    (``asr_pass_failures_total``)."""
+
+    channel: int
+    pass_name: str  # "context" or "settle", as :attr:`Revision.pass_name`
+    error: Exception
+
+
+@dataclass(frozen=True, eq=False)
 class DecodeJob:
     """A decode the channel wants. Identity matters: results come back with it."""
 
@@ -167,4 +180,4 @@ class SplitUtterance:
     dips: bool = False
 
 
-PipelineEvent = SpeechStart | Interim | Final | Revision | Settled | ContextDecided | SubmitJob | WithdrawJob | SplitUtterance
+PipelineEvent = SpeechStart | Interim | Final | Revision | Settled | ContextDecided | PassFailed | SubmitJob | WithdrawJob | SplitUtterance

@@ -32,7 +32,7 @@ from .audio.vad import VadGate, VadOptions
 from .decoding.context import ContextOptions
 from .decoding.incremental import ChannelDecoder
 from .errors import AsrError, DecodeFailed, ServerError, wire_info
-from .events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from .events import ContextDecided, DecodeJob, Final, Interim, PassFailed, PipelineEvent, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from .inference.level import talker_gain_db
 from .inference.types import DecodeKind, Hypothesis
 from .options import Limits, StreamOptions
@@ -63,7 +63,7 @@ class Close:
     reason: str
 
 
-SessionOutput = Send | SubmitJob | WithdrawJob | ContextDecided | Close
+SessionOutput = Send | SubmitJob | WithdrawJob | ContextDecided | PassFailed | Close
 
 
 class Session:
@@ -305,7 +305,7 @@ class Session:
     def _pipeline(self, events: list[PipelineEvent]) -> list[SessionOutput]:
         out: list[SessionOutput] = []
         for event in events:
-            if isinstance(event, SubmitJob | WithdrawJob | ContextDecided):
+            if isinstance(event, SubmitJob | WithdrawJob | ContextDecided | PassFailed):
                 out.append(event)
             elif isinstance(event, SplitUtterance):
                 c = event.channel

@@ -51,14 +51,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
-from ..events import ContextDecided, DecodeJob, Final, Interim, PipelineEvent, RevisedSegment, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from ..events import ContextDecided, DecodeJob, Final, Interim, PassFailed, PipelineEvent, RevisedSegment, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
 from .background import BackgroundFilter
@@ -1028,12 +1028,31 @@ class ChannelDecoder:
         return fresh
 
     def _context_ended(self, job: DecodeJob, hypothesis: Hypothesis | None, repeat: bool = False) -> list[PipelineEvent]:
+        """A context pass or a settle decode came back (None: skipped or failed): :meth:`_pass_ended`.
+
+        A fault in handling its answer costs that answer only: the channel goes back to where it
+        was before it (:class:`_Saved`), a :class:`PassFailed` tells the transport, and the pass
+        ends as a skipped one does (its finals keep the text the client holds). A pass refines
+        what the client already has; such a fault used to end the whole session with
+        ``internal_error`` (a pass that heard only its lookahead ended a 13-minute stream at
+        652 s, docs/benchmarks.md, eighty-sixth session). A fault in the skipped ending itself
+        still ends the session: there is no simpler way on."""
+        if job is not self._context_job:
+            raise ValueError("context result for a job that is not in flight on this channel")
+        if hypothesis is None:
+            return self._pass_ended(job, None)
+        saved = _Saved.of(self)
+        try:
+            return self._pass_ended(job, hypothesis, repeat)
+        except Exception as error:  # noqa: BLE001 - contained, as the docstring says; the transport logs its traceback
+            saved.restore(self)
+            return [PassFailed(self.channel, "settle" if self._settling else "context", error), *self._pass_ended(job, None)]
+
+    def _pass_ended(self, job: DecodeJob, hypothesis: Hypothesis | None, repeat: bool = False) -> list[PipelineEvent]:
         """A context pass came back (None: skipped or failed); a revision where its words differ.
 
         ``repeat``: ``hypothesis`` is the last pass's, whose window was the same (its
         words are not counted as votes again)."""
-        if job is not self._context_job:
-            raise ValueError("context result for a job that is not in flight on this channel")
         if self._settling:
             return self._settle_ended(job, hypothesis)
         self._context_job = None
@@ -1148,6 +1167,32 @@ class ChannelDecoder:
             return []
         text, stable = utt.last_interim
         return [Interim(self.channel, utt.index, self._next_offset(), text, stable, round(utt.speech_at / MODEL_RATE, 3), round(utt.end / MODEL_RATE, 3))]
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """A channel decoder's state, to go back to where handling a pass's answer raised
+    (:meth:`ChannelDecoder._context_ended`): its attributes, the list of records it keeps, and
+    each record's fields (an answer changes records in place: text, words, offsets, votes,
+    heard, settled). Its other attributes a pass changes are replaced, never changed in place."""
+
+    attributes: dict[str, object]
+    records: tuple[tuple[Finalized, dict[str, object]], ...]
+
+    @classmethod
+    def of(cls, decoder: ChannelDecoder) -> _Saved:
+        attributes = dict(vars(decoder))
+        attributes["_done"] = list(decoder._done)
+        records = tuple((r, {f.name: getattr(r, f.name) for f in fields(r)} | {"votes": dict(r.votes)}) for r in decoder._done)
+        return cls(attributes, records)
+
+    def restore(self, decoder: ChannelDecoder) -> None:
+        state = vars(decoder)
+        state.clear()
+        state.update(self.attributes)
+        for record, values in self.records:
+            for name, value in values.items():
+                setattr(record, name, value)
 
 
 def _trusted_tail(records: list[Finalized]) -> list[Finalized]:

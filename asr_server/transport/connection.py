@@ -44,7 +44,7 @@ from ..errors import (
     ShuttingDown,
     wire_info,
 )
-from ..events import ContextDecided, Final, Interim, Revision, SpeechStart, SubmitJob, WithdrawJob
+from ..events import ContextDecided, Final, Interim, PassFailed, Revision, SpeechStart, SubmitJob, WithdrawJob
 from ..options import Limits, StreamOptions
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, NativeDialect, WebRtcOffer, parse_client_message
 from ..protocol.openai_realtime import Reconfigure
@@ -711,6 +711,9 @@ class Connection:
                     self._spawn(self._decode(output))
                 case ContextDecided():
                     self._observe_context(output)
+                case PassFailed():
+                    self.metrics.pass_failures.labels(output.pass_name).inc()
+                    log.error("session=%s event=pass_failed pass=%s channel=%d", self.sid, output.pass_name, output.channel, exc_info=output.error)
                 case WithdrawJob():
                     # If it was still waiting, its _decode task now gets the skip; if it runs, the
                     # core may go on without its answer.

@@ -9,7 +9,7 @@ import pytest
 
 from asr_client import Transcript
 from asr_server.decoding.context import ContextOptions
-from asr_server.events import ContextDecided, SubmitJob
+from asr_server.events import ContextDecided, PassFailed, SubmitJob
 from asr_server.inference.types import DecodeKind, Hypothesis, Word
 from asr_server.options import StreamOptions
 from asr_server.session import Close, Send, Session
@@ -106,12 +106,18 @@ class Driver:
                 (self.context_jobs if out.job.request.kind is DecodeKind.CONTEXT else first_pass).append(out.job)
             elif isinstance(out, ContextDecided):
                 self.decided.extend(out.utterances)
+            elif isinstance(out, PassFailed):
+                self.failed(out)
             elif isinstance(out, Close):
                 self.close = out
         for job in first_pass:
             kind = job.request.kind
             hyp = self.model.interim(job.request) if kind is DecodeKind.INTERIM else self.model.final(job.request)
             self.apply(self.session.job_done(job, hyp))
+
+    def failed(self, event: PassFailed) -> None:
+        """Handling a pass's answer raised: the server contains it, but it is a fault all the same."""
+        raise event.error
 
     def run_context(self) -> None:
         while self.context_jobs:

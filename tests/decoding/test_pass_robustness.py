@@ -12,13 +12,19 @@ lookahead and settle decodes, and some passes skipped or failed, and check after
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import numpy as np
 import pytest
 
 from asr_server.decoding.context import ContextOptions
+from asr_server.decoding.incremental import ChannelDecoder
 from asr_server.inference.types import Hypothesis, Word
 
+from asr_server.session import Send
+
 from .test_context import ALONE, Driver, TwoPassModel, check_rules, passes, server_transcript, speech
+from .test_settle import SettleModel
 
 VOCABULARY = [w for sentence in ALONE for w in sentence.split()] + ["3", "the", "I", "you."]
 PIECES = [",800", "'s", ".", "-ish", "%"]  # written after a word with no space before them
@@ -85,3 +91,75 @@ def test_passes_over_random_hypotheses_keep_the_session_going_and_the_transcript
     assert model.context_requests > 0 and not d.of_type("error")
     assert d.of_type("closed")
     assert d.client.final_text() == server_transcript(d)
+
+
+class FaultDriver(Driver):
+    """Answers every pass; the answer to pass number ``fault`` (from 1) raises once handling it has
+    made its revision (``faulty``), or is dropped as a skipped pass's (not ``faulty``: the twin)."""
+
+    def __init__(self, model, context: ContextOptions, fault: int | None = None, faulty: bool = True) -> None:
+        self.fault, self.faulty = fault, faulty
+        self.answered = 0
+        self.revising: list[tuple[int, str]] = []  # (answer, pass) for each revision an answer sent
+        self.failures: list = []
+        super().__init__(model, context=context)
+
+    def failed(self, event) -> None:
+        self.failures.append(event)
+
+    def answer_context(self, job):
+        self.answered += 1
+        decoder = self.session._decoders[0]
+        if hasattr(self.model, "settling"):  # the settle tests' model hears a settle decode otherwise
+            self.model.settling = decoder._settling
+        hypothesis = self.model.context(job.request)
+        if self.answered != self.fault:
+            outputs = self.session.job_done(job, hypothesis)
+            self.revising += [(self.answered, o.message["pass"]) for o in outputs if isinstance(o, Send) and o.message["type"] == "revision"]
+            return outputs
+        if not self.faulty:
+            return self.session.job_skipped(job)
+        revise = ChannelDecoder._revise
+
+        def revise_then_fail(decoder, *args, **kwargs):
+            revise(decoder, *args, **kwargs)  # every record changed in place, as a late fault finds them
+            raise RuntimeError("a fault in handling the answer")
+
+        with patch.object(ChannelDecoder, "_revise", revise_then_fail):
+            return self.session.job_done(job, hypothesis)
+
+
+def _stream(d: FaultDriver) -> FaultDriver:
+    audio = speech()
+    for i in range(0, len(audio), 1600):
+        d.feed(audio[i : i + 1600])
+        d.run_context()
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    return d
+
+
+TOGETHER = ["he was not an ill-disposed young man", "unless to be rather cold-hearted", "and rather selfish", "is to be ill-disposed", "the end of it"]
+
+
+@pytest.mark.parametrize("pass_name", ["context", "settle"])
+def test_a_fault_in_handling_a_passs_answer_costs_that_pass_only(pass_name):
+    """Handling the answer of a pass that revises raises after the revision is made (records
+    changed in place): the session goes on, and sends word for word what it sends where that pass
+    was skipped. The client keeps what it had; the next passes revise as they would; one
+    :class:`PassFailed` tells the transport. It used to end the session with ``internal_error``."""
+    def model() -> TwoPassModel:
+        return TwoPassModel(ALONE, TOGETHER) if pass_name == "context" else SettleModel(lambda n: ALONE[n], lambda n: TOGETHER[n])
+
+    options = passes(min_new_s=0.1, ahead_s=1.5) if pass_name == "context" else ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0)
+    clean = _stream(FaultDriver(model(), options))
+    fault = next(answer for answer, name in clean.revising if name == pass_name)
+    faulty = _stream(FaultDriver(model(), options, fault))
+    skipped = _stream(FaultDriver(model(), options, fault, faulty=False))
+    assert [(f.pass_name, str(f.error)) for f in faulty.failures] == [(pass_name, "a fault in handling the answer")]
+    assert faulty.messages == skipped.messages != clean.messages
+    assert not skipped.failures and not clean.failures
+    check_rules(faulty)
+    assert faulty.messages[-1]["type"] == "closed" and not faulty.of_type("error")
+    assert faulty.client.final_text() == server_transcript(faulty)
+    assert any(m["type"] == "revision" and m["pass"] == pass_name for m in faulty.messages)  # later passes still revise
