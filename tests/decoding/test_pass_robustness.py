@@ -72,10 +72,73 @@ class RandomModel(TwoPassModel):
         return heard if self.rng.random() < 0.3 else self._random(request.duration)
 
 
+HALLUCINATIONS = ["Thank you.", "Thanks for watching!", "[BLANK_AUDIO]", "(upbeat music)", "♪", "...", "you"]
+
+
+class ShapedModel(RandomModel):
+    """The sentences as heard (:class:`TwoPassModel`), often gone wrong as Whisper goes wrong: a run
+    of words looped, a hallucination after the speech (or past the audio's end), a decode that
+    stopped early, timestamps collapsed onto the last word, no case or marks, two words joined or
+    one split in pieces, every word shifted by up to a second, nothing heard."""
+
+    def _shaped(self, hyp: Hypothesis, duration: float) -> Hypothesis:
+        words = list(hyp.words)
+        for _ in range(int(self.rng.integers(1, 3))):
+            words = self._misheard(words, duration, int(self.rng.integers(0, 8)))
+        return Hypothesis("".join(w.word for w in words).strip(), tuple(words), avg_logprob=float(self.rng.uniform(-1.5, -0.05)))
+
+    def _misheard(self, words: list[Word], duration: float, how: int) -> list[Word]:
+        r = self.rng
+        k = int(r.integers(0, len(words))) if words else 0
+        if how == 0 and words:  # a loop: a run of 1-3 words again and again, each time shorter
+            run, t, loop = words[k : k + int(r.integers(1, 4))], words[k].end, []
+            for w in run * int(r.integers(3, 10)):
+                step = (w.end - w.start) * float(r.uniform(0.2, 1.0))
+                loop.append(Word(w.word, round(t, 3), round(t + step, 3), float(r.uniform(0.1, 0.9))))
+                t += step
+            return words[: k + len(run)] + loop + words[k + len(run) :]
+        if how == 1:  # a hallucination in the quiet after the speech, or past the audio
+            t = float(r.uniform(max(0.0, duration - 2.0), duration + 1.0))
+            parts = str(r.choice(HALLUCINATIONS)).split()
+            return words + [Word(" " + p, round(t + 0.2 * j, 3), round(t + 0.2 * j + 0.2, 3), float(r.uniform(0.05, 0.6))) for j, p in enumerate(parts)]
+        if how == 2:
+            return words[:k]
+        if how == 3 and words:
+            return [Word(w.word, words[-1].end, words[-1].end, w.probability) for w in words]
+        if how == 4:
+            return [Word(w.word.lower().rstrip(".,?!"), w.start, w.end, w.probability) for w in words]
+        if how == 5 and k + 1 < len(words):  # "ill-disposed" for "ill disposed"
+            a, b = words[k], words[k + 1]
+            return words[:k] + [Word(a.word + "-" + b.word.strip(), a.start, b.end, min(a.probability, b.probability))] + words[k + 2 :]
+        if how == 5 and words and len(words[k].word) > 3:  # a word in two pieces
+            w, cut = words[k], len(words[k].word) // 2 + 1
+            mid = round((w.start + w.end) / 2, 3)
+            return words[:k] + [Word(w.word[:cut], w.start, mid, w.probability), Word(w.word[cut:], mid, w.end, w.probability)] + words[k + 1 :]
+        if how == 6:
+            shift = float(r.uniform(-1.0, 1.0))
+            return [Word(w.word, round(max(0.0, w.start + shift), 3), round(max(0.0, w.end + shift), 3), w.probability) for w in words]
+        return [] if how == 7 else words
+
+    def final(self, request) -> Hypothesis:
+        heard = TwoPassModel.final(self, request)
+        return self._shaped(heard, request.duration) if self.rng.random() < 0.5 else heard
+
+    def interim(self, request) -> Hypothesis:
+        return self._shaped(TwoPassModel.final(self, request), request.duration) if self.rng.random() < 0.3 else Hypothesis("so far")
+
+    def context(self, request) -> Hypothesis:
+        heard = TwoPassModel.context(self, request)
+        return self._shaped(heard, request.duration) if self.rng.random() < 0.7 else heard
+
+
 @pytest.mark.parametrize("settle", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_passes_over_random_hypotheses_keep_the_session_going_and_the_transcript_rules(seed, settle):
-    model = RandomModel(seed)
+@pytest.mark.parametrize("model_kind", [RandomModel, ShapedModel])
+def test_passes_over_random_hypotheses_keep_the_session_going_and_the_transcript_rules(seed, settle, model_kind):
+    """Random hypotheses (:class:`RandomModel`), or the sentences misheard as Whisper mishears
+    (:class:`ShapedModel`), for finals, interims and passes: every message keeps the transcript
+    rules, no pass fails (the driver raises on a :class:`PassFailed`), and the stream closes."""
+    model = model_kind(seed)
     options = ContextOptions(ahead_s=1.5, min_new_s=0.1) if settle else passes(ahead_s=1.5, min_new_s=0.1)
     d = RandomDriver(model, context=options)
     d.session._decoders[0].spare_time = settle
