@@ -114,6 +114,7 @@ class Connection:
         self._chunks = 0  # audio chunks taken, for their trace spans
         self._speech_arrivals: dict[tuple[int, int], float] = {}  # utterances with no result yet: their speech's arrival
         self._finals_shown: dict[tuple[int, int], float] = {}  # finals no context pass has decided yet: when sent (bounded)
+        self._pass_failures = 0  # passes whose answer the decoder failed to handle (PassFailed): logged in full once
         self._pcm = _pcm_decoder(self.options)
         self._container: ContainerDecoder | None = None
         self._container_task: asyncio.Task[None] | None = None
@@ -712,8 +713,7 @@ class Connection:
                 case ContextDecided():
                     self._observe_context(output)
                 case PassFailed():
-                    self.metrics.pass_failures.labels(output.pass_name).inc()
-                    log.error("session=%s event=pass_failed pass=%s channel=%d", self.sid, output.pass_name, output.channel, exc_info=output.error)
+                    self._pass_failed(output)
                 case WithdrawJob():
                     # If it was still waiting, its _decode task now gets the skip; if it runs, the
                     # core may go on without its answer.
@@ -823,6 +823,17 @@ class Connection:
                 "session=%s event=final channel=%d utterance=%d reason=%s chars=%d dropped=%s",
                 self.sid, event.channel, event.utterance, event.reason.value, len(event.text), ",".join(event.dropped) or "-",
             )
+
+    def _pass_failed(self, event: PassFailed) -> None:
+        """A bug the decoder contained (the pass was dropped): counted, and logged with its traceback
+        the first time in the session (one that hits every pass would fill the log with the same one)."""
+        self.metrics.pass_failures.labels(event.pass_name).inc()
+        self._pass_failures += 1
+        first = self._pass_failures == 1
+        log.error(
+            "session=%s event=pass_failed pass=%s channel=%d failures=%d error=%r%s", self.sid, event.pass_name, event.channel,
+            self._pass_failures, event.error, "" if first else " (traceback logged at the first)", exc_info=event.error if first else None,
+        )
 
     def _observe_context(self, event: ContextDecided) -> None:
         """How long each final the pass decided had shown its first-pass text: how far passes lag."""

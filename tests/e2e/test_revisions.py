@@ -92,6 +92,7 @@ def test_a_fault_in_handling_passes_costs_the_revisions_only_and_operators_see_i
     assert _pass_failures_counted(full_pass_server) > before
     logged = [rec for rec in caplog.records if "event=pass_failed" in rec.getMessage()]
     assert logged and logged[0].exc_info is not None and str(logged[0].exc_info[1]) == "a fault in handling the answer"
+    assert len(logged) >= 2 and all(rec.exc_info is None for rec in logged[1:])  # the traceback once a session, not every pass
 
 
 def _pass_failures_counted(server) -> float:
