@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .audio.chunker import EndReason
 from .inference.types import DecodeRequest, Word
 
-__all__ = ["SpeechStart", "Interim", "Final", "RevisedSegment", "Revision", "Settled", "ContextDecided", "PassFailed", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
+__all__ = ["SpeechStart", "Interim", "Final", "RevisedSegment", "Revision", "Settled", "ContextDecided", "AnswerFailed", "DecodeJob", "SubmitJob", "WithdrawJob", "SplitUtterance", "PipelineEvent"]
 
 
 @dataclass(frozen=True)
@@ -115,15 +115,18 @@ class ContextDecided:
 
 
 @dataclass(frozen=True, eq=False)
-class PassFailed:
-    """Handling a context pass's or a settle decode's answer raised ``error`` (a fault in this
-    server, not in the client's audio). The channel went back to where it was before that answer
-    and went on as if the pass had been skipped: its finals keep their text, and the session goes
-    on. Not sent to the client; the transport logs it with its traceback and counts it
-    (``asr_pass_failures_total``)."""
+class AnswerFailed:
+    """Handling the answer of a decode raised ``error``: a fault in this server, not in the
+    client's audio. The channel went back to where it was before that answer and took it as a
+    failed decode's: an interim or a pause decode is dropped, a final is given up (empty text,
+    or the words an earlier decode of it heard; the session sends ``decode_failed`` for it), a
+    context pass or settle decode ends as a skipped one (the finals keep the text the client
+    holds). The session goes on. Not sent to the client itself; the transport logs it with its
+    traceback and counts it (``asr_answer_failures_total``)."""
 
     channel: int
-    pass_name: str  # "context" or "settle", as :attr:`Revision.pass_name`
+    utterance: int
+    decode: str  # "interim", "pause" (a final decode at a pause), "final", "context" or "settle"
     error: Exception
 
 
@@ -180,4 +183,4 @@ class SplitUtterance:
     dips: bool = False
 
 
-PipelineEvent = SpeechStart | Interim | Final | Revision | Settled | ContextDecided | PassFailed | SubmitJob | WithdrawJob | SplitUtterance
+PipelineEvent = SpeechStart | Interim | Final | Revision | Settled | ContextDecided | AnswerFailed | SubmitJob | WithdrawJob | SplitUtterance

@@ -107,11 +107,12 @@ class Metrics:
             "a pass waits for about 5 s of new speech and decides a final with a later one in its window)",
             buckets=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 30, 45, 60, 120), registry=r,
         )
-        self.pass_failures = Counter(
-            "asr_pass_failures_total",
-            "Context passes or settle decodes whose answer the server failed to handle (a bug, logged with its "
-            "traceback as event=pass_failed): the pass was dropped, the finals kept their text, the session went on",
-            ["pass"], registry=r,
+        self.answer_failures = Counter(
+            "asr_answer_failures_total",
+            "Decodes whose answer the server failed to handle (a bug, logged with its traceback as event=answer_failed), "
+            "by decode: taken as a failed decode's (interims dropped, finals given up with decode_failed, passes skipped); "
+            "the session went on",
+            ["decode"], registry=r,
         )
         self.decode_failures = Counter(
             "asr_decode_failures_total",

@@ -32,7 +32,7 @@ from .audio.vad import VadGate, VadOptions
 from .decoding.context import ContextOptions
 from .decoding.incremental import ChannelDecoder
 from .errors import AsrError, DecodeFailed, ServerError, wire_info
-from .events import ContextDecided, DecodeJob, Final, Interim, PassFailed, PipelineEvent, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from .events import AnswerFailed, ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from .inference.level import talker_gain_db
 from .inference.types import DecodeKind, Hypothesis
 from .options import Limits, StreamOptions
@@ -63,7 +63,7 @@ class Close:
     reason: str
 
 
-SessionOutput = Send | SubmitJob | WithdrawJob | ContextDecided | PassFailed | Close
+SessionOutput = Send | SubmitJob | WithdrawJob | ContextDecided | AnswerFailed | Close
 
 
 class Session:
@@ -254,8 +254,7 @@ class Session:
             return []
         out: list[SessionOutput] = []
         if job.request.kind is DecodeKind.FINAL and not job.speculative:
-            error = DecodeFailed(f"utterance {job.utterance} of channel {job.channel} could not be decoded; its final is empty, or holds only what an earlier decode of it heard")
-            out.append(Send(self._writer.error(error, channel=job.channel, utterance=job.utterance)))
+            out.append(self._final_given_up(job.channel, job.utterance))
         out += self._pipeline(self._decoders[job.channel].job_failed(job))
         return out + self._maybe_closed()
 
@@ -302,10 +301,17 @@ class Session:
         out.append(Close(self._close_code, self._close_reason))
         return out
 
+    def _final_given_up(self, channel: int, utterance: int) -> Send:
+        """The ``decode_failed`` error that goes before a final given up (empty, or with only what an earlier decode heard)."""
+        error = DecodeFailed(f"utterance {utterance} of channel {channel} could not be decoded; its final is empty, or holds only what an earlier decode of it heard")
+        return Send(self._writer.error(error, channel=channel, utterance=utterance))
+
     def _pipeline(self, events: list[PipelineEvent]) -> list[SessionOutput]:
         out: list[SessionOutput] = []
         for event in events:
-            if isinstance(event, SubmitJob | WithdrawJob | ContextDecided | PassFailed):
+            if isinstance(event, AnswerFailed) and event.decode == "final":  # its final given up follows
+                out += [event, self._final_given_up(event.channel, event.utterance)]
+            elif isinstance(event, SubmitJob | WithdrawJob | ContextDecided | AnswerFailed):
                 out.append(event)
             elif isinstance(event, SplitUtterance):
                 c = event.channel

@@ -85,7 +85,7 @@ from stream_bench import DEFAULT_FIXTURES, covering_latencies, fixture_names, lo
 
 from asr_server.audio.vad import VadOptions  # noqa: E402
 from asr_server.decoding.context import ContextOptions, Finalized, window_request  # noqa: E402
-from asr_server.events import PassFailed, SubmitJob  # noqa: E402
+from asr_server.events import AnswerFailed, SubmitJob  # noqa: E402
 from asr_server.inference.types import DecodeKind  # noqa: E402
 from asr_server.inference.whisper import DEFAULT_MODEL, SETTLE_BEAM_SIZE, WhisperRunner, resolve_model  # noqa: E402
 from asr_server.inference.windows import LEAN_CONTEXT_PAD_S  # noqa: E402
@@ -154,7 +154,7 @@ class Replayer:
                     self.finals.append(out.message["text"])
                     self.final_at.append((self._fed / 16000, out.message["start"], out.message["end"]))
                     self.reasons[out.message["reason"]] = self.reasons.get(out.message["reason"], 0) + 1
-            elif isinstance(out, PassFailed):  # the server goes on without it; a replay stops to show it
+            elif isinstance(out, AnswerFailed):  # the server goes on without it; a replay stops to show it
                 raise out.error
             elif isinstance(out, SubmitJob):
                 if out.job.request.kind is DecodeKind.CONTEXT:

@@ -55,11 +55,11 @@ class SyncDriver:
     """Drives a Session without a server: decode jobs run as soon as they are submitted."""
 
     def __init__(self, session, runner) -> None:
-        from asr_server.events import PassFailed
+        from asr_server.events import AnswerFailed
         from asr_server.events import SubmitJob as Submit
         from asr_server.session import Close, Send
 
-        self._types = (Close, Send, Submit, PassFailed)
+        self._types = (Close, Send, Submit, AnswerFailed)
         self.session = session
         self.runner = runner
         self.messages: list[dict] = []
@@ -68,11 +68,11 @@ class SyncDriver:
         self.apply(session.start())
 
     def apply(self, outputs) -> None:
-        Close, Send, Submit, PassFailed = self._types
+        Close, Send, Submit, AnswerFailed = self._types
         for out in outputs:
             if isinstance(out, Send):
                 self.messages.append(out.message)
-            elif isinstance(out, PassFailed):  # the server contains it, but it is a fault all the same
+            elif isinstance(out, AnswerFailed):  # the server contains it, but it is a fault all the same
                 raise out.error
             elif isinstance(out, Submit):
                 self._jobs.append(out.job)

@@ -49,6 +49,7 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -58,7 +59,7 @@ import numpy as np
 from ..audio.buffer import AudioBuffer
 from ..audio.chunker import ChunkEvent, EndReason, UtteranceAudio, UtteranceEnded, UtterancePaused, UtteranceStarted
 from ..audio.decode import MODEL_RATE
-from ..events import ContextDecided, DecodeJob, Final, Interim, PassFailed, PipelineEvent, RevisedSegment, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
+from ..events import AnswerFailed, ContextDecided, DecodeJob, Final, Interim, PipelineEvent, RevisedSegment, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from ..inference.types import DecodeKind, DecodeRequest, Hypothesis, Word
 from ..options import StreamOptions
 from .background import BackgroundFilter
@@ -420,7 +421,24 @@ class ChannelDecoder:
         return self._utterances.get(job.utterance)
 
     def job_done(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
-        """Hand back the result of the job this decoder submitted last."""
+        """Hand back the result of the job this decoder submitted last.
+
+        A fault in handling a first-pass answer costs that decode only, as one in handling a
+        pass's does (:meth:`_context_ended`): the channel goes back to where it was before it
+        (:class:`_Saved`), an :class:`AnswerFailed` tells the session, and the answer is taken as
+        a failed decode's (:meth:`job_failed`: an interim dropped, a final given up). Such a fault
+        used to end the whole session with ``internal_error``."""
+        if job.request.kind is DecodeKind.CONTEXT:
+            return self._answered(job, hypothesis)
+        saved = _Saved.of(self)
+        try:
+            return self._answered(job, hypothesis)
+        except Exception as error:  # noqa: BLE001 - contained, as the docstring says; the transport logs its traceback
+            saved.restore(self)
+            decode = "pause" if job.speculative else job.request.kind.value
+            return [AnswerFailed(self.channel, job.utterance, decode, error), *self.job_failed(job)]
+
+    def _answered(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
         if self._dropped(job):
             return self._late_interim(job, hypothesis)
         if job.request.kind is DecodeKind.CONTEXT:
@@ -1031,7 +1049,7 @@ class ChannelDecoder:
         """A context pass or a settle decode came back (None: skipped or failed): :meth:`_pass_ended`.
 
         A fault in handling its answer costs that answer only: the channel goes back to where it
-        was before it (:class:`_Saved`), a :class:`PassFailed` tells the transport, and the pass
+        was before it (:class:`_Saved`), an :class:`AnswerFailed` tells the transport, and the pass
         ends as a skipped one does (its finals keep the text the client holds). A pass refines
         what the client already has; such a fault used to end the whole session with
         ``internal_error`` (a pass that heard only its lookahead ended a 13-minute stream at
@@ -1046,7 +1064,7 @@ class ChannelDecoder:
             return self._pass_ended(job, hypothesis, repeat)
         except Exception as error:  # noqa: BLE001 - contained, as the docstring says; the transport logs its traceback
             saved.restore(self)
-            return [PassFailed(self.channel, "settle" if self._settling else "context", error), *self._pass_ended(job, None)]
+            return [AnswerFailed(self.channel, job.utterance, "settle" if self._settling else "context", error), *self._pass_ended(job, None)]
 
     def _pass_ended(self, job: DecodeJob, hypothesis: Hypothesis | None, repeat: bool = False) -> list[PipelineEvent]:
         """A context pass came back (None: skipped or failed); a revision where its words differ.
@@ -1171,28 +1189,42 @@ class ChannelDecoder:
 
 @dataclass(frozen=True)
 class _Saved:
-    """A channel decoder's state, to go back to where handling a pass's answer raised
-    (:meth:`ChannelDecoder._context_ended`): its attributes, the list of records it keeps, and
-    each record's fields (an answer changes records in place: text, words, offsets, votes,
-    heard, settled). Its other attributes a pass changes are replaced, never changed in place."""
+    """A channel decoder's state, to go back to where handling a decode's answer raised
+    (:meth:`ChannelDecoder.job_done`, :meth:`ChannelDecoder._context_ended`): its attributes, its
+    lists of records, utterances and abandoned jobs, and the fields of each record and utterance
+    (an answer changes them in place: a record's text, words, offset, votes; an utterance's
+    agreement, interim, cuts asked for). Its other attributes an answer changes are replaced,
+    never changed in place (an utterance's audio only grows as audio is fed, not on an answer)."""
 
     attributes: dict[str, object]
-    records: tuple[tuple[Finalized, dict[str, object]], ...]
+    kept: tuple[tuple[Finalized | _Utterance, dict[str, object]], ...]
 
     @classmethod
     def of(cls, decoder: ChannelDecoder) -> _Saved:
         attributes = dict(vars(decoder))
-        attributes["_done"] = list(decoder._done)
-        records = tuple((r, {f.name: getattr(r, f.name) for f in fields(r)} | {"votes": dict(r.votes)}) for r in decoder._done)
-        return cls(attributes, records)
+        attributes.update(
+            _done=list(decoder._done), _utterances=OrderedDict(decoder._utterances), _abandoned=list(decoder._abandoned),
+            _background=copy.deepcopy(decoder._background),
+        )
+        return cls(attributes, tuple((o, _fields(o)) for o in [*decoder._done, *decoder._utterances.values()]))
 
     def restore(self, decoder: ChannelDecoder) -> None:
         state = vars(decoder)
         state.clear()
         state.update(self.attributes)
-        for record, values in self.records:
+        for kept, values in self.kept:
             for name, value in values.items():
-                setattr(record, name, value)
+                setattr(kept, name, value)
+
+
+def _fields(kept: Finalized | _Utterance) -> dict[str, object]:
+    """The fields of a record or an utterance, with copies of those an answer changes in place."""
+    values = {f.name: getattr(kept, f.name) for f in fields(kept)}
+    if isinstance(kept, Finalized):
+        values["votes"] = dict(kept.votes)
+    else:
+        values["agreement"] = copy.deepcopy(kept.agreement)
+    return values
 
 
 def _trusted_tail(records: list[Finalized]) -> list[Finalized]:

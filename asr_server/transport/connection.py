@@ -44,7 +44,7 @@ from ..errors import (
     ShuttingDown,
     wire_info,
 )
-from ..events import ContextDecided, Final, Interim, PassFailed, Revision, SpeechStart, SubmitJob, WithdrawJob
+from ..events import AnswerFailed, ContextDecided, Final, Interim, Revision, SpeechStart, SubmitJob, WithdrawJob
 from ..options import Limits, StreamOptions
 from ..protocol.messages import CloseStream, Finalize, KeepAlive, NativeDialect, WebRtcOffer, parse_client_message
 from ..protocol.openai_realtime import Reconfigure
@@ -111,10 +111,9 @@ class Connection:
         self._arrivals: list[tuple[int, float]] = []
         self._first_audio_at: float | None = None
         self._first_interim_seen = False
-        self._chunks = 0  # audio chunks taken, for their trace spans
+        self._chunks = self._answer_failures = 0  # audio chunks taken (trace spans); answers failed (AnswerFailed)
         self._speech_arrivals: dict[tuple[int, int], float] = {}  # utterances with no result yet: their speech's arrival
         self._finals_shown: dict[tuple[int, int], float] = {}  # finals no context pass has decided yet: when sent (bounded)
-        self._pass_failures = 0  # passes whose answer the decoder failed to handle (PassFailed): logged in full once
         self._pcm = _pcm_decoder(self.options)
         self._container: ContainerDecoder | None = None
         self._container_task: asyncio.Task[None] | None = None
@@ -712,8 +711,8 @@ class Connection:
                     self._spawn(self._decode(output))
                 case ContextDecided():
                     self._observe_context(output)
-                case PassFailed():
-                    self._pass_failed(output)
+                case AnswerFailed():
+                    self._answer_failed(output)
                 case WithdrawJob():
                     # If it was still waiting, its _decode task now gets the skip; if it runs, the
                     # core may go on without its answer.
@@ -824,15 +823,18 @@ class Connection:
                 self.sid, event.channel, event.utterance, event.reason.value, len(event.text), ",".join(event.dropped) or "-",
             )
 
-    def _pass_failed(self, event: PassFailed) -> None:
-        """A bug the decoder contained (the pass was dropped): counted, and logged with its traceback
-        the first time in the session (one that hits every pass would fill the log with the same one)."""
-        self.metrics.pass_failures.labels(event.pass_name).inc()
-        self._pass_failures += 1
-        first = self._pass_failures == 1
+    def _answer_failed(self, event: AnswerFailed) -> None:
+        """A bug the decoder contained (the answer was taken as a failed decode's): counted, and logged
+        with its traceback the first time in the session (one that hits every decode would fill the
+        log with the same one)."""
+        self.metrics.answer_failures.labels(event.decode).inc()
+        if event.decode == "final":  # the session sent decode_failed for it
+            self.metrics.errors.labels(DecodeFailed.code).inc()
+        self._answer_failures += 1
+        first = self._answer_failures == 1
         log.error(
-            "session=%s event=pass_failed pass=%s channel=%d failures=%d error=%r%s", self.sid, event.pass_name, event.channel,
-            self._pass_failures, event.error, "" if first else " (traceback logged at the first)", exc_info=event.error if first else None,
+            "session=%s event=answer_failed decode=%s channel=%d utterance=%d failures=%d error=%r%s", self.sid, event.decode, event.channel, event.utterance,
+            self._answer_failures, event.error, "" if first else " (traceback logged at the first)", exc_info=event.error if first else None,
         )
 
     def _observe_context(self, event: ContextDecided) -> None:

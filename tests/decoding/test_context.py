@@ -9,7 +9,7 @@ import pytest
 
 from asr_client import Transcript
 from asr_server.decoding.context import ContextOptions
-from asr_server.events import ContextDecided, PassFailed, SubmitJob
+from asr_server.events import AnswerFailed, ContextDecided, SubmitJob
 from asr_server.inference.types import DecodeKind, Hypothesis, Word
 from asr_server.options import StreamOptions
 from asr_server.session import Close, Send, Session
@@ -106,16 +106,19 @@ class Driver:
                 (self.context_jobs if out.job.request.kind is DecodeKind.CONTEXT else first_pass).append(out.job)
             elif isinstance(out, ContextDecided):
                 self.decided.extend(out.utterances)
-            elif isinstance(out, PassFailed):
+            elif isinstance(out, AnswerFailed):
                 self.failed(out)
             elif isinstance(out, Close):
                 self.close = out
         for job in first_pass:
-            kind = job.request.kind
-            hyp = self.model.interim(job.request) if kind is DecodeKind.INTERIM else self.model.final(job.request)
-            self.apply(self.session.job_done(job, hyp))
+            self.apply(self.answer(job))
 
-    def failed(self, event: PassFailed) -> None:
+    def answer(self, job):
+        """What the session does with a first-pass decode's answer: here, the model's hypothesis."""
+        hyp = self.model.interim(job.request) if job.request.kind is DecodeKind.INTERIM else self.model.final(job.request)
+        return self.session.job_done(job, hyp)
+
+    def failed(self, event: AnswerFailed) -> None:
         """Handling a pass's answer raised: the server contains it, but it is a fault all the same."""
         raise event.error
 

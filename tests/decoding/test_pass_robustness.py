@@ -19,7 +19,7 @@ import pytest
 
 from asr_server.decoding.context import ContextOptions
 from asr_server.decoding.incremental import ChannelDecoder
-from asr_server.inference.types import Hypothesis, Word
+from asr_server.inference.types import DecodeKind, Hypothesis, Word
 
 from asr_server.session import Send
 
@@ -137,7 +137,7 @@ class ShapedModel(RandomModel):
 def test_passes_over_random_hypotheses_keep_the_session_going_and_the_transcript_rules(seed, settle, model_kind):
     """Random hypotheses (:class:`RandomModel`), or the sentences misheard as Whisper mishears
     (:class:`ShapedModel`), for finals, interims and passes: every message keeps the transcript
-    rules, no pass fails (the driver raises on a :class:`PassFailed`), and the stream closes."""
+    rules, no pass fails (the driver raises on a :class:`AnswerFailed`), and the stream closes."""
     model = model_kind(seed)
     options = ContextOptions(ahead_s=1.5, min_new_s=0.1) if settle else passes(ahead_s=1.5, min_new_s=0.1)
     d = RandomDriver(model, context=options)
@@ -156,40 +156,67 @@ def test_passes_over_random_hypotheses_keep_the_session_going_and_the_transcript
     assert d.client.final_text() == server_transcript(d)
 
 
-class FaultDriver(Driver):
-    """Answers every pass; the answer to pass number ``fault`` (from 1) raises once handling it has
-    made its revision (``faulty``), or is dropped as a skipped pass's (not ``faulty``: the twin)."""
+FAULT = "a fault in handling the answer"
+# What each kind of decode's answer is handled by, and the message it sends where it shows something.
+HANDLER = {
+    "interim": ("_interim", "interim"), "pause": ("_interim", "interim"), "final": ("_final", "final"),
+    "context": ("_revise", "revision"), "settle": ("_revise", "revision"),
+}
 
-    def __init__(self, model, context: ContextOptions, fault: int | None = None, faulty: bool = True) -> None:
-        self.fault, self.faulty = fault, faulty
-        self.answered = 0
-        self.revising: list[tuple[int, str]] = []  # (answer, pass) for each revision an answer sent
+
+class FaultDriver(Driver):
+    """Answers every decode. Answer number ``fault`` (from 1) of the decodes of kind ``target``
+    raises once its handler (:data:`HANDLER`) has changed the channel, as a late fault finds it
+    (``faulty``), or is taken as a failed decode's (not ``faulty``: the twin)."""
+
+    def __init__(self, model, context: ContextOptions, target: str, fault: int | None = None, faulty: bool = True) -> None:
+        self.target, self.fault, self.faulty = target, fault, faulty
+        self.answered = {kind: 0 for kind in HANDLER}
+        self.showing: list[tuple[str, int]] = []  # (kind, answer) for each answer that showed something (HANDLER)
         self.failures: list = []
         super().__init__(model, context=context)
 
     def failed(self, event) -> None:
         self.failures.append(event)
 
+    def answer(self, job):
+        return self._answer(job, self.model.interim(job.request) if job.request.kind is DecodeKind.INTERIM else self.model.final(job.request))
+
     def answer_context(self, job):
-        self.answered += 1
-        decoder = self.session._decoders[0]
         if hasattr(self.model, "settling"):  # the settle tests' model hears a settle decode otherwise
-            self.model.settling = decoder._settling
-        hypothesis = self.model.context(job.request)
-        if self.answered != self.fault:
+            self.model.settling = self.session._decoders[0]._settling
+        return self._answer(job, self.model.context(job.request))
+
+    def _answer(self, job, hypothesis):
+        kind = "settle" if job.request.kind is DecodeKind.CONTEXT and self.session._decoders[0]._settling else job.request.kind.value
+        kind = "pause" if job.speculative else kind
+        if kind == "pause" and self.target == "final":  # skipped: the final is decoded, not taken from it
+            return self.session.job_skipped(job)
+        self.answered[kind] += 1
+        method, shown = HANDLER[kind]
+        if (kind, self.answered[kind]) != (self.target, self.fault):
             outputs = self.session.job_done(job, hypothesis)
-            self.revising += [(self.answered, o.message["pass"]) for o in outputs if isinstance(o, Send) and o.message["type"] == "revision"]
+            if any(isinstance(o, Send) and o.message["type"] == shown and o.message["text"] and o.message.get("pass", kind) == kind for o in outputs):
+                self.showing.append((kind, self.answered[kind]))
             return outputs
         if not self.faulty:
-            return self.session.job_skipped(job)
-        revise = ChannelDecoder._revise
-
-        def revise_then_fail(decoder, *args, **kwargs):
-            revise(decoder, *args, **kwargs)  # every record changed in place, as a late fault finds them
-            raise RuntimeError("a fault in handling the answer")
-
-        with patch.object(ChannelDecoder, "_revise", revise_then_fail):
+            return self.session.job_failed(job)
+        with patch.object(ChannelDecoder, method, _failing_once(getattr(ChannelDecoder, method))):
             return self.session.job_done(job, hypothesis)
+
+
+def _failing_once(method):
+    """``method``, raising the first time once it has done its work (the decoder changed in place)."""
+    calls = []
+
+    def failing(decoder, *args, **kwargs):
+        out = method(decoder, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError(FAULT)
+        return out
+
+    return failing
 
 
 def _stream(d: FaultDriver) -> FaultDriver:
@@ -205,24 +232,28 @@ def _stream(d: FaultDriver) -> FaultDriver:
 TOGETHER = ["he was not an ill-disposed young man", "unless to be rather cold-hearted", "and rather selfish", "is to be ill-disposed", "the end of it"]
 
 
-@pytest.mark.parametrize("pass_name", ["context", "settle"])
-def test_a_fault_in_handling_a_passs_answer_costs_that_pass_only(pass_name):
-    """Handling the answer of a pass that revises raises after the revision is made (records
-    changed in place): the session goes on, and sends word for word what it sends where that pass
-    was skipped. The client keeps what it had; the next passes revise as they would; one
-    :class:`PassFailed` tells the transport. It used to end the session with ``internal_error``."""
+@pytest.mark.parametrize("target", list(HANDLER))
+def test_a_fault_in_handling_an_answer_costs_that_decode_only(target):
+    """Handling an answer that shows something (an interim, a pause decode's interim, a final with
+    words, a revision) raises after it has changed the channel: the session goes on, and sends
+    word for word what it sends where that decode failed (an interim or pause decode dropped; a
+    final given up, empty, after ``decode_failed``; a pass skipped, the client keeping what it had). One
+    :class:`AnswerFailed` tells the transport. Such a fault used to end the session with
+    ``internal_error``."""
     def model() -> TwoPassModel:
-        return TwoPassModel(ALONE, TOGETHER) if pass_name == "context" else SettleModel(lambda n: ALONE[n], lambda n: TOGETHER[n])
+        return SettleModel(lambda n: ALONE[n], lambda n: TOGETHER[n]) if target == "settle" else TwoPassModel(ALONE, TOGETHER)
 
-    options = passes(min_new_s=0.1, ahead_s=1.5) if pass_name == "context" else ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0)
-    clean = _stream(FaultDriver(model(), options))
-    fault = next(answer for answer, name in clean.revising if name == pass_name)
-    faulty = _stream(FaultDriver(model(), options, fault))
-    skipped = _stream(FaultDriver(model(), options, fault, faulty=False))
-    assert [(f.pass_name, str(f.error)) for f in faulty.failures] == [(pass_name, "a fault in handling the answer")]
-    assert faulty.messages == skipped.messages != clean.messages
-    assert not skipped.failures and not clean.failures
+    options = ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0) if target == "settle" else passes(min_new_s=0.1, ahead_s=1.5)
+    clean = _stream(FaultDriver(model(), options, target))
+    fault = next(answer for kind, answer in clean.showing if kind == target)
+    faulty = _stream(FaultDriver(model(), options, target, fault))
+    failed = _stream(FaultDriver(model(), options, target, fault, faulty=False))
+    assert [(f.decode, str(f.error)) for f in faulty.failures] == [(target, FAULT)]
+    assert faulty.messages == failed.messages != clean.messages
+    assert not failed.failures and not clean.failures
     check_rules(faulty)
-    assert faulty.messages[-1]["type"] == "closed" and not faulty.of_type("error")
+    assert faulty.messages[-1]["type"] == "closed"
+    assert [m["code"] for m in faulty.of_type("error")] == (["decode_failed"] if target == "final" else [])
     assert faulty.client.final_text() == server_transcript(faulty)
-    assert any(m["type"] == "revision" and m["pass"] == pass_name for m in faulty.messages)  # later passes still revise
+    shown = HANDLER[target][1]
+    assert sum(1 for m in faulty.messages if m["type"] == shown and m.get("pass", target) == target) > 1  # later ones still come

@@ -73,7 +73,7 @@ def test_a_context_revision_fixes_a_word_the_isolated_decode_got_wrong(server_fi
 def test_a_fault_in_handling_passes_costs_the_revisions_only_and_operators_see_it(full_pass_server, monkeypatch, caplog):
     """A server bug in handling every pass's answer (here: raised once the revision is made):
     the stream gets every final, no revision, and its ``closed``, as if the passes had been
-    skipped; operators get ``asr_pass_failures_total`` and the traceback in the log. Such a
+    skipped; operators get ``asr_answer_failures_total`` and the traceback in the log. Such a
     bug used to end the session with ``internal_error``."""
     from asr_server.decoding.incremental import ChannelDecoder
 
@@ -84,20 +84,20 @@ def test_a_fault_in_handling_passes_costs_the_revisions_only_and_operators_see_i
         raise RuntimeError("a fault in handling the answer")
 
     monkeypatch.setattr(ChannelDecoder, "_revise", revise_then_fail)
-    before = _pass_failures_counted(full_pass_server)
+    before = _answer_failures_counted(full_pass_server)
     r = asyncio.run(replay(full_pass_server.url, NAME))
     assert r.messages[-1].message["type"] == "closed" and not r.of_type("error") and not r.of_type("revision")
     finals = [m.message["text"] for m in r.of_type("final") if m.message["text"]]
     assert len(finals) >= 2 and r.final_text() == r.transcript().final_text(0) == " ".join(finals)
-    assert _pass_failures_counted(full_pass_server) > before
-    logged = [rec for rec in caplog.records if "event=pass_failed" in rec.getMessage()]
+    assert _answer_failures_counted(full_pass_server) > before
+    logged = [rec for rec in caplog.records if "event=answer_failed" in rec.getMessage()]
     assert logged and logged[0].exc_info is not None and str(logged[0].exc_info[1]) == "a fault in handling the answer"
     assert len(logged) >= 2 and all(rec.exc_info is None for rec in logged[1:])  # the traceback once a session, not every pass
 
 
-def _pass_failures_counted(server) -> float:
+def _answer_failures_counted(server) -> float:
     text = urllib.request.urlopen(server.http + "/metrics", timeout=10).read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith('asr_pass_failures_total{pass="context"}'))
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith('asr_answer_failures_total{decode="context"}'))
 
 
 def test_revisions_false_never_sends_one(live_server):
