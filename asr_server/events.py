@@ -121,12 +121,16 @@ class AnswerFailed:
     failed decode's: an interim or a pause decode is dropped, a final is given up (empty text,
     or the words an earlier decode of it heard; the session sends ``decode_failed`` for it), a
     context pass or settle decode ends as a skipped one (the finals keep the text the client
-    holds). The session goes on. Not sent to the client itself; the transport logs it with its
+    holds); where the answer was an earlier one taken as an utterance's final once the utterance
+    ended (``ended``), that final is decoded instead. The session goes on. Not sent to the client itself; the transport logs it with its
     traceback and counts it (``asr_answer_failures_total``)."""
 
     channel: int
     utterance: int
-    decode: str  # "interim", "pause" (a final decode at a pause), "final", "context" or "settle"
+    # "interim", "pause" (a final decode at a pause), "final", "context", "settle", or "ended": an
+    # earlier answer taken as an ended utterance's final (a pause decode's, or the words of the
+    # interim that split it), where the finals are then decoded instead (no decode_failed).
+    decode: str
     error: Exception
 
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -289,6 +289,10 @@ class ChannelDecoder:
     # -- inputs ---------------------------------------------------------------------
 
     def feed(self, events: list[ChunkEvent]) -> list[PipelineEvent]:
+        """The chunker's events; what they call for. A fault in what follows them (taking an
+        earlier answer as an ended utterance's final, above all) is contained as one in handling
+        an answer is (:meth:`job_done`): the channel goes back to where the events left it, and
+        the finals are decoded instead of taken from earlier answers."""
         out: list[PipelineEvent] = []
         for utt in self._utterances.values():
             utt.splitting = False  # the chunker has answered (a split comes back as these events, or not at all)
@@ -302,6 +306,24 @@ class ChannelDecoder:
                     self._utterances[event.utterance].paused_at = event.end
                 case UtteranceEnded():
                     self._ended(event)
+        if not any(u.spec is not None or u.split_from is not None for u in self._utterances.values()):
+            return out + self._heard_to_now()  # no earlier answer to take as a final: none to do without
+        saved = _Saved.of(self)
+        try:
+            return out + self._heard_to_now()
+        except Exception as error:  # noqa: BLE001 - contained: an answer taken as an utterance's final (see below)
+            # Where the fault was in taking an earlier answer as an ended utterance's final (a pause
+            # decode's, or the words of the interim that asked for a sentence split), the finals are
+            # decoded instead: nothing the client holds changes, its finals come a decode later.
+            saved.restore(self)
+            for utt in self._utterances.values():
+                utt.spec, utt.split_from = None, None
+            first = next(iter(self._utterances), -1)
+            return [*out, AnswerFailed(self.channel, first, "ended", error), *self._heard_to_now()]
+
+    def _heard_to_now(self) -> list[PipelineEvent]:
+        """What the audio fed so far calls for: a cut at a pause decode's sentence end, finals, decodes."""
+        out: list[PipelineEvent] = []
         for utt in self._utterances.values():
             out.extend(self._sentence_pause(utt))
         out.extend(self._dispatch())
@@ -1190,7 +1212,8 @@ class ChannelDecoder:
 @dataclass(frozen=True)
 class _Saved:
     """A channel decoder's state, to go back to where handling a decode's answer raised
-    (:meth:`ChannelDecoder.job_done`, :meth:`ChannelDecoder._context_ended`): its attributes, its
+    (:meth:`ChannelDecoder.job_done`, :meth:`ChannelDecoder._context_ended`, and
+    :meth:`ChannelDecoder.feed` taking an earlier answer as a final): its attributes, its
     lists of records, utterances and abandoned jobs, and the fields of each record and utterance
     (an answer changes them in place: a record's text, words, offset, votes; an utterance's
     agreement, interim, cuts asked for). Its other attributes an answer changes are replaced,
@@ -1213,17 +1236,16 @@ class _Saved:
         state.clear()
         state.update(self.attributes)
         for kept, values in self.kept:
-            for name, value in values.items():
-                setattr(kept, name, value)
+            vars(kept).update(values)
 
 
 def _fields(kept: Finalized | _Utterance) -> dict[str, object]:
     """The fields of a record or an utterance, with copies of those an answer changes in place."""
-    values = {f.name: getattr(kept, f.name) for f in fields(kept)}
+    values = dict(vars(kept))
     if isinstance(kept, Finalized):
         values["votes"] = dict(kept.votes)
     else:
-        values["agreement"] = copy.deepcopy(kept.agreement)
+        values["agreement"] = kept.agreement.copy()
     return values
 
 

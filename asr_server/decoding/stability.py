@@ -23,6 +23,13 @@ class LocalAgreement:
         self.committed: list[str] = []
         self._previous_tail: list[str] | None = None
 
+    def copy(self) -> LocalAgreement:
+        """An agreement that goes on from where this one is, apart from it."""
+        other = LocalAgreement()
+        other.committed = list(self.committed)
+        other._previous_tail = None if self._previous_tail is None else list(self._previous_tail)
+        return other
+
     @property
     def stable_text(self) -> str:
         return " ".join(self.committed)

@@ -12,6 +12,7 @@ lookahead and settle decodes, and some passes skipped or failed, and check after
 
 from __future__ import annotations
 
+import functools
 from unittest.mock import patch
 
 import numpy as np
@@ -161,6 +162,7 @@ FAULT = "a fault in handling the answer"
 HANDLER = {
     "interim": ("_interim", "interim"), "pause": ("_interim", "interim"), "final": ("_final", "final"),
     "context": ("_revise", "revision"), "settle": ("_revise", "revision"),
+    "ended": ("_final", "final"),  # a final taken from an earlier answer as audio is fed (no decode answered)
 }
 
 
@@ -172,12 +174,33 @@ class FaultDriver(Driver):
     def __init__(self, model, context: ContextOptions, target: str, fault: int | None = None, faulty: bool = True) -> None:
         self.target, self.fault, self.faulty = target, fault, faulty
         self.answered = {kind: 0 for kind in HANDLER}
+        self.fed = 0  # pieces of audio fed
         self.showing: list[tuple[str, int]] = []  # (kind, answer) for each answer that showed something (HANDLER)
         self.failures: list = []
         super().__init__(model, context=context)
 
     def failed(self, event) -> None:
         self.failures.append(event)
+
+    def feed(self, audio, piece: int = 1600) -> None:
+        """Audio; piece number ``fault`` (target ``ended``) ends an utterance whose final is taken
+        from an earlier answer, and that raises, or is decoded instead (the twin drops the answers
+        it would be taken from)."""
+        for i in range(0, len(audio), piece):
+            self.fed += 1
+            receive = functools.partial(self.session.receive_audio, audio[i : i + piece].reshape(1, -1))
+            if ("ended", self.fed) != (self.target, self.fault):
+                outputs = receive()
+                if any(isinstance(o, Send) and o.message["type"] == "final" and o.message["text"] for o in outputs):
+                    self.showing.append(("ended", self.fed))
+            elif self.faulty:
+                with patch.object(ChannelDecoder, "_final", _failing_once(ChannelDecoder._final)):
+                    outputs = receive()
+            else:
+                for utt in self.session._decoders[0]._utterances.values():
+                    utt.spec, utt.split_from = None, None
+                outputs = receive()
+            self.apply(outputs)
 
     def answer(self, job):
         return self._answer(job, self.model.interim(job.request) if job.request.kind is DecodeKind.INTERIM else self.model.final(job.request))
@@ -235,9 +258,10 @@ TOGETHER = ["he was not an ill-disposed young man", "unless to be rather cold-he
 @pytest.mark.parametrize("target", list(HANDLER))
 def test_a_fault_in_handling_an_answer_costs_that_decode_only(target):
     """Handling an answer that shows something (an interim, a pause decode's interim, a final with
-    words, a revision) raises after it has changed the channel: the session goes on, and sends
-    word for word what it sends where that decode failed (an interim or pause decode dropped; a
-    final given up, empty, after ``decode_failed``; a pass skipped, the client keeping what it had). One
+    words, a revision, a final taken from an earlier answer as audio ends an utterance) raises
+    after it has changed the channel: the session goes on, and sends word for word what it sends
+    where that decode failed (an interim or pause decode dropped; a final given up, empty, after
+    ``decode_failed``; a pass skipped, the client keeping what it had; the final decoded instead). One
     :class:`AnswerFailed` tells the transport. Such a fault used to end the session with
     ``internal_error``."""
     def model() -> TwoPassModel:
@@ -249,7 +273,9 @@ def test_a_fault_in_handling_an_answer_costs_that_decode_only(target):
     faulty = _stream(FaultDriver(model(), options, target, fault))
     failed = _stream(FaultDriver(model(), options, target, fault, faulty=False))
     assert [(f.decode, str(f.error)) for f in faulty.failures] == [(target, FAULT)]
-    assert faulty.messages == failed.messages != clean.messages
+    assert faulty.messages == failed.messages
+    # The fault cost something: what was sent, or (a final decoded instead of taken) what was decoded.
+    assert (faulty.messages, faulty.answered) != (clean.messages, clean.answered)
     assert not failed.failures and not clean.failures
     check_rules(faulty)
     assert faulty.messages[-1]["type"] == "closed"
