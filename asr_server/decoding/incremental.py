@@ -1121,10 +1121,12 @@ class ChannelDecoder:
     def _newly_settled(self) -> list[PipelineEvent]:
         """A :class:`Settled` event where more of the channel's finals are final for good than the
         last one said: settled by a settle decode (those are the first records kept, in order), or
-        trimmed away (no decode holds them any more)."""
+        trimmed away (no decode holds them any more). None while what is final ends at offset 0
+        (only empty finals): it would tell the client nothing, and the first text may still be
+        revised, at offset 0, where every revision after a settled message starts after it."""
         last = next((r for r in reversed(self._done) if r.settled), None)
         fixed = (last.index, _text_end(last)) if last is not None else self._trimmed
-        if fixed is None or fixed[0] <= self._settled_sent:
+        if fixed is None or fixed[0] <= self._settled_sent or fixed[1] == 0:
             return []
         self._settled_sent = fixed[0]
         return [Settled(self.channel, *fixed)]

@@ -191,6 +191,23 @@ def test_a_settled_message_follows_each_settle_decode_and_names_where_the_final_
     assert d.client.settled_text() == d.client.final_text()
 
 
+def test_no_settled_message_says_only_that_an_empty_first_final_is_final():
+    """The first sentence's final is empty (nothing heard in it, by any decode); the first settle
+    window settles only it. ``settled`` at offset 0 would tell the client nothing, and the next
+    sentence, whose text starts at offset 0, may still be revised there, where every revision
+    after a ``settled`` starts after its offset: the first ``settled`` names sentence 1 or later
+    (found by varying stream options over random hypotheses, eighty-seventh session)."""
+    heard = {0: None, 1: ALONE[1] + " too"}
+    model = SettleModel(lambda n: heard.get(n, ALONE[n]), lambda n: heard.get(n, ALONE[n] + " too"))
+    model.alone = ["", *ALONE[1:]]
+    d = _run(model, ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0))
+    assert [m["text"] for m in d.of_type("final")][0] == ""
+    assert model.settle_windows[0][0] == 0  # the settle decodes began with the empty final's audio
+    assert _settled(d) and all(offset > 0 for _, offset in _settled(d))
+    assert any(m["type"] == "revision" and m["offset"] == 0 for m in d.messages)  # the first text was revised at 0
+    assert d.client.final_text() == server_transcript(d) and d.client.settled_text() == d.client.final_text()
+
+
 def test_a_seam_mend_never_changes_a_settled_utterance():
     """Sentence 1 is settled as "cold hearted" (no full stop) with "And rather selfish too" after
     it; a later pass hears a sentence end at that seam ("cold hearted." / "And"). It would mend the
