@@ -85,10 +85,10 @@ class Driver:
     """Runs first-pass jobs at once; context jobs wait until :meth:`run_context` (so a test picks the moment).
     By default its passes are the server's without settle decodes (:func:`passes`)."""
 
-    def __init__(self, model: TwoPassModel, *, revisions: bool = True, context: ContextOptions | None = None) -> None:
+    def __init__(self, model: TwoPassModel, *, revisions: bool = True, context: ContextOptions | None = None, options: StreamOptions | None = None) -> None:
         self.model = model
         context = passes(enabled=revisions) if context is None else context
-        self.session = Session("t", StreamOptions(revisions=revisions), context=context)
+        self.session = Session("t", options or StreamOptions(revisions=revisions), context=context)
         self.messages: list[dict] = []
         self.client = Transcript()
         self.context_jobs: list = []

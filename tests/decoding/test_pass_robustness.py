@@ -7,7 +7,9 @@ every word lay in its lookahead once closed a session with an internal error, el
 a long stream (docs/benchmarks.md, eighty-sixth session); these tests feed the session core
 hypotheses drawn at random (seeded, so a failure replays) for every kind of decode, with passes,
 lookahead and settle decodes, and some passes skipped or failed, and check after every step what a client relies on
-(:func:`.test_context.check_rules`).
+(:func:`.test_context.check_rules`), over stream options, load settings and audio pieces drawn
+at random too. And where handling an answer does raise (a bug), it costs that decode only: the
+last test compares such a run with its twin in which that decode failed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import pytest
 from asr_server.decoding.context import ContextOptions
 from asr_server.decoding.incremental import ChannelDecoder
 from asr_server.inference.types import DecodeKind, Hypothesis, Word
+from asr_server.options import StreamOptions
+from asr_server.scheduler.governor import LoadSettings
 
 from asr_server.session import Send
 
@@ -155,6 +159,60 @@ def test_passes_over_random_hypotheses_keep_the_session_going_and_the_transcript
     assert model.context_requests > 0 and not d.of_type("error")
     assert d.of_type("closed")
     assert d.client.final_text() == server_transcript(d)
+
+
+def _stream_options(rng: np.random.Generator) -> tuple[StreamOptions, ContextOptions]:
+    """Stream and pass options the other tests keep fixed, drawn at random."""
+    options = StreamOptions(
+        interim_results=bool(rng.random() < 0.8), word_timestamps=bool(rng.random() < 0.8),
+        max_utterance_s=float(rng.choice([3.0, 6.0, 20.0])), split_after_s=float(rng.choice([0.0, 1.5, 3.0])),
+        endpoint_ms=int(rng.choice([200, 500, 1000])), interim_ms=int(rng.choice([200, 500])), prompt=str(rng.choice(["", "PBX asterisk"])),
+    )
+    context = ContextOptions(
+        ahead_s=float(rng.choice([0.0, 1.5])), min_new_s=float(rng.choice([0.1, 2.0, 5.0])),
+        settle_window_s=float(rng.choice([0.0, 8.0, 30.0])), back_s=float(rng.choice([0.0, 10.0])),
+    )
+    return options, context
+
+
+def _random_load(rng: np.random.Generator) -> LoadSettings:
+    level = int(rng.integers(0, 4))
+    return LoadSettings(
+        level=level, scale=int(rng.choice([1, 2])), short_window=bool(rng.random() < 0.3), lean_context=bool(rng.random() < 0.4),
+        settle=bool(rng.random() < 0.5), late_context=bool(rng.random() < 0.3),
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 533, 545])
+def test_varied_options_load_and_pieces_over_random_hypotheses_keep_the_transcript_rules(seed):
+    """Random or Whisper-shaped hypotheses as above, with the stream's options drawn at random
+    (interims and word timings on or off, short utterance limits, split and endpoint times, a
+    vocabulary prompt), the pass options too (lookahead, settle windows, back context), audio in
+    pieces of 10-300 ms with silence inserted at times, the load settings changed at random
+    moments and the close's time bound at times cutting the last passes off. Seeds 533 and 545
+    sent ``settled`` at offset 0 for an empty first final (eighty-seventh session)."""
+    rng = np.random.default_rng(10_000 + seed)
+    model = (ShapedModel if rng.random() < 0.5 else RandomModel)(seed)
+    options, context = _stream_options(rng)
+    d = RandomDriver(model, context=context, options=options)
+    audio = speech()
+    if rng.random() < 0.3:
+        half = len(audio) // 2
+        audio = np.concatenate([audio[:half], np.zeros(int(rng.integers(1, 40000)), np.float32), audio[half:]])
+    piece = int(rng.choice([160, 1600, 4800]))
+    for i in range(0, len(audio), piece):
+        d.feed(audio[i : i + piece], piece)
+        if rng.random() < 0.05:
+            d.apply(d.session.set_load(_random_load(rng)))
+        if d.context_jobs and rng.random() < 0.6:
+            d.run_context()
+    check_rules(d)
+    d.apply(d.session.end_of_stream())
+    if rng.random() < 0.2:
+        d.apply(d.session.close_context())
+    d.run_context()
+    check_rules(d)
+    assert d.of_type("closed") and d.client.final_text() == server_transcript(d)
 
 
 FAULT = "a fault in handling the answer"
