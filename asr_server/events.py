@@ -127,9 +127,10 @@ class AnswerFailed:
 
     channel: int
     utterance: int
-    # "interim", "pause" (a final decode at a pause), "final", "context", "settle", or "ended": an
+    # "interim", "pause" (a final decode at a pause), "final", "context", "settle"; "ended": an
     # earlier answer taken as an ended utterance's final (a pause decode's, or the words of the
-    # interim that split it), where the finals are then decoded instead (no decode_failed).
+    # interim that split it), where the finals are then decoded instead (no decode_failed);
+    # "plan": planning a pass raised, and the channel's passes are given up for its stream.
     decode: str
     error: Exception
 

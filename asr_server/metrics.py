@@ -111,7 +111,8 @@ class Metrics:
             "asr_answer_failures_total",
             "Decodes whose answer the server failed to handle (a bug, logged with its traceback as event=answer_failed), "
             "by decode: taken as a failed decode's (interims dropped, finals given up with decode_failed, passes skipped; "
-            "ended: a final taken from an earlier answer was decoded instead); the session went on",
+            "ended: a final taken from an earlier answer was decoded instead; plan: planning a pass raised, the channel's "
+            "passes were given up); the session went on",
             ["decode"], registry=r,
         )
         self.decode_failures = Counter(

@@ -906,9 +906,18 @@ class ChannelDecoder:
         self._unrevised = min(self._unrevised, len(self._done))
 
     def _dispatch_context(self) -> list[PipelineEvent]:
+        """The next context pass or settle decode, if one is due. Where planning it raises (a bug),
+        passes are given up for the rest of the channel's stream, as at a close whose time bound
+        ran out (:meth:`close_context`): planning them again would raise again, at every piece of
+        audio. The finals keep the text the client holds; the session goes on."""
         if not self.context.enabled or self._context_closed or self._context_job is not None:
             return []
-        return self._dispatch_pass() or self._dispatch_settle()
+        try:
+            return self._dispatch_pass() or self._dispatch_settle()
+        except Exception as error:  # noqa: BLE001 - contained, as the docstring says; the transport logs its traceback
+            # Planning changes only the pass's own attributes (records change once a pass answers).
+            self._context_job, self._settling, self._context_closed = None, False, True
+            return [AnswerFailed(self.channel, self._done[-1].index if self._done else -1, "plan", error)]
 
     def _dispatch_pass(self) -> list[PipelineEvent]:
         if not self._unrevised:

@@ -15,6 +15,7 @@ last test compares such a run with its twin in which that decode failed.
 from __future__ import annotations
 
 import functools
+import sys
 from unittest.mock import patch
 
 import numpy as np
@@ -341,3 +342,29 @@ def test_a_fault_in_handling_an_answer_costs_that_decode_only(target):
     assert faulty.client.final_text() == server_transcript(faulty)
     shown = HANDLER[target][1]
     assert sum(1 for m in faulty.messages if m["type"] == shown and m.get("pass", target) == target) > 1  # later ones still come
+
+
+def test_a_fault_in_planning_a_pass_gives_up_the_passes_not_the_session():
+    """Planning the second pass raises (a bug): the channel's passes are given up for the rest of
+    its stream, as at a close whose time bound ran out, and nothing else changes: every final
+    comes (its first pass's text), the first pass's revision stays, the stream closes, and one
+    :class:`AnswerFailed` tells the transport. Planning is not tried again (it would raise again
+    at every piece of audio)."""
+    window, calls = ChannelDecoder._context_window, []
+
+    def planned(decoder):
+        if sys._getframe(1).f_code.co_name == "_dispatch_pass":  # not a waiting pass's refresh
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError(FAULT)
+        return window(decoder)
+
+    model = TwoPassModel(ALONE, TOGETHER)
+    with patch.object(ChannelDecoder, "_context_window", planned):
+        d = _stream(FaultDriver(model, passes(min_new_s=0.1, ahead_s=1.5), "plan"))
+    assert [(f.decode, str(f.error)) for f in d.failures] == [("plan", FAULT)]
+    assert len(calls) == 2 and model.context_requests == 1
+    check_rules(d)
+    assert [m["text"] for m in d.of_type("final")] == ALONE
+    assert len(d.of_type("revision")) == 1 and d.messages[-1]["type"] == "closed" and not d.of_type("error")
+    assert d.client.final_text() == server_transcript(d) != " ".join(ALONE)
