@@ -119,7 +119,7 @@ class Driver:
         return self.session.job_done(job, hyp)
 
     def failed(self, event: AnswerFailed) -> None:
-        """Handling a pass's answer raised: the server contains it, but it is a fault all the same."""
+        """Handling a decode's answer raised: the server contains it, but it is a fault all the same."""
         raise event.error
 
     def run_context(self) -> None:
@@ -765,13 +765,17 @@ class VaryingModel(TwoPassModel):
 
 
 def _pass_after_every_final(model: TwoPassModel, context: ContextOptions | None = None) -> Driver:
-    """Every sentence fed, with a context pass run as soon as one is asked for (by default each
-    final starts one: min_new_s 0.1, with the next final as its lookahead: ahead_s 0), then the
+    """:func:`streamed` through a driver whose passes are by default started by each final
+    (min_new_s 0.1, with the next final as its lookahead: ahead_s 0)."""
+    return streamed(Driver(model, context=context or passes(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0)))
+
+
+def streamed(d: Driver) -> Driver:
+    """Every sentence fed to ``d``, with a context pass run as soon as one is asked for, then the
     end of the stream and the last pass; the rules checked after every 0.1 s and at the end."""
-    d = Driver(model, context=context or passes(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0))
     audio = speech()
     for i in range(0, len(audio), 1600):
-        d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
+        d.feed(audio[i : i + 1600])
         d.run_context()
         check_rules(d)
     d.apply(d.session.end_of_stream())

@@ -29,7 +29,7 @@ from asr_server.scheduler.governor import LoadSettings
 
 from asr_server.session import Send
 
-from .test_context import ALONE, Driver, TwoPassModel, check_rules, passes, server_transcript, speech
+from .test_context import ALONE, Driver, TwoPassModel, check_rules, passes, server_transcript, speech, streamed
 from .test_settle import SettleModel
 
 VOCABULARY = [w for sentence in ALONE for w in sentence.split()] + ["3", "the", "I", "you."]
@@ -301,16 +301,6 @@ def _failing_once(method):
     return failing
 
 
-def _stream(d: FaultDriver) -> FaultDriver:
-    audio = speech()
-    for i in range(0, len(audio), 1600):
-        d.feed(audio[i : i + 1600])
-        d.run_context()
-    d.apply(d.session.end_of_stream())
-    d.run_context()
-    return d
-
-
 TOGETHER = ["he was not an ill-disposed young man", "unless to be rather cold-hearted", "and rather selfish", "is to be ill-disposed", "the end of it"]
 
 
@@ -327,10 +317,10 @@ def test_a_fault_in_handling_an_answer_costs_that_decode_only(target):
         return SettleModel(lambda n: ALONE[n], lambda n: TOGETHER[n]) if target == "settle" else TwoPassModel(ALONE, TOGETHER)
 
     options = ContextOptions(min_new_s=0.1, idle_s=30.0, settle_s=30.0, ahead_s=0.0, settle_window_s=8.0) if target == "settle" else passes(min_new_s=0.1, ahead_s=1.5)
-    clean = _stream(FaultDriver(model(), options, target))
+    clean = streamed(FaultDriver(model(), options, target))
     fault = next(answer for kind, answer in clean.showing if kind == target)
-    faulty = _stream(FaultDriver(model(), options, target, fault))
-    failed = _stream(FaultDriver(model(), options, target, fault, faulty=False))
+    faulty = streamed(FaultDriver(model(), options, target, fault))
+    failed = streamed(FaultDriver(model(), options, target, fault, faulty=False))
     assert [(f.decode, str(f.error)) for f in faulty.failures] == [(target, FAULT)]
     assert faulty.messages == failed.messages
     # The fault cost something: what was sent, or (a final decoded instead of taken) what was decoded.
@@ -361,7 +351,7 @@ def test_a_fault_in_planning_a_pass_gives_up_the_passes_not_the_session():
 
     model = TwoPassModel(ALONE, TOGETHER)
     with patch.object(ChannelDecoder, "_context_window", planned):
-        d = _stream(FaultDriver(model, passes(min_new_s=0.1, ahead_s=1.5), "plan"))
+        d = streamed(FaultDriver(model, passes(min_new_s=0.1, ahead_s=1.5), "plan"))
     assert [(f.decode, str(f.error)) for f in d.failures] == [("plan", FAULT)]
     assert len(calls) == 2 and model.context_requests == 1
     check_rules(d)
