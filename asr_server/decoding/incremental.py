@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -308,18 +308,25 @@ class ChannelDecoder:
                     self._ended(event)
         if not any(u.spec is not None or u.split_from is not None for u in self._utterances.values()):
             return out + self._heard_to_now()  # no earlier answer to take as a final: none to do without
+        return out + self._contained(self._heard_to_now, self._decoded_instead)
+
+    def _decoded_instead(self, error: Exception) -> list[PipelineEvent]:
+        """Taking an earlier answer as an ended utterance's final (a pause decode's, or the words of
+        the interim that asked for a sentence split) raised: the finals are decoded instead, so
+        nothing the client holds changes and its finals come a decode later."""
+        for utt in self._utterances.values():
+            utt.spec, utt.split_from = None, None
+        return [AnswerFailed(self.channel, next(iter(self._utterances), -1), "ended", error), *self._heard_to_now()]
+
+    def _contained(self, step: Callable[[], list[PipelineEvent]], fallback: Callable[[Exception], list[PipelineEvent]]) -> list[PipelineEvent]:
+        """``step``, or where it raises (a bug), ``fallback`` from the state the channel had before it
+        (:class:`_Saved`): a fault in handling one decode's answer costs that decode, not the session."""
         saved = _Saved.of(self)
         try:
-            return out + self._heard_to_now()
-        except Exception as error:  # noqa: BLE001 - contained: an answer taken as an utterance's final (see below)
-            # Where the fault was in taking an earlier answer as an ended utterance's final (a pause
-            # decode's, or the words of the interim that asked for a sentence split), the finals are
-            # decoded instead: nothing the client holds changes, its finals come a decode later.
+            return step()
+        except Exception as error:  # noqa: BLE001 - contained, as the docstring says; the transport logs its traceback
             saved.restore(self)
-            for utt in self._utterances.values():
-                utt.spec, utt.split_from = None, None
-            first = next(iter(self._utterances), -1)
-            return [*out, AnswerFailed(self.channel, first, "ended", error), *self._heard_to_now()]
+            return fallback(error)
 
     def _heard_to_now(self) -> list[PipelineEvent]:
         """What the audio fed so far calls for: a cut at a pause decode's sentence end, finals, decodes."""
@@ -452,13 +459,11 @@ class ChannelDecoder:
         used to end the whole session with ``internal_error``."""
         if job.request.kind is DecodeKind.CONTEXT:
             return self._answered(job, hypothesis)
-        saved = _Saved.of(self)
-        try:
-            return self._answered(job, hypothesis)
-        except Exception as error:  # noqa: BLE001 - contained, as the docstring says; the transport logs its traceback
-            saved.restore(self)
-            decode = "pause" if job.speculative else job.request.kind.value
-            return [AnswerFailed(self.channel, job.utterance, decode, error), *self.job_failed(job)]
+        decode = "pause" if job.speculative else job.request.kind.value
+        return self._contained(
+            lambda: self._answered(job, hypothesis),
+            lambda error: [AnswerFailed(self.channel, job.utterance, decode, error), *self.job_failed(job)],
+        )
 
     def _answered(self, job: DecodeJob, hypothesis: Hypothesis) -> list[PipelineEvent]:
         if self._dropped(job):
@@ -1090,12 +1095,11 @@ class ChannelDecoder:
             raise ValueError("context result for a job that is not in flight on this channel")
         if hypothesis is None:
             return self._pass_ended(job, None)
-        saved = _Saved.of(self)
-        try:
-            return self._pass_ended(job, hypothesis, repeat)
-        except Exception as error:  # noqa: BLE001 - contained, as the docstring says; the transport logs its traceback
-            saved.restore(self)
-            return [AnswerFailed(self.channel, job.utterance, "settle" if self._settling else "context", error), *self._pass_ended(job, None)]
+        decode = "settle" if self._settling else "context"
+        return self._contained(
+            lambda: self._pass_ended(job, hypothesis, repeat),
+            lambda error: [AnswerFailed(self.channel, job.utterance, decode, error), *self._pass_ended(job, None)],
+        )
 
     def _pass_ended(self, job: DecodeJob, hypothesis: Hypothesis | None, repeat: bool = False) -> list[PipelineEvent]:
         """A context pass came back (None: skipped or failed); a revision where its words differ.
