@@ -32,6 +32,8 @@ string ``code``. The tree separates who is at fault::
         ├── InferenceFailed      the model raised while decoding
         ├── DecodeFailed         one utterance could not be decoded (after a retry);
         │                        its final is empty and the session goes on
+        ├── AudioDropped         taking a piece of a channel's audio failed (a bug): the piece
+        │                        is dropped, its utterance ends, and the session goes on
         └── InternalError        anything else
 
 :data:`WIRE_TABLE` maps each code to ``retryable`` and the WebSocket close code
@@ -75,6 +77,7 @@ __all__ = [
     "InferenceFailed",
     "InternalError",
     "DecodeFailed",
+    "AudioDropped",
     "WireInfo",
     "WIRE_TABLE",
     "wire_info",
@@ -208,6 +211,10 @@ class DecodeFailed(ServerError):
     code = "decode_failed"
 
 
+class AudioDropped(ServerError):
+    code = "audio_dropped"
+
+
 @dataclass(frozen=True)
 class WireInfo:
     retryable: bool
@@ -243,6 +250,7 @@ WIRE_TABLE: dict[str, WireInfo] = {
     "webrtc_failed": WireInfo(True, 1011),
     "inference_failed": WireInfo(True, 1011),
     "decode_failed": WireInfo(True, None),
+    "audio_dropped": WireInfo(True, None),
     "internal_error": WireInfo(True, 1011),
 }
 

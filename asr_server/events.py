@@ -122,7 +122,8 @@ class AnswerFailed:
     or the words an earlier decode of it heard; the session sends ``decode_failed`` for it), a
     context pass or settle decode ends as a skipped one (the finals keep the text the client
     holds); where the answer was an earlier one taken as an utterance's final once the utterance
-    ended (``ended``), that final is decoded instead. The session goes on. Not sent to the client itself; the transport logs it with its
+    ended (``ended``), that final is decoded instead; where taking a piece of audio raised
+    (``audio``), the piece is dropped and the channel's open utterance ends there. The session goes on. Not sent to the client itself; the transport logs it with its
     traceback and counts it (``asr_answer_failures_total``)."""
 
     channel: int
@@ -130,7 +131,10 @@ class AnswerFailed:
     # "interim", "pause" (a final decode at a pause), "final", "context", "settle"; "ended": an
     # earlier answer taken as an ended utterance's final (a pause decode's, or the words of the
     # interim that split it), where the finals are then decoded instead (no decode_failed);
-    # "plan": planning a pass raised, and the channel's passes are given up for its stream.
+    # "plan": planning a pass raised, and the channel's passes are given up for its stream;
+    # "audio": taking a piece of audio raised (ChannelDecoder.feed_contained): the piece is
+    # dropped, the open utterance (``utterance``; -1: none) ends there, the session sends
+    # audio_dropped, and the channel listens afresh.
     decode: str
     error: Exception
 

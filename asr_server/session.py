@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from .audio.chunker import Chunker, ChunkerOptions, EndReason
+from .audio.chunker import ChunkEvent, Chunker, ChunkerOptions, EndReason
 from .audio.decode import MODEL_RATE
 from .audio.vad import VadGate, VadOptions
 from .decoding.context import ContextOptions
 from .decoding.incremental import ChannelDecoder
-from .errors import AsrError, DecodeFailed, ServerError, wire_info
+from .errors import AsrError, AudioDropped, DecodeFailed, ServerError, wire_info
 from .events import AnswerFailed, ContextDecided, DecodeJob, Final, Interim, PipelineEvent, Revision, Settled, SpeechStart, SplitUtterance, SubmitJob, WithdrawJob
 from .inference.level import talker_gain_db
 from .inference.types import DecodeKind, Hypothesis
@@ -40,6 +40,12 @@ from .protocol.messages import MessageWriter
 from .scheduler.governor import LoadSettings
 
 __all__ = ["SessionState", "Send", "Close", "SessionOutput", "Session"]
+
+
+# A channel listens afresh after a fault in taking its audio (Session._channel_audio) this many
+# times in a session; the next such fault ends the session (internal_error), as a fault that
+# comes back with every piece of audio would otherwise drop them all, one audio_dropped each.
+MAX_CHANNEL_RESTARTS = 3
 
 
 class SessionState(enum.IntEnum):
@@ -98,13 +104,15 @@ class Session:
         self._writer = MessageWriter(session_id)
         self._writer.seq = first_seq
         self._extra = extra
-        chunker_options = ChunkerOptions(endpoint_ms=options.endpoint_ms, max_utterance_s=options.max_utterance_s)
-        self._vads = [VadGate(vad_options.for_rate(options.sample_rate)) for _ in range(options.channels)]
-        self._chunkers = [Chunker(chunker_options) for _ in range(options.channels)]
+        self._chunker_options = ChunkerOptions(endpoint_ms=options.endpoint_ms, max_utterance_s=options.max_utterance_s)
+        self._vad_options = vad_options.for_rate(options.sample_rate)
+        self._vads = [VadGate(self._vad_options) for _ in range(options.channels)]
+        self._chunkers = [Chunker(self._chunker_options) for _ in range(options.channels)]
         context = context or ContextOptions()
         context = replace(context, enabled=context.enabled and options.revisions)
         self._decoders = [ChannelDecoder(c, options, context, vad_options.talker_final_db) for c in range(options.channels)]
         self._received = 0  # samples per channel at 16 kHz
+        self._restarts = [0] * options.channels  # times each channel listened afresh after a fault in taking audio
         self._close_code = 1000
         self._close_reason = "closed"
 
@@ -170,10 +178,28 @@ class Session:
         self._received += planar.shape[1]
         out: list[SessionOutput] = []
         for c in range(self.options.channels):
-            frames = self._vads[c].feed(planar[c])
-            self._decoders[c].gain_db = talker_gain_db(self._vads[c].talker_level)
-            out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].feed(frames))))
+            out.extend(self._pipeline(self._channel_audio(c, planar[c])))
             out.extend(self._pipeline(self._decoders[c].advance(self._received)))
+        return out
+
+    def _channel_audio(self, c: int, samples: np.ndarray) -> list[PipelineEvent]:
+        """Channel ``c``'s VAD, chunker and decoder over ``samples``. Where one of them raises (a bug,
+        not the client's audio: that was checked as it was decoded), the piece is dropped, the
+        channel's open utterance ends where its audio ends (:meth:`ChannelDecoder.feed_contained`),
+        and the channel listens afresh from the next piece with a new VAD and chunker: at most
+        ``MAX_CHANNEL_RESTARTS`` times, after which such a fault ends the session."""
+        vad, decoder = self._vads[c], self._decoders[c]
+
+        def events() -> list[ChunkEvent]:
+            frames = vad.feed(samples)
+            decoder.gain_db = talker_gain_db(vad.talker_level)
+            return self._chunkers[c].feed(frames)
+
+        out, next_utterance = decoder.feed_contained(events, contain=self._restarts[c] < MAX_CHANNEL_RESTARTS)
+        if next_utterance is not None:
+            self._restarts[c] += 1
+            self._vads[c] = VadGate(self._vad_options, origin=self._received)
+            self._chunkers[c] = Chunker(self._chunker_options, origin=self._received, first_utterance=next_utterance)
         return out
 
     def finalize(self) -> list[SessionOutput]:
@@ -306,11 +332,18 @@ class Session:
         error = DecodeFailed(f"utterance {utterance} of channel {channel} could not be decoded; its final is empty, or holds only what an earlier decode of it heard")
         return Send(self._writer.error(error, channel=channel, utterance=utterance))
 
+    def _audio_dropped(self, channel: int, utterance: int) -> Send:
+        """The ``audio_dropped`` error that goes before the final of an utterance a fault in taking audio ended."""
+        error = AudioDropped(f"a piece of channel {channel}'s audio could not be taken and was dropped; its open utterance ended there and the channel listens afresh")
+        return Send(self._writer.error(error, channel=channel, utterance=utterance if utterance >= 0 else None))
+
     def _pipeline(self, events: list[PipelineEvent]) -> list[SessionOutput]:
         out: list[SessionOutput] = []
         for event in events:
             if isinstance(event, AnswerFailed) and event.decode == "final":  # its final given up follows
                 out += [event, self._final_given_up(event.channel, event.utterance)]
+            elif isinstance(event, AnswerFailed) and event.decode == "audio":  # the utterance's final follows
+                out += [event, self._audio_dropped(event.channel, event.utterance)]
             elif isinstance(event, SubmitJob | WithdrawJob | ContextDecided | AnswerFailed):
                 out.append(event)
             elif isinstance(event, SplitUtterance):

@@ -272,3 +272,86 @@ def test_a_telephone_stream_finds_every_utterance_of_phone_band_speech(rate):
         assert found == [s for s, _ in spans] and len(starts) == len(spans)
     else:  # why telephone streams need their own thresholds
         assert len(found) < len(spans)
+
+
+class ContainingDriver(SyncDriver):
+    """A driver that keeps the faults the session contained (``failed``) instead of raising them."""
+
+    def __init__(self, session, runner) -> None:
+        self.failed: list = []
+        super().__init__(session, runner)
+
+    def apply(self, outputs) -> None:
+        from asr_server.events import AnswerFailed
+
+        outputs = list(outputs)
+        self.failed += [o for o in outputs if isinstance(o, AnswerFailed)]
+        super().apply([o for o in outputs if not isinstance(o, AnswerFailed)])
+
+
+def _fault_in(monkeypatch, site: str, d: SyncDriver, from_s: float, times: int) -> None:
+    """Make ``site`` (the VAD, the chunker, or the decoder taking audio) raise ``times`` times, on
+    the first pieces once ``from_s`` of audio was received."""
+    from asr_server.audio.chunker import Chunker
+    from asr_server.audio.vad import VadGate
+    from asr_server.decoding.incremental import ChannelDecoder
+
+    owner, name = {"vad": (VadGate, "feed"), "chunker": (Chunker, "feed"), "decoder": (ChannelDecoder, "_heard_to_now")}[site]
+    original, left = getattr(owner, name), [times]
+
+    def faulty(self, *args):
+        if left[0] and d.session.received_samples >= from_s * 16000:
+            left[0] -= 1
+            d.fault_at = len(d.runner.requests)
+            raise RuntimeError(f"a bug in the {site}")
+        return original(self, *args)
+
+    monkeypatch.setattr(owner, name, faulty)
+
+
+@pytest.mark.parametrize("site", ["vad", "chunker", "decoder"])
+def test_a_fault_in_taking_audio_drops_the_piece_and_ends_its_utterance_not_the_session(monkeypatch, site):
+    from asr_server.inference.types import DecodeKind
+
+    d = ContainingDriver(Session("t", StreamOptions()), FakeRunner(words_for_length(SENTENCE)))
+    _fault_in(monkeypatch, site, d, 5.5, times=1)  # inside the second sentence (4.44-7.17 s)
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_jobs()
+    assert [(f.decode, f.utterance, str(f.error)) for f in d.failed] == [("audio", 1, f"a bug in the {site}")]
+    seqs = [m["seq"] for m in d.messages]
+    assert seqs == list(range(1, len(seqs) + 1))
+    (error,) = d.of_type("error")
+    assert (error["code"], error["retryable"], error["channel"], error["utterance"]) == ("audio_dropped", True, 0, 1)
+    finals = d.of_type("final")
+    cut = next(f for f in finals if f["utterance"] == 1)
+    assert error["seq"] < cut["seq"] and cut["reason"] == "finalize" and cut["text"]
+    # Its final decodes the audio up to the piece dropped (5.4-5.5 s), none of that piece.
+    decoded = next(r for r in d.runner.requests[d.fault_at :] if r.kind is DecodeKind.FINAL)
+    assert cut["start"] + len(decoded.audio) / 16000 == pytest.approx(5.4)
+    # The channel listens afresh: the rest of the sentence and every later one get finals, numbered
+    # on from the cut one, timed in the stream.
+    assert [f["utterance"] for f in finals] == list(range(len(finals)))
+    later = [f for f in finals if f["utterance"] > 1]
+    assert len(later) >= 3 and all(f["text"] for f in later)
+    assert later[0]["start"] >= 5.5 and later[-1]["end"] <= 19.8
+    transcript = ""
+    for m in d.messages:
+        if m["type"] in ("final", "interim") and m["text"]:
+            assert m["offset"] == (len(transcript) + 1 if transcript else 0)
+        if m["type"] == "final" and m["text"]:
+            transcript = (transcript + " " + m["text"]).strip()
+        elif m["type"] == "revision":
+            transcript = (transcript[: m["offset"] - 1] + " " + m["text"]) if m["offset"] else m["text"]
+    assert d.messages[-1]["type"] == "closed" and d.close.code == 1000
+
+
+def test_a_fault_that_comes_back_with_every_piece_of_audio_ends_the_session(monkeypatch):
+    from asr_server.session import MAX_CHANNEL_RESTARTS
+
+    d = ContainingDriver(Session("t", StreamOptions()), FakeRunner(words_for_length(SENTENCE)))
+    _fault_in(monkeypatch, "chunker", d, 5.5, times=100)
+    with pytest.raises(RuntimeError, match="a bug in the chunker"):
+        d.feed(speech())
+    assert len(d.failed) == MAX_CHANNEL_RESTARTS == len(d.of_type("error"))
+    assert d.session.received_samples < 6.0 * 16000  # the pieces right after, not the rest of the stream

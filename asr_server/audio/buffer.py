@@ -24,6 +24,10 @@ class AudioBuffer:
         self._data[self._size : need] = samples
         self._size = need
 
+    def truncate(self, size: int) -> None:
+        """Keep the first ``size`` samples: what was appended after them is undone."""
+        self._size = min(self._size, max(0, size))
+
     def copy(self, start: int = 0, end: int | None = None) -> np.ndarray:
         stop = self._size if end is None else max(0, min(end, self._size))
         return self._data[max(0, start) : stop].copy()

@@ -149,18 +149,20 @@ class _State(enum.Enum):
 class Chunker:
     """Feed :class:`VadFrame` lists; get :data:`ChunkEvent` lists back."""
 
-    def __init__(self, options: ChunkerOptions = ChunkerOptions()) -> None:
+    def __init__(self, options: ChunkerOptions = ChunkerOptions(), origin: int = 0, first_utterance: int = 0) -> None:
+        """``origin``: the stream sample the first frame fed starts at; ``first_utterance``: the
+        index of the first utterance (a channel that listens afresh part-way through its stream)."""
         self.options = options
         self._state = _State.IDLE
         self._preroll: deque[VadFrame] = deque(maxlen=max(1, options.preroll_ms * MODEL_RATE // 1000 // FRAME_SAMPLES))
-        self._utterance = 0
-        self._start = 0
+        self._utterance = first_utterance
+        self._start = origin
         # Where the talking began: a cut utterance's continuation keeps it, and so does an
         # utterance that starts within ``talk_pause_ms`` of the last one's speech.
-        self._talk_start = 0
+        self._talk_start = origin
         self._talked = False
-        self._position = 0
-        self._last_speech_end = 0
+        self._position = origin
+        self._last_speech_end = origin
         self._silence = 0
         self._paused = False
         self._energy: list[tuple[int, float, bool]] = []  # (frame start, rms, speech) of the open utterance

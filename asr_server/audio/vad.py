@@ -236,9 +236,12 @@ class VadGate:
         options: VadOptions = VadOptions(),
         classifier: Callable[[bytes], bool] | None = None,
         silero: SileroModel | None = None,
+        origin: int = 0,
     ) -> None:
         """``classifier`` replaces webrtcvad (16-bit PCM frame in, voiced out); tests use it.
-        ``silero``: the loaded model when ``options.detector`` uses it (default: the shared one)."""
+        ``silero``: the loaded model when ``options.detector`` uses it (default: the shared one).
+        ``origin``: the stream sample the first audio fed starts at (a channel that listens afresh
+        part-way through its stream, see :meth:`~asr_server.session.Session.receive_audio`)."""
         self.options = options
         vad = webrtcvad.Vad(options.aggressiveness)
         self._floor_db = options.learned_min_rms_dbfs if options.detector == "silero" else options.min_rms_dbfs
@@ -246,10 +249,11 @@ class VadGate:
         self._silero = (silero or default_model()).stream() if options.learned else None
         self._probs: deque[tuple[int, float]] = deque()  # (end sample, probability) of windows not yet used
         self._windows = 0
+        self._origin = origin
         self._prob = 0.0
         self._learned_on = False
         self._pending = np.zeros(0, np.float32)
-        self._position = 0
+        self._position = origin
         self._votes: deque[tuple[int, bool]] = deque(maxlen=options.window)
         self._speaking = False
         self._talker = TalkerLevel(round(options.talker_window_s * 1000 / FRAME_MS), options.talker_floor_db, options.talker_hold_ms // FRAME_MS)
@@ -268,7 +272,7 @@ class VadGate:
         if self._silero is not None:
             for p in self._silero.feed(audio):
                 self._windows += 1
-                self._probs.append((self._windows * WINDOW_SAMPLES, float(p)))
+                self._probs.append((self._origin + self._windows * WINDOW_SAMPLES, float(p)))
         if len(self._pending):
             audio = np.concatenate([self._pending, audio])
         n = len(audio) // FRAME_SAMPLES

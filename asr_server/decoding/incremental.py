@@ -240,7 +240,7 @@ class ChannelDecoder:
         self._last_final_end = 0  # stream sample where the latest final's audio ends
         self._utterances: OrderedDict[int, _Utterance] = OrderedDict()
         self._in_flight: DecodeJob | None = None
-        self._transcript_len = 0
+        self._transcript_len, self._next_utterance = 0, 0  # the next: the index the chunker gives the next utterance
         self._last_text = ""  # the latest non-empty final's text, as the client holds it now
         self._prompt = ""
         self._carry: tuple[np.ndarray, int] | None = None  # (audio, voiced samples) after a max-length cut
@@ -309,6 +309,29 @@ class ChannelDecoder:
         if not any(u.spec is not None or u.split_from is not None for u in self._utterances.values()):
             return out + self._heard_to_now()  # no earlier answer to take as a final: none to do without
         return out + self._contained(self._heard_to_now, self._decoded_instead)
+
+    def feed_contained(self, events_of: Callable[[], list[ChunkEvent]], contain: bool = True) -> tuple[list[PipelineEvent], int | None]:
+        """``feed(events_of())`` and None; or where either raises (a bug in this decoder, or in the VAD or
+        chunker ``events_of`` runs) and ``contain``, what the channel calls for once it went back to
+        where it was before and its open utterance ended where its audio does (:meth:`_cut_short`),
+        and the index of the next utterance: the session gives the channel a new VAD and chunker,
+        which number their utterances from it."""
+        if not contain:
+            return self.feed(events_of()), None
+        saved = _Saved.of(self)
+        try:
+            return self.feed(events_of()), None
+        except Exception as error:  # noqa: BLE001 - contained, as the docstring says; the transport logs its traceback
+            saved.restore(self)
+            return self._cut_short(error), self._next_utterance
+
+    def _cut_short(self, error: Exception) -> list[PipelineEvent]:
+        """Taking a piece of audio raised (``error``): the piece is dropped, and the utterance it
+        was for ends where its audio ends, as at a client's ``finalize`` (its final is decoded from
+        the audio it holds). A fault here is not contained: the session ends."""
+        open_ = [u for u in self._utterances.values() if u.ended is None]
+        ended: list[ChunkEvent] = [UtteranceEnded(u.index, u.end, EndReason.FINALIZE) for u in open_]
+        return [AnswerFailed(self.channel, open_[0].index if open_ else -1, "audio", error), *self.feed(ended)]
 
     def _decoded_instead(self, error: Exception) -> list[PipelineEvent]:
         """Taking an earlier answer as an ended utterance's final (a pause decode's, or the words of
@@ -521,6 +544,7 @@ class ChannelDecoder:
         talk_start = event.start if event.talk_start is None else event.talk_start
         utt = _Utterance(event.utterance, event.start, event.speech_at, talk_start=talk_start)
         self._utterances[event.utterance] = utt
+        self._next_utterance = event.utterance + 1
         if event.continuation and self._carry is not None:
             samples, voiced = self._carry
             utt.audio.append(samples)
@@ -1231,11 +1255,13 @@ class _Saved:
     :meth:`ChannelDecoder.feed` taking an earlier answer as a final): its attributes, its
     lists of records, utterances and abandoned jobs, and the fields of each record and utterance
     (an answer changes them in place: a record's text, words, offset, votes; an utterance's
-    agreement, interim, cuts asked for). Its other attributes an answer changes are replaced,
-    never changed in place (an utterance's audio only grows as audio is fed, not on an answer)."""
+    agreement, interim, cuts asked for), and the length of each utterance's audio (audio fed
+    appends to it: :meth:`ChannelDecoder.feed_contained`). Its other attributes are replaced,
+    never changed in place."""
 
     attributes: dict[str, object]
     kept: tuple[tuple[Finalized | _Utterance, dict[str, object]], ...]
+    lengths: tuple[tuple[AudioBuffer, int], ...]
 
     @classmethod
     def of(cls, decoder: ChannelDecoder) -> _Saved:
@@ -1244,7 +1270,8 @@ class _Saved:
             _done=list(decoder._done), _utterances=OrderedDict(decoder._utterances), _abandoned=list(decoder._abandoned),
             _background=copy.deepcopy(decoder._background),
         )
-        return cls(attributes, tuple((o, _fields(o)) for o in [*decoder._done, *decoder._utterances.values()]))
+        kept = tuple((o, _fields(o)) for o in [*decoder._done, *decoder._utterances.values()])
+        return cls(attributes, kept, tuple((u.audio, len(u.audio)) for u in decoder._utterances.values()))
 
     def restore(self, decoder: ChannelDecoder) -> None:
         state = vars(decoder)
@@ -1252,6 +1279,8 @@ class _Saved:
         state.update(self.attributes)
         for kept, values in self.kept:
             vars(kept).update(values)
+        for audio, length in self.lengths:
+            audio.truncate(length)
 
 
 def _fields(kept: Finalized | _Utterance) -> dict[str, object]:

@@ -32,6 +32,7 @@ from websockets.exceptions import ConnectionClosed
 from ..audio.decode import MODEL_RATE, ContainerDecoder, PcmDecoder
 from ..errors import (
     AsrError,
+    AudioDropped,
     AudioOverrun,
     DecodeFailed,
     FrameTooLarge,
@@ -828,8 +829,8 @@ class Connection:
         with its traceback the first time in the session (one that hits every decode would fill the
         log with the same one)."""
         self.metrics.answer_failures.labels(event.decode).inc()
-        if event.decode == "final":  # the session sent decode_failed for it
-            self.metrics.errors.labels(DecodeFailed.code).inc()
+        if event.decode in ("final", "audio"):  # the session sent decode_failed or audio_dropped for it
+            self.metrics.errors.labels(DecodeFailed.code if event.decode == "final" else AudioDropped.code).inc()
         self._answer_failures += 1
         first = self._answer_failures == 1
         log.error(

@@ -27,7 +27,7 @@ function quietLimitS(heartbeatS) {
 }
 
 /** Server errors after which the session goes on (docs/protocol.md, "Errors": no close code). */
-export const NON_FATAL_CODES = new Set(["invalid_message", "unknown_message_type", "decode_failed"]);
+export const NON_FATAL_CODES = new Set(["invalid_message", "unknown_message_type", "decode_failed", "audio_dropped"]);
 
 /** Client-side error codes, next to the server's (docs/protocol.md, "Errors"). */
 export const CLIENT_ERRORS = {

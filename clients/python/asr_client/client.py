@@ -118,7 +118,7 @@ def fetch_transcript(url: str, session_id: str, format: str = "json", api_key: s
 
 
 # Errors after which the session goes on (docs/protocol.md, "Errors"); any other ends it.
-CONTINUING_ERRORS = frozenset({"invalid_message", "unknown_message_type", "decode_failed"})
+CONTINUING_ERRORS = frozenset({"invalid_message", "unknown_message_type", "decode_failed", "audio_dropped"})
 
 Opener = Callable[[str], Awaitable[ClientConnection]]
 MAX_FRUITLESS_RESUMES = 5  # resumes in a row that got no audio further: give up (something cuts the connection each time)
