@@ -21,7 +21,9 @@ Per channel the data flows VAD -> chunker -> incremental decoder.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -183,19 +185,24 @@ class Session:
         return out
 
     def _channel_audio(self, c: int, samples: np.ndarray) -> list[PipelineEvent]:
-        """Channel ``c``'s VAD, chunker and decoder over ``samples``. Where one of them raises (a bug,
-        not the client's audio: that was checked as it was decoded), the piece is dropped, the
-        channel's open utterance ends where its audio ends (:meth:`ChannelDecoder.feed_contained`),
-        and the channel listens afresh from the next piece with a new VAD and chunker: at most
-        ``MAX_CHANNEL_RESTARTS`` times, after which such a fault ends the session."""
-        vad, decoder = self._vads[c], self._decoders[c]
+        """Channel ``c``'s VAD, chunker and decoder over ``samples`` (:meth:`_taken`)."""
 
         def events() -> list[ChunkEvent]:
+            vad = self._vads[c]
             frames = vad.feed(samples)
-            decoder.gain_db = talker_gain_db(vad.talker_level)
+            self._decoders[c].gain_db = talker_gain_db(vad.talker_level)
             return self._chunkers[c].feed(frames)
 
-        out, next_utterance = decoder.feed_contained(events, contain=self._restarts[c] < MAX_CHANNEL_RESTARTS)
+        return self._taken(c, events)
+
+    def _taken(self, c: int, events_of: Callable[[], list[ChunkEvent]]) -> list[PipelineEvent]:
+        """What channel ``c``'s decoder makes of ``events_of()``, its VAD and chunker at work. Where
+        one of them raises (a bug, not the client's audio: that was checked as it was decoded), the
+        audio they were taking is dropped, the channel's open utterance ends where its audio ends
+        (:meth:`ChannelDecoder.feed_contained`), and the channel listens afresh from the next piece
+        with a new VAD and chunker: at most ``MAX_CHANNEL_RESTARTS`` times, after which such a
+        fault ends the session."""
+        out, next_utterance = self._decoders[c].feed_contained(events_of, contain=self._restarts[c] < MAX_CHANNEL_RESTARTS)
         if next_utterance is not None:
             self._restarts[c] += 1
             self._vads[c] = VadGate(self._vad_options, origin=self._received)
@@ -208,7 +215,7 @@ class Session:
             return []
         out: list[SessionOutput] = []
         for c in range(self.options.channels):
-            out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].end(EndReason.FINALIZE))))
+            out.extend(self._pipeline(self._taken(c, partial(self._chunkers[c].end, EndReason.FINALIZE))))
         return out
 
     def end_of_stream(self) -> list[SessionOutput]:
@@ -311,11 +318,13 @@ class Session:
         self._transition(SessionState.STREAMING, SessionState.DRAINING)
         out: list[SessionOutput] = []
         for c in range(self.options.channels):
-            frames = self._vads[c].flush()
-            events = self._chunkers[c].feed(frames) + self._chunkers[c].end(EndReason.END_OF_STREAM)
-            out.extend(self._pipeline(self._decoders[c].feed(events)))
+            out.extend(self._pipeline(self._taken(c, partial(self._last_events, c))))
             out.extend(self._pipeline(self._decoders[c].drain()))
         return out + self._maybe_closed()
+
+    def _last_events(self, c: int) -> list[ChunkEvent]:
+        """Channel ``c``'s VAD and chunker at the end of the stream: its last partial frame, then its open utterance closed."""
+        return self._chunkers[c].feed(self._vads[c].flush()) + self._chunkers[c].end(EndReason.END_OF_STREAM)
 
     def _maybe_closed(self) -> list[SessionOutput]:
         if self.state is not SessionState.DRAINING or not all(d.idle for d in self._decoders):
@@ -334,7 +343,7 @@ class Session:
 
     def _audio_dropped(self, channel: int, utterance: int) -> Send:
         """The ``audio_dropped`` error that goes before the final of an utterance a fault in taking audio ended."""
-        error = AudioDropped(f"a piece of channel {channel}'s audio could not be taken and was dropped; its open utterance ended there and the channel listens afresh")
+        error = AudioDropped(f"channel {channel}'s audio could not be taken at this point (a fault on the server); the piece being taken was dropped, its open utterance ended there, and the channel listens afresh")
         return Send(self._writer.error(error, channel=channel, utterance=utterance if utterance >= 0 else None))
 
     def _pipeline(self, events: list[PipelineEvent]) -> list[SessionOutput]:
@@ -347,8 +356,8 @@ class Session:
             elif isinstance(event, SubmitJob | WithdrawJob | ContextDecided | AnswerFailed):
                 out.append(event)
             elif isinstance(event, SplitUtterance):
-                c = event.channel
-                out.extend(self._pipeline(self._decoders[c].feed(self._chunkers[c].split(event.utterance, event.lo, event.hi, event.pause_ms, event.at, event.dips))))
+                c, split = event.channel, event
+                out.extend(self._pipeline(self._taken(c, lambda: self._chunkers[c].split(split.utterance, split.lo, split.hi, split.pause_ms, split.at, split.dips))))
             else:
                 out.append(Send(self._writer.event(event), event))
         return out

@@ -290,13 +290,14 @@ class ContainingDriver(SyncDriver):
 
 
 def _fault_in(monkeypatch, site: str, d: SyncDriver, from_s: float, times: int) -> None:
-    """Make ``site`` (the VAD, the chunker, or the decoder taking audio) raise ``times`` times, on
-    the first pieces once ``from_s`` of audio was received."""
+    """Make ``site`` (the VAD, the chunker, the decoder taking audio; the chunker answering a split or
+    closing an utterance) raise ``times`` times, on its first calls once ``from_s`` of audio was received."""
     from asr_server.audio.chunker import Chunker
     from asr_server.audio.vad import VadGate
     from asr_server.decoding.incremental import ChannelDecoder
 
-    owner, name = {"vad": (VadGate, "feed"), "chunker": (Chunker, "feed"), "decoder": (ChannelDecoder, "_heard_to_now")}[site]
+    sites = {"vad": (VadGate, "feed"), "chunker": (Chunker, "feed"), "decoder": (ChannelDecoder, "_heard_to_now"), "split": (Chunker, "split"), "finalize": (Chunker, "end")}
+    owner, name = sites[site]
     original, left = getattr(owner, name), [times]
 
     def faulty(self, *args):
@@ -355,3 +356,53 @@ def test_a_fault_that_comes_back_with_every_piece_of_audio_ends_the_session(monk
         d.feed(speech())
     assert len(d.failed) == MAX_CHANNEL_RESTARTS == len(d.of_type("error"))
     assert d.session.received_samples < 6.0 * 16000  # the pieces right after, not the rest of the stream
+
+
+class SentenceRunner(FakeRunner):
+    """Hears one sentence end 2.1 s into any long interim, and the next begin after a gap: the
+    decoder asks the chunker for a split there."""
+
+    def transcribe(self, request):
+        from asr_server.inference.types import DecodeKind, Hypothesis, Word
+
+        if request.kind is DecodeKind.INTERIM and request.word_timestamps and request.duration >= 3.0:
+            self.requests.append(request)
+            words = (Word(" The", 0.3, 0.5, 0.9), Word(" end.", 0.5, 2.1, 0.9), Word(" Next", 2.4, 2.8, 0.9), Word(" one", 2.8, 3.2, 0.9))
+            return Hypothesis("The end. Next one", words)
+        return super().transcribe(request)
+
+
+def _contained_alike(d: ContainingDriver, utterance: int) -> None:
+    """What a contained fault in taking audio leaves: its error before the cut utterance's final, and
+    the rules of the stream kept."""
+    assert [(f.decode, f.utterance) for f in d.failed] == [("audio", utterance)]
+    (error,) = d.of_type("error")
+    assert (error["code"], error["utterance"]) == ("audio_dropped", utterance)
+    finals = d.of_type("final")
+    cut = next(f for f in finals if f["utterance"] == utterance)
+    assert cut["reason"] == "finalize" and cut["seq"] > error["seq"]
+    assert [f["utterance"] for f in finals] == list(range(len(finals))) and finals[-1]["utterance"] > utterance
+    seqs = [m["seq"] for m in d.messages]
+    assert seqs == list(range(1, len(seqs) + 1)) and d.messages[-1]["type"] == "closed"
+
+
+def test_a_fault_in_the_chunker_answering_a_split_is_contained_as_one_in_taking_audio(monkeypatch):
+    d = ContainingDriver(Session("t", StreamOptions(split_after_s=3.0)), SentenceRunner(words_for_length(SENTENCE)))
+    _fault_in(monkeypatch, "split", d, 0.0, times=1)
+    d.feed(load_mono("librivox_16k.wav").reshape(1, -1))
+    d.apply(d.session.end_of_stream())
+    d.run_jobs()
+    _contained_alike(d, 0)
+
+
+def test_a_fault_in_the_chunker_at_a_finalize_is_contained_as_one_in_taking_audio(monkeypatch):
+    d = ContainingDriver(Session("t", StreamOptions()), FakeRunner(words_for_length(SENTENCE)))
+    audio = speech()
+    d.feed(audio[:, : int(5.5 * 16000)])  # inside the second sentence (4.44-7.17 s)
+    _fault_in(monkeypatch, "finalize", d, 0.0, times=1)
+    d.apply(d.session.finalize())
+    d.run_jobs()
+    d.feed(audio[:, int(5.5 * 16000) :])
+    d.apply(d.session.end_of_stream())
+    d.run_jobs()
+    _contained_alike(d, 1)
