@@ -106,6 +106,21 @@ def test_docs_table_lists_every_code():
         assert str(info.close_code or "-") in row
 
 
+def test_both_clients_go_on_after_exactly_the_errors_the_server_goes_on_after():
+    """A client that took a code the session continues after for the end of the stream would stop
+    reading results the server still sends (and the reverse would wait for a close that never comes)."""
+    import re
+    from pathlib import Path
+
+    from asr_client.client import CONTINUING_ERRORS
+
+    continuing = {code for code, info in WIRE_TABLE.items() if info.close_code is None}
+    assert CONTINUING_ERRORS == continuing
+    js = (Path(__file__).resolve().parents[2] / "clients" / "js" / "src" / "client.js").read_text()
+    listed = re.search(r"NON_FATAL_CODES = new Set\(\[([^\]]*)\]\)", js)
+    assert listed is not None and set(re.findall(r'"([a-z_]+)"', listed.group(1))) == continuing
+
+
 def test_webrtc_options_and_offer_messages():
     o = parse_stream_options(q(encoding="webrtc"), ["en"])
     assert o.is_webrtc and not o.is_container and o.sample_rate is None
