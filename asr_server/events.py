@@ -131,7 +131,8 @@ class AnswerFailed:
     # "interim", "pause" (a final decode at a pause), "final", "context", "settle"; "ended": an
     # earlier answer taken as an ended utterance's final (a pause decode's, or the words of the
     # interim that split it), where the finals are then decoded instead (no decode_failed);
-    # "plan": planning a pass raised, and the channel's passes are given up for its stream;
+    # "plan": planning a pass raised; it is tried again once another final came, and after
+    # PLAN_FAULTS_MAX such faults (or at the close) the channel's passes are given up;
     # "audio": taking a piece of audio raised (ChannelDecoder.feed_contained): the piece is
     # dropped, the open utterance (``utterance``; -1: none) ends there, the session sends
     # audio_dropped, and the channel listens afresh.

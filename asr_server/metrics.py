@@ -111,8 +111,8 @@ class Metrics:
             "asr_answer_failures_total",
             "Decodes whose answer the server failed to handle (a bug, logged with its traceback as event=answer_failed), "
             "by decode: taken as a failed decode's (interims dropped, finals given up with decode_failed, passes skipped; "
-            "ended: a final taken from an earlier answer was decoded instead; plan: planning a pass raised, the channel's "
-            "passes were given up; audio: taking a piece of audio raised in the VAD, chunker or decoder, the piece was dropped "
+            "ended: a final taken from an earlier answer was decoded instead; plan: planning a pass raised, tried again once "
+            "another final came, and after 3 such faults the channel's passes were given up; audio: taking a piece of audio raised in the VAD, chunker or decoder, the piece was dropped "
             "with audio_dropped and the channel's open utterance ended there); the session went on",
             ["decode"], registry=r,
         )

@@ -165,6 +165,9 @@ MARKS = CLAUSE_ENDS + "".join(SENTENCE_ENDS)  # ... and those with a sentence's 
 UNMARKED_PREFIX_WORDS = 12
 # Finals kept before a context window, for its prompt (seconds of their audio).
 PROMPT_CONTEXT_S = 10.0
+# Planning a pass that raises (a bug) is tried again once another final has come (what planning
+# reads has changed), this many times in a stream; then the channel's passes are given up.
+PLAN_FAULTS_MAX = 3
 
 
 def _trim_at_s(context: ContextOptions) -> float:
@@ -215,6 +218,10 @@ class _Utterance:
 
 
 class ChannelDecoder:
+    # Faults in planning a pass so far, and the newest record when the last came (see PLAN_FAULTS_MAX).
+    _plan_faults = 0
+    _plan_failed_at: int | None = None
+
     def __init__(self, channel: int, options: StreamOptions, context: ContextOptions | None = None, background_db: float = 0.0) -> None:
         self.channel = channel
         self.options = options
@@ -936,17 +943,25 @@ class ChannelDecoder:
 
     def _dispatch_context(self) -> list[PipelineEvent]:
         """The next context pass or settle decode, if one is due. Where planning it raises (a bug),
-        passes are given up for the rest of the channel's stream, as at a close whose time bound
-        ran out (:meth:`close_context`): planning them again would raise again, at every piece of
-        audio. The finals keep the text the client holds; the session goes on."""
+        it is tried again only once another final has come (planning the same again would raise
+        again, at every piece of audio), and after ``PLAN_FAULTS_MAX`` such faults, or once the
+        stream is closing, passes are given up for the rest of the channel's stream, as at a close
+        whose time bound ran out (:meth:`close_context`). The finals keep the text the client
+        holds; the session goes on."""
         if not self.context.enabled or self._context_closed or self._context_job is not None:
+            return []
+        newest = self._done[-1].index if self._done else -1
+        if self._plan_failed_at == newest:
+            self._context_closed = self._draining  # no final to wait for: the close would wait for passes
             return []
         try:
             return self._dispatch_pass() or self._dispatch_settle()
         except Exception as error:  # noqa: BLE001 - contained, as the docstring says; the transport logs its traceback
             # Planning changes only the pass's own attributes (records change once a pass answers).
-            self._context_job, self._settling, self._context_closed = None, False, True
-            return [AnswerFailed(self.channel, self._done[-1].index if self._done else -1, "plan", error)]
+            self._context_job, self._settling = None, False
+            self._plan_faults, self._plan_failed_at = self._plan_faults + 1, newest
+            self._context_closed = self._draining or self._plan_faults >= PLAN_FAULTS_MAX
+            return [AnswerFailed(self.channel, newest, "plan", error)]
 
     def _dispatch_pass(self) -> list[PipelineEvent]:
         if not self._unrevised:

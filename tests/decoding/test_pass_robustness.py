@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from unittest.mock import patch
 
 import numpy as np
@@ -334,27 +335,78 @@ def test_a_fault_in_handling_an_answer_costs_that_decode_only(target):
     assert sum(1 for m in faulty.messages if m["type"] == shown and m.get("pass", target) == target) > 1  # later ones still come
 
 
-def test_a_fault_in_planning_a_pass_gives_up_the_passes_not_the_session():
-    """Planning the second pass raises (a bug): the channel's passes are given up for the rest of
-    its stream, as at a close whose time bound ran out, and nothing else changes: every final
-    comes (its first pass's text), the first pass's revision stays, the stream closes, and one
-    :class:`AnswerFailed` tells the transport. Planning is not tried again (it would raise again
-    at every piece of audio)."""
+def _planning_faults(faulty: Callable[[int], bool]) -> tuple[FaultDriver, TwoPassModel, list[int]]:
+    """A stream whose pass planning raises (a bug) at the calls ``faulty`` picks (counted from 1)."""
     window, calls = ChannelDecoder._context_window, []
 
     def planned(decoder):
         if sys._getframe(1).f_code.co_name == "_dispatch_pass":  # not a waiting pass's refresh
             calls.append(1)
-            if len(calls) == 2:
+            if faulty(len(calls)):
                 raise RuntimeError(FAULT)
         return window(decoder)
 
     model = TwoPassModel(ALONE, TOGETHER)
     with patch.object(ChannelDecoder, "_context_window", planned):
         d = streamed(FaultDriver(model, passes(min_new_s=0.1, ahead_s=1.5), "plan"))
-    assert [(f.decode, str(f.error)) for f in d.failures] == [("plan", FAULT)]
-    assert len(calls) == 2 and model.context_requests == 1
     check_rules(d)
-    assert [m["text"] for m in d.of_type("final")] == ALONE
-    assert len(d.of_type("revision")) == 1 and d.messages[-1]["type"] == "closed" and not d.of_type("error")
-    assert d.client.final_text() == server_transcript(d) != " ".join(ALONE)
+    assert [m["text"] for m in d.of_type("final")] == ALONE  # every final, its first pass's text
+    assert d.messages[-1]["type"] == "closed" and not d.of_type("error")
+    assert d.client.final_text() == server_transcript(d)
+    return d, model, calls
+
+
+def test_a_fault_in_planning_a_pass_is_tried_again_once_another_final_came():
+    """Planning the second pass raises (a bug): it is not tried again at every piece of audio (it
+    would raise again), but once the next final has come, and then the passes go on: the
+    transcript at the close is the passes' as if nothing had happened. One
+    :class:`AnswerFailed` tells the transport."""
+    d, model, calls = _planning_faults(lambda call: call == 2)
+    assert [(f.decode, str(f.error)) for f in d.failures] == [("plan", FAULT)]
+    assert len(calls) >= 3 and model.context_requests >= 2
+    assert server_transcript(d) == " ".join(TOGETHER)
+
+
+def test_a_fault_in_planning_the_last_pass_still_lets_the_stream_close():
+    """Planning raises at the last pass a stream would plan, after which no final comes to try it
+    again on: the close does not wait for passes that cannot be planned."""
+    _, _, calls = _planning_faults(lambda call: False)
+    d, _, _ = _planning_faults(lambda call: call == len(calls))
+    assert [f.decode for f in d.failures] == ["plan"]
+
+
+def test_a_fault_in_planning_the_pass_after_the_speaker_stopped_still_lets_the_stream_close():
+    """The speaker stops; the pass planned in the silence after the last final raises, and no
+    other final comes to try it again on: the close gives the passes up instead of waiting for
+    one that cannot be planned."""
+    window, draining = ChannelDecoder._context_window, []
+    audio = speech()
+
+    def planned(decoder):
+        if decoder._position > len(audio):  # in the silence after the speech
+            draining.append(decoder._draining)
+            raise RuntimeError(FAULT)
+        return window(decoder)
+
+    d = FaultDriver(TwoPassModel(ALONE, TOGETHER), passes(min_new_s=30.0, ahead_s=1.5), "plan")  # no pass until the silence
+    then_silence = np.concatenate([audio, np.zeros(3 * 16000, np.float32)])  # 3 s, past idle_s
+    with patch.object(ChannelDecoder, "_context_window", planned):
+        for i in range(0, len(then_silence), 1600):
+            d.feed(then_silence[i : i + 1600])
+            d.run_context()
+        d.apply(d.session.end_of_stream())
+        d.run_context()
+    assert draining == [False] and [f.decode for f in d.failures] == ["plan"]
+    assert d.messages[-1]["type"] == "closed" and [m["text"] for m in d.of_type("final")] == ALONE
+
+
+def test_planning_that_keeps_faulting_gives_up_the_passes_not_the_session():
+    """Planning raises at every pass after the first: tried again after each new final, PLAN_FAULTS_MAX
+    times in all, and then the channel's passes are given up for the rest of its stream, as at a
+    close whose time bound ran out; the first pass's revision stays, and the stream closes."""
+    from asr_server.decoding.incremental import PLAN_FAULTS_MAX
+
+    d, model, calls = _planning_faults(lambda call: call >= 2)
+    assert [f.decode for f in d.failures] == ["plan"] * PLAN_FAULTS_MAX and len(calls) == 1 + PLAN_FAULTS_MAX
+    assert model.context_requests == 1 and len(d.of_type("revision")) == 1
+    assert server_transcript(d) != " ".join(ALONE)
