@@ -98,7 +98,7 @@ def test_a_fault_in_taking_audio_costs_a_piece_of_it_not_the_stream(live_server,
     (error,) = [m.message for m in r.of_type("error")]
     assert (error["code"], error["retryable"], error["utterance"]) == ("audio_dropped", True, 0)
     finals = [m.message for m in r.of_type("final")]
-    assert finals[0]["utterance"] == 0 and finals[0]["reason"] == "finalize" and finals[0]["end"] <= 3.1
+    assert finals[0]["utterance"] == 0 and finals[0]["reason"] == "finalize" and finals[0]["end"] < 4.0  # not at 7.5 s
     assert finals[0]["seq"] > error["seq"] and "dashwood" in finals[0]["text"].lower()
     assert [f["utterance"] for f in finals] == list(range(len(finals)))
     reference = " ".join(MANIFEST["librivox_16k.wav"]["references"][0])
