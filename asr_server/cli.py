@@ -181,21 +181,7 @@ def _context_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-back-s", type=_seconds, default=defaults.back_s,
                    help=f"of it, audio of utterances a pass already decided, as context before the new ones (default {defaults.back_s:g}; "
                         "0 while the server is loaded, load level 1 and up)")
-    p.add_argument("--context-late-s", type=_seconds, default=GovernorOptions.late_context_s,
-                   help=f"while some context pass has waited this long for its turn, passes hold at most --context-late-back-s of "
-                        f"decided audio, prompted with all the text before them, and catch up: revisions sooner, a little less accurate "
-                        f"(default {GovernorOptions.late_context_s:g}: never)")
-    p.add_argument("--context-late-back-s", type=_seconds, default=defaults.late_back_s,
-                   help=f"see --context-late-s (default {defaults.late_back_s:g})")
-    p.add_argument("--context-lean-wait-s", type=_seconds, default=GovernorOptions.lean_context_wait_s,
-                   help=f"once some context pass has waited this long for its turn on a loaded server (load level 1 and up), passes are "
-                        f"lean (none of the decided audio, on the lean window) and quick finals greedy, as after a late final, "
-                        f"until the load level is back at 0 (default {GovernorOptions.lean_context_wait_s:g}; 0: only late finals do)")
-    p.add_argument("--context-high-wait-s", type=_seconds, default=GovernorOptions.context_high_wait_s,
-                   help=f"a context pass waiting this long for its turn raises the load level to 1 (interims half as often, on the short "
-                        f"window), no further, until no pass has waited {GovernorOptions.context_low_wait_s:g} s (or half this, if less): "
-                        f"passes get the time interims would take: revisions a little sooner at 8 streams on 2 cores, a little less "
-                        f"accurate (default {GovernorOptions.context_high_wait_s:g}: never)")
+    _context_load_options(p, defaults)
     p.add_argument("--context-min-new-s", type=_seconds, default=defaults.min_new_s,
                    help=f"new speech (finalized, or in the utterance under way) since the last pass before the next one runs, unless the speaker pauses (default {defaults.min_new_s:g})")
     p.add_argument("--context-ahead-s", type=_seconds, default=defaults.ahead_s,
@@ -222,6 +208,28 @@ def _context_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--busy-finals", action=argparse.BooleanOptionalAction, default=True,
                    help="while the server is loaded (a final was late), quick finals decode as finals in a burst do: greedily on the "
                         "audio plus --burst-final-encoder-pad-s, a third of the model time; the context pass refines them (default on)")
+
+
+def _context_load_options(p: argparse.ArgumentParser, defaults: ContextOptions) -> None:
+    """How context passes change shape under load: late, lean, or given the time of interims."""
+    p.add_argument("--context-late-s", type=_seconds, default=GovernorOptions.late_context_s,
+                   help=f"while some context pass has waited this long for its turn, passes hold at most --context-late-back-s of "
+                        f"decided audio, prompted with all the text before them, and catch up: revisions sooner, a little less accurate "
+                        f"(default {GovernorOptions.late_context_s:g}: never)")
+    p.add_argument("--context-late-back-s", type=_seconds, default=defaults.late_back_s,
+                   help=f"see --context-late-s (default {defaults.late_back_s:g})")
+    p.add_argument("--context-lean-wait-s", type=_seconds, default=GovernorOptions.lean_context_wait_s,
+                   help=f"once some context pass has waited this long for its turn on a loaded server (load level 1 and up), passes are "
+                        f"lean (none of the decided audio, on the lean window) and quick finals greedy, as after a late final, "
+                        f"until the load level is back at 0 (default {GovernorOptions.lean_context_wait_s:g}; 0: only late finals do)")
+    p.add_argument("--context-lean-channels", type=_channels_or_zero, default=GovernorOptions.lean_channels,
+                   help=f"while more than this many channels are open, passes are lean and quick finals greedy at any load level: "
+                        f"revisions sooner and less model time, a less accurate transcript under noise (default {GovernorOptions.lean_channels}: never by count)")
+    p.add_argument("--context-high-wait-s", type=_seconds, default=GovernorOptions.context_high_wait_s,
+                   help=f"a context pass waiting this long for its turn raises the load level to 1 (interims half as often, on the short "
+                        f"window), no further, until no pass has waited {GovernorOptions.context_low_wait_s:g} s (or half this, if less): "
+                        f"passes get the time interims would take: revisions a little sooner at 8 streams on 2 cores, a little less "
+                        f"accurate (default {GovernorOptions.context_high_wait_s:g}: never)")
 
 
 def _access_options(p: argparse.ArgumentParser) -> None:
@@ -365,6 +373,13 @@ def _count_or_zero(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError("0 (no limit) or more")
+    return value
+
+
+def _channels_or_zero(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("a number of channels, 0 or more")
     return value
 
 
@@ -602,7 +617,7 @@ def _context(args: argparse.Namespace) -> ContextOptions:
 
 def _governor(args: argparse.Namespace) -> GovernorOptions:
     high = args.context_high_wait_s
-    return GovernorOptions(late_context_s=args.context_late_s, lean_context_wait_s=args.context_lean_wait_s,
+    return GovernorOptions(late_context_s=args.context_late_s, lean_context_wait_s=args.context_lean_wait_s, lean_channels=args.context_lean_channels,
                            context_high_wait_s=high, context_low_wait_s=min(GovernorOptions.context_low_wait_s, high / 2))
 
 

@@ -88,7 +88,7 @@ class Metrics:
         )
         self.lean_passes = Gauge(
             "asr_lean_passes", "1 while context passes leave out the decided audio and quick finals are greedy: load level 1 and up, "
-            "since a final was late or a pass waited --context-lean-wait-s", registry=r
+            "since a final was late or a pass waited --context-lean-wait-s, or while more than --context-lean-channels channels are open", registry=r
         )
         self.memory_budget = Gauge("asr_memory_budget_bytes", "Memory the server may use on its device", registry=r)
         self.memory_used = Gauge("asr_memory_used_bytes", "Memory in use (resident set on CPU)", registry=r)

@@ -238,7 +238,7 @@ class AsrServer:
         state = self.scheduler.state(loop.time())
         used = self.memory_probe() if self.budget is not None else 0
         level = self.governor.observe(loop.time(), state.oldest_final_wait, used, self.budget.total if self.budget else 0, state.oldest_interim_wait,
-                                      state.background_busy, state.oldest_context_wait)
+                                      state.background_busy, state.oldest_context_wait, self.active_channels)
         self.metrics.memory_used.set(used)
         self.metrics.degradation_level.set(int(level))
         self.metrics.background_busy.set(state.background_busy)

@@ -38,11 +38,12 @@ def test_the_context_pass_settings_reach_the_server_and_negative_seconds_are_ref
 
     args = build_parser().parse_args(["--context-window-s", "40", "--context-back-s", "4", "--context-min-new-s", "5", "--context-max-wait-s", "2",
                                       "--context-ahead-s", "0", "--context-settle-window-s", "45", "--context-late-s", "3", "--context-late-back-s", "8",
-                                      "--context-lean-wait-s", "6", "--context-high-wait-s", "1.5"])
+                                      "--context-lean-wait-s", "6", "--context-high-wait-s", "1.5", "--context-lean-channels", "4"])
     options = _context(args)
     assert options.late_back_s == 8.0 and _governor(args).late_context_s == 3.0 and _governor(args).lean_context_wait_s == 6.0
     assert _governor(build_parser().parse_args([])).late_context_s == 0.0  # off unless asked for
     assert _governor(build_parser().parse_args([])).lean_context_wait_s == 10.0
+    assert (_governor(args).lean_channels, _governor(build_parser().parse_args([])).lean_channels) == (4, 0)  # by count: off unless asked for
     assert (_governor(args).context_high_wait_s, _governor(args).context_low_wait_s) == (1.5, 0.75)  # calm below half of it, if under 1 s
     assert _governor(build_parser().parse_args([])).context_high_wait_s == 0.0  # off unless asked for
     assert (_governor(build_parser().parse_args(["--context-high-wait-s", "4"])).context_low_wait_s) == 1.0
@@ -52,7 +53,7 @@ def test_the_context_pass_settings_reach_the_server_and_negative_seconds_are_ref
     assert defaults.ahead_s == ContextOptions().ahead_s > 0 and defaults.settle_window_s == ContextOptions().settle_window_s == 30.0
     assert _plan(args).batch.context_max_wait_s == 2.0
     for flag in ("--context-max-wait-s", "--context-ahead-s", "--context-settle-window-s", "--context-late-s", "--context-late-back-s", "--context-lean-wait-s",
-                 "--context-high-wait-s"):
+                 "--context-high-wait-s", "--context-lean-channels"):
         with pytest.raises(SystemExit) as exit_info:
             build_parser().parse_args([flag, "-1"])
         assert exit_info.value.code == 2 and "0 or more" in capsys.readouterr().err

@@ -110,3 +110,31 @@ def test_passes_go_lean_in_every_session_once_a_pass_has_waited_on_a_loaded_serv
         return seen
 
     assert asyncio.run(main()) == [[False], 0.0, [True], 1.0, True]
+
+
+def test_passes_go_lean_by_count_while_more_channels_are_open_than_the_operator_set():
+    """``--context-lean-channels``: the tick passes the channels open to the governor; with more
+    open than the setting, every session's decoders are told to make their passes lean, at level
+    0, and once a stream has closed, whole again."""
+
+    async def main() -> list:
+        state = [QueueState(0, 0, 0.0, 0.0, 0.1, 0.0)]
+        seen: list = []
+        async with _one_session(state, GovernorOptions(lean_channels=1)) as (server, conn):
+            await server.tick()
+            seen += [_told(conn, "lean_context"), _gauge(server, "asr_lean_passes")]
+            async with connect(URL.format(port=server.port)) as second:
+                assert json.loads(await second.recv())["type"] == "session"
+                [other] = server._connections - {conn}
+                await server.tick()
+                seen += [_told(conn, "lean_context"), _told(other, "lean_context"), _gauge(server, "asr_lean_passes"), int(server.governor.level)]
+                await second.send(json.dumps({"type": "close"}))
+                while json.loads(await second.recv())["type"] != "closed":
+                    pass
+            while len(server._connections) > 1:
+                await asyncio.sleep(0)
+            await server.tick()
+            seen += [_told(conn, "lean_context"), _gauge(server, "asr_lean_passes")]
+        return seen
+
+    assert asyncio.run(main()) == [[False], 0.0, [True], [True], 1.0, 0, [False], 0.0]

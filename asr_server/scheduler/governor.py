@@ -21,7 +21,9 @@ does not flap). The steps, in order:
    and on the runner's short encoder window (cheaper, less accurate); context
    passes lean (only the utterances they decide) and quick finals busy
    (greedy on the burst window) once a final was late through a raise
-   period or a pass waited ``lean_context_wait_s``, until the level is back at 0;
+   period or a pass waited ``lean_context_wait_s``, until the level is back at 0
+   (and at any level while more than ``lean_channels`` channels are open,
+   where an operator sets it);
 2. ``INTERIM_MODEL`` - interims on the smaller ``--interim-model`` (without
    one: interims slowed by the factor once more);
 3. ``REFUSE_BATCH`` - new ``batch`` streams are refused;
@@ -129,6 +131,13 @@ class GovernorOptions:
     # interims took the time back; docs/benchmarks.md, fifty-eighth session). 0: only late finals
     # make passes lean.
     lean_context_wait_s: float = 10.0
+    # Passes lean (and quick finals busy) at any level while more than this many channels are
+    # open: revisions sooner and less model time on clean speech, at a cost in accuracy under
+    # noise. 8 staggered streams on 2 cores with every pass lean: on the fixtures revisions p95
+    # 8.0-8.2 s against 14.9-17.7 s and WER after revisions 0.108-0.111 against 0.113-0.116; on
+    # held-out set 3 under noise 20 dB down 6.2 s against 10.6-11.0 s, but 0.313-0.319 against
+    # 0.275-0.276 (docs/benchmarks.md, eighty-ninth session). 0 (default): never by count.
+    lean_channels: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.low_wait_s < self.high_wait_s or not 0 <= self.interim_low_wait_s < self.interim_high_wait_s:
@@ -139,8 +148,8 @@ class GovernorOptions:
             raise ValueError("governor periods and factor must be positive")
         if not 0 <= self.spare_busy_low <= self.spare_busy_high:
             raise ValueError("need 0 <= spare_busy_low <= spare_busy_high")
-        if self.late_context_s < 0 or self.lean_context_wait_s < 0:
-            raise ValueError("late_context_s and lean_context_wait_s must be 0 or more")
+        if self.late_context_s < 0 or self.lean_context_wait_s < 0 or self.lean_channels < 0:
+            raise ValueError("late_context_s, lean_context_wait_s and lean_channels must be 0 or more")
 
 
 class LoadGovernor:
@@ -154,11 +163,13 @@ class LoadGovernor:
         self._lean = False  # a final was late through a raise period, or a pass waited lean_context_wait_s, since the level left NORMAL
         self._spare = True  # the background workers have time to spare (see GovernorOptions.spare_busy_low)
         self._late = False  # a context pass has waited late_context_s
+        self._channels = 0  # channels open, as last observed
 
     def observe(self, now: float, oldest_final_wait: float, memory_used: int = 0, memory_budget: int = 0, oldest_interim_wait: float = 0.0,
-                background_busy: float = 0.0, oldest_context_wait: float = 0.0) -> Level:
-        """Update from the queue and memory; returns the (possibly new) level."""
+                background_busy: float = 0.0, oldest_context_wait: float = 0.0, channels: int = 0) -> Level:
+        """Update from the queue, memory and the number of ``channels`` open; returns the (possibly new) level."""
         o = self.options
+        self._channels = channels
         self.memory_critical = memory_budget > 0 and memory_used > o.critical_fraction * memory_budget
         self._observe_busy(background_busy)
         self._late = 0 < o.late_context_s <= oldest_context_wait
@@ -208,6 +219,7 @@ class LoadGovernor:
         self._lean = False
         self._spare = True
         self._late = False
+        self._channels = 0
 
     def _step(self, now: float, delta: int) -> None:
         self.level = Level(self.level + delta)
@@ -238,8 +250,12 @@ class LoadGovernor:
         first level, once a final was late through a raise period or a pass waited
         ``lean_context_wait_s`` in the queue. Interims lagging alone (one stream on a slow machine,
         its interims waiting behind the pass itself) make interims cheaper but leave passes whole:
-        a lean pass decides its utterances without the context it is there for."""
-        return self.level >= Level.FEWER_INTERIMS and self._lean
+        a lean pass decides its utterances without the context it is there for.
+
+        And at any level while more than ``lean_channels`` channels are open (an operator's choice:
+        see :attr:`GovernorOptions.lean_channels`)."""
+        by_count = 0 < self.options.lean_channels < self._channels
+        return (self.level >= Level.FEWER_INTERIMS and self._lean) or by_count
 
     def spare_time(self) -> bool:
         """Whether settle decodes may run: level 0, and the background workers have time to spare."""
