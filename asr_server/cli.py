@@ -369,25 +369,21 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _count_or_zero(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("0 (no limit) or more")
-    return value
+def _at_least_zero(meaning: str) -> Callable[[str], int]:
+    """An argparse type for a whole number of 0 or more, where 0 means ``meaning``."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"0 or more (0: {meaning})")
+        return value
+
+    return parse
 
 
-def _channels_or_zero(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("a number of channels, 0 or more")
-    return value
-
-
-def _count_or_default(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("0 (the default) or more")
-    return value
+_count_or_zero = _at_least_zero("no limit")
+_channels_or_zero = _at_least_zero("never")
+_count_or_default = _at_least_zero("the default")
 
 
 def _count(text: str) -> int:

@@ -179,7 +179,7 @@ def test_the_workers_context_passes_may_hold_at_once_are_unlimited_unless_capped
     assert _plan(build_parser().parse_args(["--context-workers", "1"])).batch.context_workers == 1
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--context-workers", "-1"])
-    assert "0 (no limit) or more" in capsys.readouterr().err
+    assert "0 or more (0: no limit)" in capsys.readouterr().err
 6
 
 
@@ -240,7 +240,7 @@ def test_connection_limits_reach_the_server_and_the_open_files_limit_is_raised_f
     for flag in ("--max-connections", "--max-opening-per-address"):
         with pytest.raises(SystemExit) as exit_info:
             build_parser().parse_args([flag, "-1"])
-        assert exit_info.value.code == 2 and "0 (no limit) or more" in capsys.readouterr().err
+        assert exit_info.value.code == 2 and "0 or more (0: no limit)" in capsys.readouterr().err
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard <= 256:
         pytest.skip("the hard open-files limit leaves nothing to raise")
@@ -282,13 +282,13 @@ def test_accept_failures_for_want_of_descriptors_are_logged_once_in_a_while():
     (["--ice-server", "stun.example.com:3478"], "not a STUN or TURN URL"),
     (["--webrtc-host", "eth0"], "not an IP address"),
     (["--port", "70000"], "a port from 1 to 65535"),
-    (["--workers", "-1"], "0 (the default) or more"),
-    (["--max-channels", "-3"], "0 (no limit) or more"),
+    (["--workers", "-1"], "0 or more (0: the default)"),
+    (["--max-channels", "-3"], "0 or more (0: no limit)"),
     (["--memory-limit", "0"], "at least 1"),
     (["--max-batch-seconds", "0"], "more than 0"),
     (["--idle-timeout", "0"], "more than 0"),
     (["--max-frame-bytes", "-1"], "at least 1"),
-    (["--key-max-channels", "-2"], "0 (no limit) or more"),
+    (["--key-max-channels", "-2"], "0 or more (0: no limit)"),
     (["--final-encoder-pad-s", "-1"], "0 or more"),
 ])
 def test_settings_that_could_never_work_are_refused_at_start_not_ignored(argv, needle, capsys):
