@@ -178,7 +178,7 @@ TOUR = [
 # recordings as a caller would hear them. The references are the package's own transcripts
 # (core-sounds-en.txt in asterisk-core-sounds-en), with its marks of a cut prompt ("...") left
 # out and one misspelling mended ("represenatives"). Chosen from the prompts of six words or
-# more whose numbers are under 100 (the WER normalizer spells those out, not "1234"), before
+# more whose numbers are under 100 (the WER normalizer then spelled only those out), before
 # anything was measured on them.
 DEMO = [
     ("demo-congrats", "Congratulations. You have successfully installed and executed the Asterisk open source PBX. You have also installed a set of sample sounds and configuration files that should help you to get started. Like a normal PBX you will navigate this demonstration by dialing digits. If you are using a console channel driver instead of a real phone you can use the dial, answer, and hang up commands to simulate the actions of a standard telephone."),

@@ -20,5 +20,15 @@ def test_the_spacing_of_a_compound_is_not_a_word_error():
 
 def test_wrong_words_still_count():
     assert errors("the caller will hold", "the color will hold") == (1, 4)
-    assert errors("seven four two nine", "749") == (4, 4)
+    # Digits said one by one are not the number the digits make.
+    assert errors("seven four two nine", "7429") == (3, 4)
     assert wer("ill disposed young man", "old sposed young man") == 0.5
+
+
+def test_numbers_written_as_digits_are_the_words_said():
+    assert errors("the keeper climbed one hundred and twelve steps", "The keeper climbed 112 steps.") == (0, 7)
+    assert errors("closed two hundred tickets", "closed 200 tickets") == (0, 4)
+    assert errors("opened it with two thousand dollars", "opened it with $2,000.") == (0, 6)
+    assert errors("three thousand eight hundred miles", "3,800 miles") == (0, 5)
+    # A wrong number is still wrong, word by word.
+    assert errors("one hundred and twelve steps", "120 steps") == (1, 4)

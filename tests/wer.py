@@ -1,7 +1,8 @@
 """Word error rate with a small English normalizer (shared by tests and bench).
 
-What it forgives, on both sides alike: case, punctuation, hyphens, numbers under 100 written as
-digits, a few abbreviations, contractions ("you're" counts as "you are"; ``'s`` stays, since it
+What it forgives, on both sides alike: case, punctuation, hyphens, whole numbers under a million
+written as digits ("112" is "one hundred twelve", and the "and" in "one hundred and twelve" is
+dropped; "$2,000" is "two thousand dollars"), a few abbreviations, contractions ("you're" counts as "you are"; ``'s`` stays, since it
 may be a possessive), and the spacing of compounds ("voice mail" against "voicemail", where both
 parts have at least :data:`COMPOUND_PART` letters). Whisper's own English normalizer expands
 contractions the same way; the compounds are ours (the reference scripts and the model split
@@ -24,12 +25,17 @@ def _number(n: int) -> str:
         return _ONES[n]
     if n < 100:
         return _TENS[n // 10] + ("" if n % 10 == 0 else " " + _ONES[n % 10])
+    for size, name in ((1000, "thousand"), (100, "hundred")):
+        if size <= n < 1000 * size:
+            rest = n % size
+            return f"{_number(n // size)} {name}" + ("" if rest == 0 else " " + _number(rest))
     return str(n)
 
 
 def normalize(text: str) -> list[str]:
     text = text.lower().replace("-", " ")
     text = re.sub(r"(?<=\d),(?=\d{3})", "", text)  # 3,800 -> 3800
+    text = re.sub(r"\$(\d+)\b", r"\1 dollars", text)  # $2000 -> 2000 dollars
     text = re.sub(r"\b([a-z])\.", r"\1", text)  # b.c. -> bc
     text = re.sub(r"[^\w' ]+", " ", text)
     words: list[str] = []
@@ -39,7 +45,15 @@ def normalize(text: str) -> list[str]:
             words.extend(_number(int(w)).split())
         elif w:
             words.extend(_expanded(_ABBREV.get(w, w)))
-    return words
+    return _without_number_and(words)
+
+
+def _without_number_and(words: list[str]) -> list[str]:
+    """``words`` less each "and" between "hundred" or "thousand" and a number word ("one hundred
+    and twelve" is said both ways)."""
+    numbers = set(_ONES) | set(_TENS[2:])
+    return [w for i, w in enumerate(words)
+            if not (w == "and" and 0 < i < len(words) - 1 and words[i - 1] in ("hundred", "thousand") and words[i + 1] in numbers)]
 
 
 def _expanded(word: str) -> list[str]:
