@@ -2,8 +2,8 @@
 
 What it forgives, on both sides alike: case, punctuation, hyphens, whole numbers under a million
 written as digits ("112" is "one hundred twelve", and the "and" in "one hundred and twelve" is
-dropped; "$2,000" is "two thousand dollars"), a few abbreviations, contractions ("you're" counts as "you are"; ``'s`` stays, since it
-may be a possessive), and the spacing of compounds ("voice mail" against "voicemail", where both
+dropped; "$2,000" is "two thousand dollars"), a few abbreviations, contractions ("you're" counts
+as "you are"; ``'s`` stays, since it may be a possessive), and the spacing of compounds ("voice mail" against "voicemail", where both
 parts have at least :data:`COMPOUND_PART` letters). Whisper's own English normalizer expands
 contractions the same way; the compounds are ours (the reference scripts and the model split
 them differently, and no listener would call it a wrong word)."""
@@ -14,6 +14,7 @@ import re
 
 _ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+_NUMBER_WORDS = frozenset(_ONES) | frozenset(_TENS[2:])
 _ABBREV = {"mr": "mister", "mrs": "missus", "dr": "doctor", "st": "saint", "ok": "okay"}
 _CONTRACTED = {"won't": "will not", "can't": "can not", "cannot": "can not", "shan't": "shall not", "let's": "let us", "i'm": "i am"}
 _ENDINGS = (("n't", " not"), ("'re", " are"), ("'ll", " will"), ("'ve", " have"), ("'d", " would"), ("'m", " am"))
@@ -51,9 +52,8 @@ def normalize(text: str) -> list[str]:
 def _without_number_and(words: list[str]) -> list[str]:
     """``words`` less each "and" between "hundred" or "thousand" and a number word ("one hundred
     and twelve" is said both ways)."""
-    numbers = set(_ONES) | set(_TENS[2:])
     return [w for i, w in enumerate(words)
-            if not (w == "and" and 0 < i < len(words) - 1 and words[i - 1] in ("hundred", "thousand") and words[i + 1] in numbers)]
+            if not (w == "and" and 0 < i < len(words) - 1 and words[i - 1] in ("hundred", "thousand") and words[i + 1] in _NUMBER_WORDS)]
 
 
 def _expanded(word: str) -> list[str]:
