@@ -136,8 +136,9 @@ class GovernorOptions:
     # worse on most audio (as good only on the clean fixtures; a human voice 0.024 against 0.014,
     # the fixtures under noise 0.147 against 0.135). 8 staggered streams on 2 cores with every
     # pass lean: on the fixtures revisions p95 8.0-8.2 s against 14.9-17.7 s and WER after
-    # revisions 0.108-0.111 against 0.113-0.116; on held-out set 3 under noise 20 dB down 6.2 s against 10.6-11.0 s, but 0.313-0.319 against
-    # 0.275-0.276 (docs/benchmarks.md, eighty-ninth session). 0 (default): never by count.
+    # revisions 0.108-0.111 against 0.113-0.116; on held-out set 3 under noise 20 dB down 6.2 s
+    # against 10.6-11.0 s, but 0.313-0.319 against 0.275-0.276 (docs/benchmarks.md, eighty-ninth
+    # session). 0 (default): never by count.
     lean_channels: int = 0
 
     def __post_init__(self) -> None:
