@@ -2,7 +2,8 @@
 
 What it forgives, on both sides alike: case, punctuation, hyphens, whole numbers under a million
 written as digits ("112" is "one hundred twelve", and the "and" in "one hundred and twelve" is
-dropped; "$2,000" is "two thousand dollars"), a few abbreviations, contractions ("you're" counts
+dropped; "$2,000" is "two thousand dollars"; a year the reference says, "fifteen ninety", is
+what "1590" in the hypothesis reads as), a few abbreviations, contractions ("you're" counts
 as "you are"; ``'s`` stays, since it may be a possessive), and the spacing of compounds ("voice mail" against "voicemail", where both
 parts have at least :data:`COMPOUND_PART` letters). Whisper's own English normalizer expands
 contractions the same way; the compounds are ours (the reference scripts and the model split
@@ -11,6 +12,7 @@ them differently, and no listener would call it a wrong word)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 _ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
@@ -19,6 +21,20 @@ _ABBREV = {"mr": "mister", "mrs": "missus", "dr": "doctor", "st": "saint", "ok":
 _CONTRACTED = {"won't": "will not", "can't": "can not", "cannot": "can not", "shan't": "shall not", "let's": "let us", "i'm": "i am"}
 _ENDINGS = (("n't", " not"), ("'re", " are"), ("'ll", " will"), ("'ve", " have"), ("'d", " would"), ("'m", " am"))
 COMPOUND_PART = 3
+_ORDINAL_DIGITS = re.compile(r"(\d+)(?:st|nd|rd|th)")
+_ORDINAL_WORDS = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth", "nine": "ninth", "twelve": "twelfth"}
+# British endings and their American spelling, each with enough letters before it that a short
+# word stays itself ("four" is not "for", "filled" not "filed").
+_SPELLINGS = tuple((re.compile(a), b) for a, b in (
+    (r"(?<=\w{3})our(s|ed|ing|ite|ites|able|ably|er|ers|ful|less)?$", r"or\1"),  # neighbour, colour, favourite
+    (r"(?<=\w{2})([tbg])re(s)?$", r"\1er\2"),  # centre, metre, fibre, meagre
+    (r"(?<=\w{4})is(e|es|ed|ing|ation|ations)$", r"iz\1"),  # realise, organisation
+    (r"(?<=\w{3})ys(e|es|ed|ing)$", r"yz\1"),  # analyse
+    (r"(?<=\w{2}[ae])ll(ed|ing|er|ers)$", r"l\1"),  # travelled, cancelling
+    (r"(?<=\w{4})ogue(s)?$", r"og\1"),  # catalogue, dialogue
+    (r"(?<=\w{2})(fen|cen|ten)ce(s)?$", r"\1se\2"),  # defence, licence, pretence
+))
+_SPELLED = {"grey": "gray", "programme": "program", "programmes": "programs", "aluminium": "aluminum", "judgement": "judgment", "ageing": "aging", "pyjamas": "pajamas"}
 
 
 def _number(n: int) -> str:
@@ -33,7 +49,23 @@ def _number(n: int) -> str:
     return str(n)
 
 
-def normalize(text: str) -> list[str]:
+def _year(n: int) -> str | None:
+    """How ``n`` is said as a year ("fifteen ninety", "nineteen oh five", "nineteen hundred",
+    "twenty twenty four"), where that differs from the number; None where it does not."""
+    if not (1100 <= n <= 1999 or 2010 <= n <= 2099):
+        return None
+    century, rest = divmod(n, 100)
+    said = "hundred" if rest == 0 else f"oh {_ONES[rest]}" if rest < 10 else _number(rest)
+    return f"{_number(century)} {said}"
+
+
+def _holds(words: Sequence[str], run: list[str]) -> bool:
+    return any(list(words[i : i + len(run)]) == run for i in range(len(words) - len(run) + 1))
+
+
+def normalize(text: str, spoken: Sequence[str] = ()) -> list[str]:
+    """``text`` as words to compare. A number written in digits that ``spoken`` (the other side's
+    words) says as a year is read as that year ("1590" as "fifteen ninety"), else as a number."""
     text = text.lower().replace("-", " ")
     text = re.sub(r"(?<=\d),(?=\d{3})", "", text)  # 3,800 -> 3800
     text = re.sub(r"\$(\d+)\b", r"\1 dollars", text)  # $2000 -> 2000 dollars
@@ -41,12 +73,36 @@ def normalize(text: str) -> list[str]:
     text = re.sub(r"[^\w' ]+", " ", text)
     words: list[str] = []
     for w in text.split():
-        w = w.strip("'")
-        if w.isdigit():
-            words.extend(_number(int(w)).split())
-        elif w:
-            words.extend(_expanded(_ABBREV.get(w, w)))
+        words.extend(_read(w.strip("'"), spoken))
     return _without_number_and(words)
+
+
+def _read(w: str, spoken: Sequence[str]) -> list[str]:
+    """One written word as the words said: a number or an ordinal in digits spelled out, an
+    abbreviation or a contraction expanded, a British spelling as the American one."""
+    ordinal = _ORDINAL_DIGITS.fullmatch(w)
+    if ordinal:
+        return _ordinal(_number(int(ordinal.group(1)))).split()
+    if w.isdigit():
+        year = _year(int(w))
+        return year.split() if year and _holds(spoken, year.split()) else _number(int(w)).split()
+    return [_american(x) for x in _expanded(_ABBREV.get(w, w))] if w else []
+
+
+def _ordinal(said: str) -> str:
+    """A number's words as the ordinal ("twenty one" -> "twenty first")."""
+    head, _, last = said.rpartition(" ")
+    last = _ORDINAL_WORDS.get(last) or (last[:-1] + "ieth" if last.endswith("y") else last + "th")
+    return f"{head} {last}".strip()
+
+
+def _american(word: str) -> str:
+    """``word`` in American spelling where a British one differs by a regular ending ("neighbours",
+    "centre", "realise", "travelled", "catalogue", "defence"); the same on both sides, so that the
+    references' British spelling and the model's American one are the same word."""
+    for pattern, replacement in _SPELLINGS:
+        word = pattern.sub(replacement, word)
+    return _SPELLED.get(word, word)
 
 
 def _without_number_and(words: list[str]) -> list[str]:
@@ -82,7 +138,8 @@ def _joined(words: list[str], other: list[str]) -> list[str]:
 
 def errors(reference: str, hypothesis: str) -> tuple[int, int]:
     """Word errors in ``hypothesis`` against ``reference``, and the reference's word count."""
-    ref, hyp = normalize(reference), normalize(hypothesis)
+    ref = normalize(reference)
+    hyp = normalize(hypothesis, ref)
     return edit_distance(_joined(ref, hyp), _joined(hyp, ref)), len(ref)
 
 
