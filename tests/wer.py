@@ -3,11 +3,13 @@
 What it forgives, on both sides alike: case, punctuation, hyphens, whole numbers under a million
 written as digits ("112" is "one hundred twelve", and the "and" in "one hundred and twelve" is
 dropped; "$2,000" is "two thousand dollars"; a year the reference says, "fifteen ninety", is
-what "1590" in the hypothesis reads as), a few abbreviations, contractions ("you're" counts
-as "you are"; ``'s`` stays, since it may be a possessive), and the spacing of compounds ("voice mail" against "voicemail", where both
-parts have at least :data:`COMPOUND_PART` letters). Whisper's own English normalizer expands
-contractions the same way; the compounds are ours (the reference scripts and the model split
-them differently, and no listener would call it a wrong word)."""
+what "1590" in the hypothesis reads as), ordinals written as digits ("16th" is "sixteenth"),
+British spelling ("neighbours" is "neighbors"), a few abbreviations, contractions ("you're"
+counts as "you are"; ``'s`` stays, since it may be a possessive), and the spacing of compounds
+("voice mail" against "voicemail", where both parts have at least :data:`COMPOUND_PART` letters).
+Whisper's own English normalizer expands contractions the same way and respells British words
+too (from a word list, where ours goes by endings); the compounds are ours (the reference scripts
+and the model split them differently, and no listener would call it a wrong word)."""
 
 from __future__ import annotations
 
@@ -84,8 +86,8 @@ def _read(w: str, spoken: Sequence[str]) -> list[str]:
     if ordinal:
         return _ordinal(_number(int(ordinal.group(1)))).split()
     if w.isdigit():
-        year = _year(int(w))
-        return year.split() if year and _holds(spoken, year.split()) else _number(int(w)).split()
+        year = (_year(int(w)) or "").split()
+        return year if year and _holds(spoken, year) else _number(int(w)).split()
     return [_american(x) for x in _expanded(_ABBREV.get(w, w))] if w else []
 
 
