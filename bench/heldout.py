@@ -5,6 +5,7 @@
     python bench/heldout.py --set 3 /tmp/heldout3
     python bench/heldout.py --set 4 /tmp/heldout4
     python bench/heldout.py --set 5 /tmp/heldout5   # needs Debian's asterisk-core-sounds-en-wav
+    python bench/heldout.py --set 6 /tmp/heldout6   # needs flite (apt-get install flite)
     python bench/replay_bench.py --fixture-dir /tmp/heldout --fixtures all --offline [--noise-db 20 | --room]
     python bench/stream_bench.py --fixture-dir /tmp/heldout --fixtures all [--noise-db 20 | --room]
 
@@ -36,6 +37,11 @@ joined into three recordings a caller would hear (an install's spoken demo, 99 s
 menus, 95 s; a conference bridge's prompts, 88 s) with the package's own transcripts. Made in
 the eightieth session, after every rule had been chosen; ``--sounds`` names another folder of
 the prompts (``dpkg -x`` of the package).
+``--set 6`` is flite's voices (``apt-get install flite``): CMU's statistical voices slt, rms
+and awb, built from recordings of three real speakers, so neither espeak-ng's formants nor
+the one human voice of set 5. A job interview, a pharmacy call at 8 kHz in mu-law, and a
+weather forecast read with short pauses; written in the ninety-second session, after every
+rule had been chosen.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import wave
 from pathlib import Path
 
@@ -53,7 +60,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "audio_fixtures"))
 
-from make_fixtures import assemble, espeak, g711, trim, write_pcm  # noqa: E402
+from make_fixtures import assemble, espeak, g711, read_mono, trim, write_pcm  # noqa: E402
 
 MEETING = [
     "Good morning everyone, and welcome to the quarterly planning review.",
@@ -226,6 +233,45 @@ PROMPTS = [
 ]
 SOUNDS = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
 
+# Set 6: flite's voices (CMU's statistical voices built from recordings of real speakers, not
+# espeak-ng's formants), written in the ninety-second session after every rule was chosen.
+INTERVIEW = [
+    "Thanks for coming in today, and sorry about the wait downstairs.",
+    "Could you start by telling us a little about your last job?",
+    "I worked at a printing company for six years, mostly on the night shift.",
+    "We ran the presses and checked every order before it left the building.",
+    "What made you want to leave after such a long time?",
+    "The company was sold last winter, and the new owners closed our plant.",
+    "How would you handle a customer who is angry about a late order?",
+    "I would listen first, then tell them exactly when they can expect it.",
+    "That sounds reasonable. Do you have any questions for us?",
+    "Yes, how many people work on each team, and who would I report to?",
+]
+PHARMACY = [
+    "Good afternoon, Riverside Pharmacy, this is Daniel speaking.",
+    "I am calling to see if my prescription is ready to pick up.",
+    "Can I have your date of birth and the last name on the order?",
+    "It is the ninth of October, nineteen eighty two, and the name is Patel.",
+    "Thank you. The tablets are ready, but the cream is still on order.",
+    "It should arrive on Thursday morning, and we close at six.",
+    "Great, I will come by after work on Thursday then.",
+]
+FORECAST = [
+    "Here is the weather for the weekend across the northern region.",
+    "Saturday starts cold and bright, with a light frost in the valleys.",
+    "Clouds will thicken during the afternoon, and rain reaches the coast by evening.",
+    "Winds pick up overnight, gusting to forty miles an hour on the hills.",
+    "Sunday stays wet and windy until about midday.",
+    "After that, the showers die away and the sun comes back out.",
+    "Temperatures will climb to eleven degrees, a little below normal for the time of year.",
+    "Drivers should take care on the mountain roads, where some snow may settle.",
+]
+# (file, sentences, sample rate, flite voice, duration stretch (under 1: faster), pause after each sentence in seconds)
+SIXTH = [
+    ("ho6_interview_16k.wav", INTERVIEW, 16000, "slt", 1.0, [0.7, 1.4, 0.35, 0.9, 0.5, 1.8, 0.4, 0.6, 1.1]),
+    ("ho6_pharmacy_8k.mulaw", PHARMACY, 8000, "rms", 0.95, [0.8, 0.4, 1.2, 0.5, 0.3, 0.9]),
+    ("ho6_forecast_16k.s16le", FORECAST, 16000, "awb", 0.9, [0.3, 0.45, 0.25, 0.6, 0.3, 0.2, 0.4]),
+]
 # (file, sentences, sample rate, espeak-ng voice, words per minute, pause after each sentence in seconds)
 RECORDINGS = [
     ("heldout_meeting_16k.wav", MEETING, 16000, "en-us+m3", 170, [0.35, 0.9, 0.3, 1.4, 0.4, 0.6, 2.2, 0.3, 0.5, 1.0, 0.45]),
@@ -296,16 +342,42 @@ def human_set(out: Path, sounds: Path) -> dict:
     return manifest
 
 
+def flite(text: str, rate: int, voice: str, stretch: float) -> np.ndarray:
+    """``text`` spoken by flite's ``voice``, ``stretch`` times as long as its own pace, at ``rate``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "s.wav"
+        subprocess.run(["flite", "-voice", voice, "--setf", f"duration_stretch={stretch}", "-t", text, "-o", str(wav)], check=True)
+        return read_mono(wav, rate)
+
+
+def flite_set(out: Path) -> dict:
+    """Set 6: flite's voices; their manifest entries."""
+    said = subprocess.run(["flite", "--version"], capture_output=True, text=True).stdout  # exits 1 after printing it
+    found = re.search(r"version:\s*(\S+)", said)
+    version = found.group(1) if found else "flite"
+    manifest = {}
+    for name, sentences, rate, voice, stretch, pauses in SIXTH:
+        clips = [trim(flite(sentence, rate, voice, stretch), rate) for sentence in sentences]
+        audio, spans = assemble(clips, rate, [*pauses, 1.0], lead_s=0.6)
+        encoding = write(out, name, audio, rate)
+        manifest[name] = {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [sentences], "spans": [spans],
+                          "source": f"{version}, voice {voice}, duration stretch {stretch} (bench/heldout.py --set 6)"}
+        print(f"{name}: {len(audio) / rate:.1f} s, {len(sentences)} sentences", flush=True)
+    return manifest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path, help="folder to write the recordings and their manifest.json into")
-    ap.add_argument("--set", type=int, choices=[*sorted(SETS), 5], default=1,
-                    help="which three recordings (2, 3 and 4: made later, for more looks; 5: a human voice over the phone)")
+    ap.add_argument("--set", type=int, choices=[*sorted(SETS), 5, 6], default=1,
+                    help="which three recordings (2, 3 and 4: made later, for more looks; 5: a human voice over the phone; 6: flite's voices)")
     ap.add_argument("--sounds", type=Path, default=SOUNDS, help=f"set 5: the folder of the Asterisk prompts (default {SOUNDS})")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.set == 5:
         manifest = human_set(args.out, args.sounds)
+    elif args.set == 6:
+        manifest = flite_set(args.out)
     else:
         manifest = {}
         version = espeak_version()
