@@ -134,6 +134,9 @@ SENTENCE_PAUSE_MS = 180
 # Not from the start of the talking: a call's "That is great news, | thank you very much." has a
 # pause at its comma 1.2 s in, where the pause decode ends "news." with a full stop.
 SENTENCE_PAUSE_SOONER_S = 1.0
+# A pause no decode was asked for while it lasted is decoded once speech has resumed, if it was at
+# most this long ago (see ChannelDecoder._owed_pause_decode); an older one is left to the interims.
+OWED_PAUSE_S = 4.0
 # Where the chunker declined that cut (the VAD heard a shorter pause), the next interim comes this
 # much audio after the pause decode, not interim_ms: it is the one that hears the next sentence
 # begin and splits there, with the pause decode as the final (a 0.25 s pause between a narration's
@@ -195,6 +198,8 @@ class _Utterance:
     last_interim: tuple[str, int] | None = None
     decoded_end: int = 0  # the end of the audio the newest interim-giving answer heard
     paused_at: int | None = None
+    last_pause: int | None = None  # where the newest pause the VAD heard in it was (as paused_at), kept when speech resumes
+    owed_pause: int | None = None  # a pause no decode of it could be asked for while it lasted (see ChannelDecoder._owed_pause_decode)
     in_silence: bool = False  # the newest audio was not speech
     spec_requested: int | None = None
     spec: tuple[int, Hypothesis, str] | None = None  # a pause decode's (audio end, result, prompt)
@@ -250,7 +255,7 @@ class ChannelDecoder:
         self._transcript_len, self._next_utterance = 0, 0  # the next: the index the chunker gives the next utterance
         self._last_text = ""  # the latest non-empty final's text, as the client holds it now
         self._prompt = ""
-        self._carry: tuple[np.ndarray, int] | None = None  # (audio, voiced samples) after a max-length cut
+        self._carry: tuple[np.ndarray, int, int | None] | None = None  # (audio, voiced samples, a pause in it) after a cut
         self.transcribed_samples = 0
         # Audio an utterance must grow by between interim decodes (raised under load: fewer, larger interims).
         self.interim_ms = options.interim_ms
@@ -310,7 +315,7 @@ class ChannelDecoder:
                 case UtteranceAudio():
                     self._audio(event)
                 case UtterancePaused():
-                    self._utterances[event.utterance].paused_at = event.end
+                    self._paused(event)
                 case UtteranceEnded():
                     self._ended(event)
         if not any(u.spec is not None or u.split_from is not None for u in self._utterances.values()):
@@ -553,7 +558,7 @@ class ChannelDecoder:
         self._utterances[event.utterance] = utt
         self._next_utterance = event.utterance + 1
         if event.continuation and self._carry is not None:
-            samples, voiced = self._carry
+            samples, voiced, utt.owed_pause = self._carry
             utt.audio.append(samples)
             utt.voiced = voiced
             utt.last_voiced_end = utt.end
@@ -570,6 +575,12 @@ class ChannelDecoder:
             utt.last_voiced_end = utt.end
             utt.paused_at = None  # speech resumed
 
+    def _paused(self, event: UtterancePaused) -> None:
+        utt = self._utterances[event.utterance]
+        utt.paused_at = utt.last_pause = event.end
+        if self._in_flight is not None:  # the pause decode waits for it: the pause may pass first
+            utt.owed_pause = event.end
+
     def _ended(self, event: UtteranceEnded) -> None:
         utt = self._utterances[event.utterance]
         utt.ended = event
@@ -579,7 +590,8 @@ class ChannelDecoder:
             # Voiced share of the remainder, estimated by length (it is speech: no endpoint came).
             moved = int(utt.voiced * len(rest) / max(1, len(utt.audio)))
             utt.voiced -= moved
-            self._carry = (rest, moved)
+            pause = utt.last_pause if utt.last_pause is not None and utt.last_pause > event.end else None
+            self._carry = (rest, moved, pause)
             utt.last_voiced_end = min(utt.last_voiced_end, event.end)
 
     # -- scheduling decodes ---------------------------------------------------------
@@ -605,6 +617,10 @@ class ChannelDecoder:
                     continue
                 out.append(self._submit(utt, DecodeKind.FINAL, end, speculative=False))
                 break
+            owed = self._owed_pause_decode(utt)
+            if owed is not None:
+                out.append(owed)
+                break
             if utt.paused_at is not None and utt.spec_requested != utt.paused_at:
                 utt.spec_requested = utt.paused_at
                 # It shows as an interim: the next interim waits until interim_ms more is heard
@@ -625,6 +641,28 @@ class ChannelDecoder:
                 out.append(self._submit(utt, DecodeKind.INTERIM, utt.end, speculative=False))
             break
         return out
+
+    def _owed_pause_decode(self, utt: _Utterance) -> SubmitJob | None:
+        """The pause decode ``utt`` is owed for its newest pause, once speech has resumed after it,
+        where none was asked for it: this channel's one decode in flight was another utterance's
+        (the final of the sentence before, under load) until the pause had passed, or the pause
+        was heard before the cut that began ``utt`` came (the utterance before it had it). Asked
+        where its words could still end a sentence there (as a pause decode the speaker talked on
+        after, :meth:`_may_end_sentence`) within ``OWED_PAUSE_S`` of the newest audio, and
+        ``utt`` is not paused now (its own pause decode is owed then).
+
+        16 streams in step split a sentence at a comma together: the first halves' finals
+        queued past the pause that ended the sentence, and the second halves (2 s of speech)
+        waited for an interim's split or the next endpoint, 5-6 s after their speech ended
+        (docs/benchmarks.md, ninety-second session)."""
+        at = utt.owed_pause
+        if at is None or utt.spec_requested == at or utt.paused_at is not None or utt.end - at > OWED_PAUSE_S * MODEL_RATE:
+            return None
+        if at - utt.start < SPLIT_MIN_S * MODEL_RATE or not self._may_cut_at_pause(utt, at):
+            return None
+        utt.spec_requested = at
+        utt.interim_len = max(utt.interim_len, at - utt.start)
+        return self._submit(utt, DecodeKind.FINAL, at, speculative=True)
 
     def _interim_due(self, utt: _Utterance) -> int:
         """Milliseconds of new audio the next interim of ``utt`` waits for: ``interim_ms``, or

@@ -998,3 +998,75 @@ def test_a_final_decode_whose_words_reach_near_its_end_is_the_final():
     assert not only(ev, SubmitJob)
     (final,) = only(ev, Final)
     assert final.text == "In winter."
+
+
+def _continued_to_a_pause(busy: bool):
+    """Utterance 0 talked 3.0 s and was cut at a sentence end at 2.0 s; utterance 1, the rest of
+    that talking, talked 0.5 s more, paused (a pause decode would end at 3.6 s) and went on 0.3 s,
+    all while utterance 0's final was still being decoded (``busy``) or after it and an interim of
+    utterance 1 were answered.
+    The decoder, that final's job and the jobs asked when the speaker paused."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 3.0)]), SubmitJob)]
+    d.job_done(job, Hypothesis("Sentence one and"))
+    cut = 2 * SR
+    ev = d.feed([UtteranceEnded(0, cut, EndReason.SENTENCE), UtteranceStarted(1, cut, cut, continuation=True, talk_start=0)])
+    (final,) = [e.job for e in only(ev, SubmitJob)]
+    assert final.utterance == 0 and not final.speculative
+    if not busy:
+        ev = d.job_done(final, Hypothesis("Sentence one."))
+        (interim,) = [e.job for e in only(ev, SubmitJob)]
+        d.job_done(interim, Hypothesis("And"))
+    ev = d.feed([audio(1, 0.5), audio(1, 0.1, voiced=False), UtterancePaused(1, int(3.6 * SR))])
+    asked = [e.job for e in only(ev, SubmitJob)]
+    return d, final, asked + [e.job for e in only(d.feed([audio(1, 0.3)]), SubmitJob)]
+
+
+def test_a_pause_that_passed_while_the_sentence_before_was_decoded_gets_its_pause_decode():
+    """One decode in flight per channel: under load the final of a sentence cut off by a split
+    can still be queued when the next sentence ends at a short pause and the speaker goes on,
+    and no pause decode heard that pause (16 streams in step: that sentence's final came with
+    the next one's, 5-6 s late). Once the final is answered, the pause decode it held back is
+    asked; when its words end a sentence, the cut is asked exactly there, and it is the final."""
+    d, final, asked = _continued_to_a_pause(busy=True)
+    assert not asked  # the slot is held by utterance 0's final
+    ev = d.job_done(final, Hypothesis("Sentence one."))
+    assert only(ev, Final)[0].utterance == 0
+    (spec,) = [e.job for e in only(ev, SubmitJob)]
+    at = int(3.6 * SR)
+    assert (spec.utterance, spec.speculative, spec.audio_end, spec.request.kind) == (1, True, at, DecodeKind.FINAL)
+    words = (Word(" And", 0.1, 0.4, 0.9), Word(" two.", 0.4, 1.5, 0.9))
+    (split,) = only(d.job_done(spec, Hypothesis("And two.", words)), SplitUtterance)
+    assert (split.at, split.pause_ms) == (at, SENTENCE_PAUSE_MS)
+    ev = d.feed([UtteranceEnded(1, at, EndReason.SENTENCE), UtteranceStarted(2, at, at, continuation=True, talk_start=0)])
+    (done,) = only(ev, Final)
+    assert (done.utterance, done.text, done.reason) == (1, "And two.", EndReason.SENTENCE)
+    assert all(e.job.utterance == 2 for e in only(ev, SubmitJob))  # no second decode of utterance 1
+
+
+def test_a_pause_decode_asked_while_the_pause_lasted_is_not_asked_again():
+    """With the slot free when the speaker paused, the pause decode is asked at once, as always,
+    and not again once speech resumes."""
+    d, _, asked = _continued_to_a_pause(busy=False)
+    (spec,) = asked
+    assert spec.speculative and spec.audio_end == int(3.6 * SR)
+    ev = d.job_done(spec, Hypothesis("And", (Word(" And", 0.1, 0.4, 0.9),)))
+    assert all(not e.job.speculative for e in only(ev, SubmitJob))
+
+
+def test_a_pause_heard_before_the_cut_that_came_after_it_is_decoded_for_the_utterance_cut_off():
+    """A split asked late (its interim queued under load) cuts before a pause the VAD had
+    already heard: the pause decode asked then was the utterance before the cut's, and none
+    heard the pause as the end of the part after it. That part gets one once the final of the
+    part before the cut is answered."""
+    d = ChannelDecoder(0, StreamOptions(interim_ms=500, split_after_s=3.0))
+    (job,) = [e.job for e in only(d.feed([UtteranceStarted(0, 0, 0), audio(0, 3.0)]), SubmitJob)]
+    d.job_done(job, Hypothesis("Sentence one and"))
+    (spec0,) = [e.job for e in only(d.feed([audio(0, 0.1, voiced=False), UtterancePaused(0, int(3.1 * SR))]), SubmitJob)]
+    d.feed([audio(0, 0.3)])
+    cut = 2 * SR
+    d.feed([UtteranceEnded(0, cut, EndReason.SENTENCE), UtteranceStarted(1, cut, cut, continuation=True, talk_start=0)])
+    (final,) = [e.job for e in only(d.job_done(spec0, Hypothesis("Sentence one and two.")), SubmitJob)]
+    assert final.utterance == 0 and not final.speculative
+    (spec,) = [e.job for e in only(d.job_done(final, Hypothesis("Sentence one.")), SubmitJob)]
+    assert (spec.utterance, spec.speculative, spec.audio_end) == (1, True, int(3.1 * SR))
