@@ -358,12 +358,16 @@ def flite_set(out: Path) -> dict:
     manifest = {}
     for name, sentences, rate, voice, stretch, pauses in SIXTH:
         clips = [trim(flite(sentence, rate, voice, stretch), rate) for sentence in sentences]
-        audio, spans = assemble(clips, rate, [*pauses, 1.0], lead_s=0.6)
-        encoding = write(out, name, audio, rate)
-        manifest[name] = {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [sentences], "spans": [spans],
-                          "source": f"{version}, voice {voice}, duration stretch {stretch} (bench/heldout.py --set 6)"}
-        print(f"{name}: {len(audio) / rate:.1f} s, {len(sentences)} sentences", flush=True)
+        manifest[name] = recording(out, name, sentences, clips, rate, pauses, f"{version}, voice {voice}, duration stretch {stretch} (bench/heldout.py --set 6)")
     return manifest
+
+
+def recording(out: Path, name: str, sentences: list[str], clips: list[np.ndarray], rate: int, pauses: list[float], source: str) -> dict:
+    """One recording of ``clips`` (a sentence each) with ``pauses`` between them, written into ``out``; its manifest entry."""
+    audio, spans = assemble(clips, rate, [*pauses, 1.0], lead_s=0.6)
+    encoding = write(out, name, audio, rate)
+    print(f"{name}: {len(audio) / rate:.1f} s, {len(sentences)} sentences", flush=True)
+    return {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [sentences], "spans": [spans], "source": source}
 
 
 def main() -> None:
@@ -383,11 +387,7 @@ def main() -> None:
         version = espeak_version()
         for name, sentences, rate, voice, wpm, pauses in SETS[args.set]:
             clips = [trim(espeak(sentence, rate, voice, wpm), rate) for sentence in sentences]
-            audio, spans = assemble(clips, rate, [*pauses, 1.0], lead_s=0.6)
-            encoding = write(args.out, name, audio, rate)
-            manifest[name] = {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [sentences], "spans": [spans],
-                              "source": f"espeak-ng {version} {voice} {wpm} wpm (bench/heldout.py)"}
-            print(f"{name}: {len(audio) / rate:.1f} s, {len(sentences)} sentences", flush=True)
+            manifest[name] = recording(args.out, name, sentences, clips, rate, pauses, f"espeak-ng {version} {voice} {wpm} wpm (bench/heldout.py)")
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
