@@ -61,6 +61,8 @@ from .ingest import ContainerPump, LiveBacklog
 from .webrtc import RtcIngest
 
 if TYPE_CHECKING:
+    from ..events import DecodeJob
+    from ..inference.types import Hypothesis
     from ..server import AsrServer
 
 
@@ -769,6 +771,7 @@ class Connection:
             self.metrics.audio_to_queue.labels(kind).observe(max(0.0, queued - arrived))
         trace = self.trace.decode(kind, submit.job.channel, submit.job.utterance, queued) if self.trace is not None else None
         outcome = "cancelled"
+        hypothesis: Hypothesis | None = None
         try:
             try:
                 job, hypothesis = await scheduler.decode(self.sid, submit.job, self._weight, self.session.refresh_job, trace=trace)
@@ -795,7 +798,20 @@ class Connection:
         finally:
             if trace is not None:
                 trace.end(outcome)
+            if log.isEnabledFor(logging.DEBUG):
+                self._log_decode(submit.job, outcome, time.monotonic() - queued, hypothesis)
         self._progress.set()
+
+    def _log_decode(self, job: DecodeJob, outcome: str, took_s: float, hypothesis: Hypothesis | None) -> None:
+        """A decode's answer, on the session's debug log (the runner's own debug lines name no session)."""
+        request = job.request
+        cut_back = hypothesis is not None and hypothesis.cut_back  # the scheduler may have made it a burst final
+        how = "".join(flag for flag, on in (("+speculative", job.speculative), ("+cut_back", cut_back), ("+short", request.short_window), ("+settle", request.settle)) if on)
+        log.debug(
+            "session=%s event=decoded kind=%s%s channel=%d utterance=%d audio_s=%.2f audio_end_s=%.2f took_s=%.2f outcome=%s text=%r",
+            self.sid, request.kind.value, how, job.channel, job.utterance, request.duration, job.audio_end / MODEL_RATE, took_s, outcome,
+            hypothesis.text if hypothesis is not None else None,
+        )
 
     def _observe(self, send: Send) -> None:
         event = send.event

@@ -174,6 +174,24 @@ def test_words_can_be_turned_off(live_server):
     assert finals and all(f.message["words"] == [] for f in finals)
 
 
+def test_the_debug_log_names_the_session_of_every_decode(live_server, caplog):
+    """An operator reading why a caption came out as it did follows one session's decodes in the log."""
+    import logging
+    import re
+
+    with caplog.at_level(logging.DEBUG, logger="asr_server.session"):
+        r = asyncio.run(replay(live_server.url, "cards_16k.wav"))
+    sid = r.messages[0].message["session_id"]
+    line = re.compile(rf"session={re.escape(sid)} event=decoded kind=(\w+)\S* channel=0 utterance=(\d+) .* outcome=(\w+) text=(.*)$")
+    decoded = [m.groups() for rec in caplog.records if (m := line.match(rec.getMessage()))]
+    finals = [f.message for f in r.of_type("final") if f.message["text"]]
+    assert finals and decoded
+    # Every final with words came out of a decode of its utterance that the log shows, text and all.
+    done = {(int(u), kind) for kind, u, outcome, text in decoded if outcome == "done" and text != "None"}
+    assert all((f["utterance"], "final") in done or (f["utterance"], "interim") in done for f in finals)
+    assert {kind for kind, *_ in decoded} >= {"interim", "final", "context"}
+
+
 def test_speech_without_pauses_is_cut_at_max_length(live_server):
     # With a 3 s endpoint the 1.2 s gaps between sentences do not end an utterance
     # (until the talking has run 6 s: then a 200 ms pause does), so max_utterance_s
