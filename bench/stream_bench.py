@@ -166,18 +166,55 @@ def pct(values: list[float], q: float) -> float:
 def speech_ends(audio: np.ndarray, spans: list[list[float]], floor_db: float = 30.0) -> list[float]:
     """Where each sentence's speech really ends, found in the audio itself: the end of its last
     30 ms frame within ``floor_db`` of the sentence's loudest frame (room tone and breaths after
-    it are not speech), searched up to 0.6 s past the manifest's end but never into the next sentence."""
+    it are not speech), searched up to 0.6 s past the manifest's end but never into the next sentence.
+
+    In a real recording the pause is not silence: a frame counts only if it is also
+    ``PAUSE_MARGIN_DB`` above the pause's median level (a crowd, an air conditioner), and the
+    search stops at the first ``QUIET_RUN_S`` of quiet from ``QUIET_FROM_S`` before the
+    manifest's end on (a cut to the next scene of a news report, its background 28 dB down,
+    otherwise ran the end into the next speaker). Neither moves an end of the fixtures or of
+    held-out sets 1-6 (738 spans compared, ninety-third session); on set 7's real recordings
+    they moved 13 of 35, by up to 2 s earlier."""
     frame = 480
     ends = []
     for k, (start, end) in enumerate(spans):
-        limit = min(end + 0.6, spans[k + 1][0]) if k + 1 < len(spans) else end + 0.6
+        following = spans[k + 1][0] if k + 1 < len(spans) else len(audio) / 16000
+        limit = min(end + 0.6, following)
         a, b = int(start * 16000), min(len(audio), int(limit * 16000))
-        seg = audio[a:b]
-        n = len(seg) // frame
-        rms = np.sqrt(np.mean(seg[: n * frame].reshape(n, frame).astype(np.float64) ** 2, axis=1)) + 1e-9
-        loud = np.nonzero(20 * np.log10(rms / rms.max()) > -floor_db)[0]
-        ends.append((a + (loud[-1] + 1) * frame) / 16000 if len(loud) else end)
+        db = frame_db(audio[a:b], frame)
+        if not len(db):
+            ends.append(end)
+            continue
+        pause = frame_db(audio[int(end * 16000) : int(following * 16000)], frame)
+        background = float(np.median(pause)) + PAUSE_MARGIN_DB if len(pause) >= 5 else -np.inf
+        loud = db > max(db.max() - floor_db, background)
+        stop = first_quiet_run(loud, max(0, int((end - QUIET_FROM_S - start) * 16000) // frame), int(QUIET_RUN_S * 16000) // frame)
+        heard = np.nonzero(loud[:stop])[0]
+        ends.append((a + (heard[-1] + 1) * frame) / 16000 if len(heard) else end)
     return ends
+
+
+PAUSE_MARGIN_DB = 10.0
+QUIET_RUN_S = 0.3
+QUIET_FROM_S = 0.3
+
+
+def frame_db(audio: np.ndarray, frame: int) -> np.ndarray:
+    """The level of each whole ``frame`` of ``audio`` in dB (full scale 1.0)."""
+    n = len(audio) // frame
+    rms = np.sqrt(np.mean(audio[: n * frame].reshape(n, frame).astype(np.float64) ** 2, axis=1)) + 1e-9
+    return 20 * np.log10(rms)
+
+
+def first_quiet_run(loud: np.ndarray, since: int, run: int) -> int:
+    """The index where the first ``run`` frames in a row that are not ``loud`` begin, at ``since`` or
+    later (the length of ``loud`` where there are none)."""
+    quiet = 0
+    for i in range(since, len(loud)):
+        quiet = 0 if loud[i] else quiet + 1
+        if quiet >= run:
+            return i - run + 1
+    return len(loud)
 
 
 def pink_noise(n: int, seed: int, band_hz: float | None = None) -> np.ndarray:
