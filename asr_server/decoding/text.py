@@ -20,6 +20,7 @@ __all__ = [
 ]
 
 _PUNCT = re.compile(r"[^\w']+")
+_SPOKEN = re.compile(r"[^\W_]|&")  # a letter, a digit or an "&" (said "and"): a unit that is a word, not marks alone
 
 SENTENCE_ENDS = (".", "?", "!")
 # Not sentence ends, though they end with a full stop: titles, and speech trailing off.
@@ -182,6 +183,14 @@ def guard(hyp: Hypothesis, audio_s: float, voiced_s: float) -> Hypothesis:
         return hyp
     if hyp.no_speech_prob > 0.6 and hyp.avg_logprob < -1.0:
         return replace(hyp, text="", words=(), dropped=("no_speech",))
+    # Marks standing alone (". .", "."; Whisper's answer to talk too far or too muffled to make
+    # out) are no words: a final of them heard nothing, and one after a sentence would end it
+    # "begin. . ." in the transcript (a meeting's room microphone, ninety-third session).
+    spoken = [u for u in units if _SPOKEN.search(u.word)]
+    if not spoken:
+        return replace(hyp, text="", words=())
+    marks_alone = len(spoken) < len(units)
+    units = spoken
     norm = normalized_text(hyp.text)
     if norm in HALLUCINATIONS and (voiced_s < 0.5 or hyp.avg_logprob < -0.8 or hyp.no_speech_prob > 0.4):
         return replace(hyp, text="", words=(), dropped=("hallucination",))
@@ -202,7 +211,7 @@ def guard(hyp: Hypothesis, audio_s: float, voiced_s: float) -> Hypothesis:
     if len(collapsed) > limit:
         collapsed = collapsed[:limit]
         dropped.append("runaway_length")
-    text = " ".join("".join(u.word for u in collapsed).split()) if dropped else hyp.text
+    text = " ".join("".join(u.word for u in collapsed).split()) if dropped or marks_alone else hyp.text
     if _compression_ratio(text) > 3.0 and len(text) > 60:
         return replace(hyp, text="", words=(), dropped=tuple(dropped + ["compression_ratio"]))
     words = tuple(collapsed) if hyp.words else ()

@@ -83,3 +83,16 @@ def test_hyphenated_words_rejoin_without_spaces():
     ws = tuple(Word(("" if w.startswith("-") else " ") + w, s, e, p) for w, s, e, p in spec)
     out = guard(Hypothesis("cold-hearted man man man man man", ws), 2.0, 2.0)
     assert out.text == "cold-hearted man man man"
+
+
+def test_marks_alone_are_no_words():
+    """Whisper answers talk it cannot make out (a meeting's far talkers) with ". ." as two word units:
+    a final of them held no words, and after a sentence they ended it "begin. . ." for the client."""
+    alone = guard(Hypothesis(". .", words=words([(".", 0.18, 0.2, 0.24), (".", 0.2, 0.52, 0.63)]), avg_logprob=-0.9), 1.0, 0.6)
+    assert alone.text == "" and alone.words == () and alone.dropped == ()  # heard nothing: no guard took words away
+    spec = [("ready", 0.0, 0.3, 0.9), ("to", 0.3, 0.4, 0.9), ("begin.", 0.4, 0.8, 0.9), (".", 0.8, 0.9, 0.2), (".", 0.9, 1.0, 0.3), ("Right,", 1.2, 1.5, 0.8)]
+    out = guard(Hypothesis("ready to begin. . . Right,", words=words(spec), avg_logprob=-0.4), 2.0, 1.8)
+    assert out.text == "ready to begin. Right," and [w.word.strip() for w in out.words] == ["ready", "to", "begin.", "Right,"]
+    # Words that are marks and letters together, digits, and an ampersand stay.
+    kept = guard(Hypothesis("Q & A at 4% - done...", avg_logprob=-0.3), 3.0, 2.5)
+    assert kept.text == "Q & A at 4% done..."
