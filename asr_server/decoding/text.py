@@ -20,7 +20,9 @@ __all__ = [
 ]
 
 _PUNCT = re.compile(r"[^\w']+")
-_SPOKEN = re.compile(r"[^\W_]|&")  # a letter, a digit or an "&" (said "and"): a unit that is a word, not marks alone
+# A unit of only these is no word: punctuation Whisper writes between words ("%", "&", "$" and
+# the like are said, and stay).
+_MARKS_ALONE = re.compile(r"[\s.,?!;:\u2026\-\u2013\u2014\"'`\u201c\u201d\u2018\u2019()\[\]{}\u00bf\u00a1\u00ab\u00bb]*")
 
 SENTENCE_ENDS = (".", "?", "!")
 # Not sentence ends, though they end with a full stop: titles, and speech trailing off.
@@ -186,7 +188,7 @@ def guard(hyp: Hypothesis, audio_s: float, voiced_s: float) -> Hypothesis:
     # Marks standing alone (". .", "."; Whisper's answer to talk too far or too muffled to make
     # out) are no words: a final of them heard nothing, and one after a sentence would end it
     # "begin. . ." in the transcript (a recorded meeting, ninety-third session).
-    spoken = [u for u in units if _SPOKEN.search(u.word)]
+    spoken = [u for u in units if not _MARKS_ALONE.fullmatch(u.word)]
     if not spoken:
         return replace(hyp, text="", words=())
     marks_alone = len(spoken) < len(units)

@@ -93,6 +93,10 @@ def test_marks_alone_are_no_words():
     spec = [("ready", 0.0, 0.3, 0.9), ("to", 0.3, 0.4, 0.9), ("begin.", 0.4, 0.8, 0.9), (".", 0.8, 0.9, 0.2), (".", 0.9, 1.0, 0.3), ("Right,", 1.2, 1.5, 0.8)]
     out = guard(Hypothesis("ready to begin. . . Right,", words=words(spec), avg_logprob=-0.4), 2.0, 1.8)
     assert out.text == "ready to begin. Right," and [w.word.strip() for w in out.words] == ["ready", "to", "begin.", "Right,"]
-    # Words that are marks and letters together, digits, and an ampersand stay.
+    # Words that are marks and letters together, digits, and signs that are said stay, a sign of
+    # its own too (held-out set 1's "almost 40%" came as the units "40" and "%").
     kept = guard(Hypothesis("Q & A at 4% - done...", avg_logprob=-0.3), 3.0, 2.5)
     assert kept.text == "Q & A at 4% done..."
+    spec = [("almost", 0.0, 0.4, 0.9), ("40", 0.4, 0.8, 0.9)]
+    sign = guard(Hypothesis("almost 40%", words=(*words(spec), Word("%", 0.8, 0.9, 0.8)), avg_logprob=-0.3), 1.0, 1.0)
+    assert sign.text == "almost 40%" and len(sign.words) == 3
