@@ -311,7 +311,7 @@ SETS = {1: RECORDINGS, 2: SECOND, 3: THIRD, 4: FOURTH}
 # (faster-whisper's copy) finds between pauses of REAL_PAUSE_S or more, each offline word in the
 # nearest one: real talk has fewer pauses than a reading, so fewer and longer spans. Each recording
 # starts and ends mid-talk, so it gets its own background before and after (see read_members).
-REAL_SDISTS = ("pyannote.audio==4.0.7", "silero-vad==6.2.3")
+REAL_SDISTS = {"pyannote.audio==4.0.7": "pyannote_audio-4.0.7", "silero-vad==6.2.3": "silero_vad-6.2.3"}  # and their archives' names
 REAL_PAUSE_S = 0.6
 AMI_CLIPS = [f"pyannote_audio-4.0.7/tests/data/{clip}.wav" for clip in ("dev00", "dev01", "tst00", "tst01")]
 REAL = [  # (file, sample rate, archive members joined in order, what it is)
@@ -398,16 +398,16 @@ def recording(out: Path, name: str, sentences: list[str], clips: list[np.ndarray
     return {"encoding": encoding, "sample_rate": rate, "channels": 1, "references": [sentences], "spans": [spans], "source": source}
 
 
-def real_archives(folder: Path) -> list[Path]:
-    """The source archives of :data:`REAL_SDISTS` in ``folder``, fetched from PyPI unless already there."""
+def real_archives(folder: Path) -> dict[str, Path]:
+    """The source archives of :data:`REAL_SDISTS` in ``folder`` by name, fetched from PyPI unless already there."""
     folder.mkdir(parents=True, exist_ok=True)
-    stems = [spec.split("==")[0].replace(".", "_").replace("-", "_") + "-" + spec.split("==")[1] for spec in REAL_SDISTS]
-    if not all((folder / f"{stem}.tar.gz").exists() for stem in stems):
+    archives = {stem: folder / f"{stem}.tar.gz" for stem in REAL_SDISTS.values()}
+    if not all(path.exists() for path in archives.values()):
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(folder), *REAL_SDISTS], check=True)
-    return [folder / f"{stem}.tar.gz" for stem in stems]
+    return archives
 
 
-def read_members(archives: list[Path], members: list[str], rate: int) -> np.ndarray:
+def read_members(archives: dict[str, Path], members: list[str], rate: int) -> np.ndarray:
     """The archive ``members`` at ``rate``, joined with 0.8 s of each next one's background between
     them, after 0.5 s of the first one's and before 1 s of the last one's: the recordings begin and
     end mid-talk, and a stream (or the load bench's next round) must hear a pause there, not a
@@ -415,8 +415,7 @@ def read_members(archives: list[Path], members: list[str], rate: int) -> np.ndar
     clips = []
     with tempfile.TemporaryDirectory() as tmp:
         for member in members:
-            archive = next(a for a in archives if a.name.startswith(member.split("/")[0]))
-            with tarfile.open(archive) as tar:
+            with tarfile.open(archives[member.split("/")[0]]) as tar:
                 tar.extract(member, tmp, filter="data")
             clips.append(read_mono(Path(tmp) / member, rate))
     parts = [background(clips[0], rate, 0.5)]
@@ -445,8 +444,8 @@ def offline_spans(audio16: np.ndarray, model) -> tuple[list[list[float]], list[s
         middle = (word.start + word.end) / 2
         nearest = min(range(len(spans)), key=lambda i: max(spans[i][0] - middle, middle - spans[i][1], 0.0))
         said[nearest].append(word.word)
-    kept = [(span, "".join(words).strip()) for span, words in zip(spans, said, strict=True) if "".join(words).strip()]
-    return [span for span, _ in kept], [text for _, text in kept]
+    texts = ["".join(words).strip() for words in said]
+    return [span for span, text in zip(spans, texts, strict=True) if text], [text for text in texts if text]
 
 
 def real_set(out: Path, sdists: Path) -> dict:

@@ -163,6 +163,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+# speech_ends in a real recording: a frame is speech this much above the pause's median level, and the
+# search for the end stops at the first run this long of quiet frames from this far before the manifest's end.
+PAUSE_MARGIN_DB = 10.0
+QUIET_RUN_S = 0.3
+QUIET_FROM_S = 0.3
+
+
 def speech_ends(audio: np.ndarray, spans: list[list[float]], floor_db: float = 30.0) -> list[float]:
     """Where each sentence's speech really ends, found in the audio itself: the end of its last
     30 ms frame within ``floor_db`` of the sentence's loudest frame (room tone and breaths after
@@ -192,11 +199,6 @@ def speech_ends(audio: np.ndarray, spans: list[list[float]], floor_db: float = 3
         heard = np.nonzero(loud[:stop])[0]
         ends.append((a + (heard[-1] + 1) * frame) / 16000 if len(heard) else end)
     return ends
-
-
-PAUSE_MARGIN_DB = 10.0
-QUIET_RUN_S = 0.3
-QUIET_FROM_S = 0.3
 
 
 def frame_db(audio: np.ndarray, frame: int) -> np.ndarray:
