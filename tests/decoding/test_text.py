@@ -100,3 +100,24 @@ def test_marks_alone_are_no_words():
     spec = [("almost", 0.0, 0.4, 0.9), ("40", 0.4, 0.8, 0.9)]
     sign = guard(Hypothesis("almost 40%", words=(*words(spec), Word("%", 0.8, 0.9, 0.8)), avg_logprob=-0.3), 1.0, 1.0)
     assert sign.text == "almost 40%" and len(sign.words) == 3
+
+
+def test_words_the_alignment_found_no_sound_for_are_no_speech():
+    """A news report's cut between two scenes (a crowd's din as loud as the speech) was decoded as
+    "and I'll see you next time" three times over; with the loop cut, a final "And I'll see you
+    next time and see": five of its eight words of no length, all unsure."""
+    spec = [("and", 0.0, 0.0, 0.03), ("I'll", 0.0, 0.0, 0.13), ("see", 0.0, 0.0, 0.27), ("you", 0.0, 0.14, 0.92),
+            ("next", 0.14, 0.22, 0.21), ("time", 0.22, 0.22, 0.86), ("and", 0.22, 0.44, 0.09), ("see", 0.44, 0.68, 0.25),
+            ("you", 0.68, 0.86, 0.92), ("next", 0.86, 0.86, 0.74), ("time", 0.86, 0.86, 0.94), ("and", 0.86, 0.86, 0.18),
+            ("see", 0.86, 0.86, 0.71), ("you", 0.86, 0.88, 0.95), ("next", 0.88, 0.88, 0.9), ("time.", 0.88, 0.88, 0.95)]
+    text = " ".join(w for w, *_ in spec)
+    din = guard(Hypothesis(text, words=words(spec), avg_logprob=-0.99, no_speech_prob=0.58), 0.91, 0.81)
+    assert din.text == "" and din.words == () and din.dropped[-1] == "unplaced"
+    # The same words surely heard are a loop cut short, not nothing (fast speech leaves some words
+    # of no length); unsure words the alignment placed stay, and so does a short answer of no length.
+    sure = [(w, s, e, 0.9) for w, s, e, _ in spec]
+    assert guard(Hypothesis(text, words=words(sure), avg_logprob=-0.3), 0.91, 0.81).text == "and I'll see you next time and see"
+    placed = [(w, i * 0.1, i * 0.1 + 0.08, p) for i, (w, _, _, p) in enumerate(spec[:8])]
+    assert guard(Hypothesis(" ".join(w for w, *_ in spec[:8]), words=words(placed), avg_logprob=-0.9), 1.0, 0.9).text
+    short = [("Bye,", 0.3, 0.3, 0.11), ("man.", 0.86, 0.86, 0.14)]
+    assert guard(Hypothesis("Bye, man.", words=words(short), avg_logprob=-0.9), 2.0, 0.8).text == "Bye, man."
