@@ -173,6 +173,15 @@ PROMPT_CONTEXT_S = 10.0
 PLAN_FAULTS_MAX = 3
 
 
+def _heard_nothing(hyp: Hypothesis) -> bool:
+    """Whether an empty final's decode heard no words in its speech (the passes hear it again, in
+    context): none, or only words the alignment found no sound for (``unplaced``, decoding/text.py).
+    Seen on a phone prompt under noise (bench/heldout.py --set 5): "PBX" said alone after a pause
+    came back as "It will be accurate", words of no length; dropped and not heard again, the
+    transcript lost the word the passes had restored."""
+    return not hyp.dropped or hyp.dropped[-1] == "unplaced"
+
+
 def _trim_at_s(context: ContextOptions) -> float:
     """Finalized audio past the newest record that a channel trims down to: a window (the larger of
     a pass's and a settle decode's) and its prompt's (:meth:`ChannelDecoder._trim`)."""
@@ -925,7 +934,7 @@ class ChannelDecoder:
             doubtful = garbled(text, (utt.ended.end - utt.start) / MODEL_RATE, hyp.sampled)
             self._prompt = _tail_words(text, PROMPT_CHARS) if _confident(hyp.words) and not doubtful else ""
             self._remember(utt, offset, text, words, hyp.sampled)
-        elif not hyp.dropped and self._background is None:  # not under --talker-final-db: see _remember
+        elif _heard_nothing(hyp) and self._background is None:  # not under --talker-final-db: see _remember
             self._remember(utt, offset, "", (), hyp.sampled, unheard=True)
         self.transcribed_samples += utt.ended.end - utt.start
         out: list[PipelineEvent] = []
