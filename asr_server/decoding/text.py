@@ -136,6 +136,11 @@ def _collapse_stutter(word: Word) -> Word:
     return replace(word, word="-".join(kept))
 
 
+def _no_length(word: Word) -> bool:
+    """Whether Whisper's alignment gave ``word`` no length: it found no sound for it in the audio."""
+    return word.end - word.start < 0.02
+
+
 def _strip_trailing_phantoms(words: list[Word], audio_s: float) -> list[Word]:
     """Drop words the model appended after the audio ran out.
 
@@ -144,7 +149,7 @@ def _strip_trailing_phantoms(words: list[Word], audio_s: float) -> list[Word]:
     of near-zero probability. Two zero-length words cannot be speech.
     """
     end = len(words)
-    while end and words[end - 1].end - words[end - 1].start < 0.02 and words[end - 1].start >= audio_s - 0.3:
+    while end and _no_length(words[end - 1]) and words[end - 1].start >= audio_s - 0.3:
         end -= 1
     phantoms = words[end:]
     if len(phantoms) == 1 and phantoms[0].probability >= 0.5:
@@ -182,7 +187,7 @@ def _unplaced(words: list[Word]) -> bool:
     out is :func:`_strip_trailing_phantoms`' case)."""
     if len(words) < UNPLACED_WORDS:
         return False
-    unplaced = sum(w.end - w.start < 0.02 for w in words)
+    unplaced = sum(map(_no_length, words))
     return unplaced >= UNPLACED_SHARE * len(words) and sum(w.probability for w in words) < UNPLACED_PROBABILITY * len(words)
 
 
