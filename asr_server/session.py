@@ -49,6 +49,17 @@ __all__ = ["SessionState", "Send", "Close", "SessionOutput", "Session"]
 # comes back with every piece of audio would otherwise drop them all, one audio_dropped each.
 MAX_CHANNEL_RESTARTS = 3
 
+# An upload sent faster than real time (a file, ``--fast``) is read no further while a channel's
+# context pass is running and this much of its finalized speech waits for one. Before, on a busy
+# server its finals came at the model's speed and its passes fell behind: its oldest finals were
+# trimmed (a channel keeps the last 30 s or so) before a pass decided them, and the close gave the
+# rest context_close_s, so it got much of its first-pass transcript. 20 s stays under what a
+# channel keeps; with 12 an idle server took a 232 s file 1.45 times as long as unheld, with 20
+# 1.1 times (docs/benchmarks.md, ninety-fifth session). A live stream is never held for its passes.
+PACE_PASSES_S = 20.0
+# ... and "faster than real time" is this far ahead of the wall clock since its first audio.
+PACE_AHEAD_S = 5.0
+
 
 class SessionState(enum.IntEnum):
     """Ordered: a later state never goes back to an earlier one."""
@@ -132,6 +143,13 @@ class Session:
     def backpressured(self) -> bool:
         """True while the shell should stop reading audio: too many finals owed."""
         return any(d.pending_finals >= self.limits.max_pending_finals for d in self._decoders)
+
+    def held_for_passes(self, elapsed_s: float) -> bool:
+        """True while the shell should stop reading an upload (``elapsed_s``: wall-clock seconds
+        since its first audio) for its context passes to catch up (:data:`PACE_PASSES_S`)."""
+        if self.audio_received_s - elapsed_s <= PACE_AHEAD_S:
+            return False
+        return any(d.passes_behind_s > PACE_PASSES_S for d in self._decoders)
 
     @property
     def received_samples(self) -> int:

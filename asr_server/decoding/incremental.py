@@ -294,6 +294,15 @@ class ChannelDecoder:
         return sum(1 for u in self._utterances.values() if u.ended is not None)
 
     @property
+    def passes_behind_s(self) -> float:
+        """Seconds of finalized speech no context pass has covered yet, while a pass is in flight
+        (0 with none: nothing the channel could wait for). The shell slows an upload sent faster
+        than real time on it, so that its passes keep up (:data:`asr_server.session.PACE_PASSES_S`)."""
+        if self._context_job is None or self._settling or not self._unrevised:
+            return 0.0
+        return sum(r.seconds for r in self._done[-self._unrevised :])
+
+    @property
     def idle(self) -> bool:
         return not self._utterances and self._in_flight is None and self._context_job is None and not self._context_owed
 

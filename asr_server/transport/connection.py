@@ -5,8 +5,10 @@ carries out what the core returns (send a message, run a decode, close).
 Decisions live in the core; this module only moves bytes, arms timers and
 keeps metrics.
 
-Flow control: while the session owes too many finals (backpressure) the
-connection stops reading, so a fast client is slowed by TCP. Its pongs then
+Flow control: while the session owes too many finals (backpressure), or an
+upload sent faster than real time has its context passes far behind
+(:meth:`Session.held_for_passes`), the connection stops reading, so a fast
+client is slowed by TCP. Its pongs then
 wait behind its audio, so the library's keepalive is off and
 :meth:`Connection._keepalive` judges a ping only over a window in which the
 connection read all the while: a client that is slowed never times out,
@@ -311,7 +313,7 @@ class Connection:
         """Until ``ws`` closes (the caller decides whether that ends the session)."""
         try:
             while True:
-                await self._wait_while(lambda: self.session.backpressured)
+                await self._wait_while(self._held_back)
                 received = self.session.audio_received_s  # for _idle: did a container's audio grow meanwhile
                 try:
                     frame = await asyncio.wait_for(ws.recv(), timeout=self.limits.idle_timeout_s)
@@ -338,6 +340,14 @@ class Connection:
             if not self.done.is_set() and self.ws is ws:
                 log.info("session=%s event=disconnect code=%s", self.sid, closed.rcvd.code if closed.rcvd else (closed.sent.code if closed.sent else 1006))
 
+    def _held_back(self) -> bool:
+        """Whether to read no further: finals owed (backpressure), or an upload sent faster than
+        real time whose context passes are behind (:meth:`Session.held_for_passes`)."""
+        if self.session.backpressured:
+            return True
+        started = self._first_audio_at
+        return started is not None and self.session.held_for_passes(time.monotonic() - started)
+
     async def _wait_while(self, stalled: Any) -> None:
         """Wait (not reading) while ``stalled()``; each such wait is a stall for the keepalive."""
         if not stalled() or self.done.is_set():
@@ -355,7 +365,7 @@ class Connection:
         """No frame for ``idle_timeout_s``; ``received``: the session's audio (s) when the wait began."""
         if self._ending:
             return  # waiting for our own decodes, not for the client
-        if self._container is not None and (self.session.audio_received_s != received or self.session.backpressured):
+        if self._container is not None and (self.session.audio_received_s != received or self._held_back()):
             return  # still decoding what the client sent (a file sent at once, on a slow or busy server)
         if self._rtc_audio_recent():
             return  # the audio flows over WebRTC, not over this socket
@@ -649,7 +659,7 @@ class Connection:
             await self._fail_safely(InternalError("internal error; the session was closed"))
 
     async def _container_audio(self, planar: np.ndarray) -> None:
-        await self._wait_while(lambda: self.session.backpressured)
+        await self._wait_while(self._held_back)
         await self._audio(planar)
 
     # -- carrying out the core's outputs ---------------------------------------------

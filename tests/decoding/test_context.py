@@ -12,7 +12,8 @@ from asr_server.decoding.context import ContextOptions
 from asr_server.events import AnswerFailed, ContextDecided, SubmitJob
 from asr_server.inference.types import DecodeKind, Hypothesis, Word
 from asr_server.options import StreamOptions
-from asr_server.session import Close, Send, Session
+from asr_server import session as session_module
+from asr_server.session import PACE_AHEAD_S, Close, Send, Session
 
 from ..harness import load_mono
 
@@ -1388,3 +1389,28 @@ def test_a_mistimed_word_is_sent_timed_between_the_words_around_it():
     for m in revisions + d.of_type("final"):
         starts = [w["start"] for w in m["words"]]
         assert starts == sorted(starts) and all(0 <= w["end"] - w["start"] <= 2.0 for w in m["words"]), m["words"]
+
+
+def test_only_an_upload_ahead_of_real_time_is_held_for_its_context_passes(monkeypatch):
+    """The shell stops reading a stream while one of its channels has a context pass in flight
+    and more than PACE_PASSES_S of finalized speech no pass has covered (10 s here: the fixture
+    holds 16 s), but only where the stream is more than PACE_AHEAD_S ahead of real time (a file
+    sent fast): a live stream is never held for its passes, however far behind they are (it
+    would lag its own speaker)."""
+    monkeypatch.setattr(session_module, "PACE_PASSES_S", 10.0)
+    PACE_PASSES_S = session_module.PACE_PASSES_S
+    d = Driver(TwoPassModel(ALONE, ALONE), context=passes(min_new_s=0.1, ahead_s=0.0))
+    audio = speech()
+    for i in range(0, len(audio), 1600):
+        d.apply(d.session.receive_audio(audio[i : i + 1600].reshape(1, -1)))
+    sent_s = len(audio) / 16000
+    decoder = d.session._decoders[0]
+    assert d.context_jobs and decoder.passes_behind_s > PACE_PASSES_S  # the first pass, unanswered, and every sentence after it
+    assert d.session.held_for_passes(elapsed_s=0.0)  # all of it sent at once
+    assert d.session.held_for_passes(elapsed_s=sent_s - PACE_AHEAD_S - 0.5)
+    assert not d.session.held_for_passes(elapsed_s=sent_s - PACE_AHEAD_S + 0.5)  # sent about as it was spoken
+    while d.context_jobs:  # each pass answered: caught up, nothing left to wait for
+        job = d.context_jobs.pop(0)
+        d.apply(d.session.job_done(job, d.model.context(job.request)))
+        assert d.session.held_for_passes(0.0) == (decoder.passes_behind_s > PACE_PASSES_S)
+    assert decoder.passes_behind_s == 0.0 and not d.session.held_for_passes(elapsed_s=0.0)

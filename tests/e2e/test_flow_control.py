@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import websockets
 
+from asr_server.decoding.context import ContextOptions
+from asr_server.inference.types import DecodeKind
 from asr_server.options import Limits
+from asr_server.scheduler.governor import GovernorOptions, Level
 
-from ..harness import FIXTURES, MANIFEST, ServerThread, assert_each_sentence_finalized, replay
+from ..harness import FIXTURES, MANIFEST, ServerThread, assert_each_sentence_finalized, fixture_path, replay
 from ..wer import wer
+from .test_resume import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -40,6 +46,75 @@ def test_a_fast_upload_held_back_for_many_keepalive_periods_gets_every_final(whi
     text = r.final_text()
     assert wer(" ".join(MANIFEST["librivox_16k.s16le"]["references"][0]), text) < 0.25, (text, [m for m in msgs if m["type"] in ("final", "revision")])
     assert b'code="results_not_read"' not in metrics
+
+
+def _context_lag_count(rendered: bytes) -> float:
+    line = next(line for line in rendered.decode().splitlines() if line.startswith("asr_context_lag_seconds_count"))
+    return float(line.split()[-1])
+
+
+class PassGate:
+    """The real model, whose context passes wait while the gate is shut (passes slower than finals)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.gate = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    def transcribe_batch(self, requests: Any, retry_later: bool = False) -> Any:
+        if any(r.kind is DecodeKind.CONTEXT for r in requests):
+            assert self.gate.wait(120)
+        return self.runner.transcribe_batch(requests, retry_later=retry_later)
+
+
+def test_a_file_sent_faster_than_real_time_is_read_only_as_fast_as_its_context_passes_go(whisper_runner):
+    """A file sent as fast as the server takes it (72 s of reading) is slowed for its context
+    passes too, not only for its finals. Before, its finals came at the model's speed and its
+    passes fell behind: the oldest finals went out of the channel's reach (it keeps the last 30 s
+    or so) before any pass decided them, and the close gave the rest 10 s, so a file sent with
+    ``--fast`` got much of its first-pass transcript. Here the passes cannot run until the test
+    lets them (two workers: finals go on on the other): the server stops reading, far short of
+    the end, with no final owed; let go, every final the client got is decided by a pass before
+    ``closed`` (``asr_context_lag_seconds`` counts each once)."""
+    name = "ljspeech_babylon_16k.s16le"
+    total_s = fixture_path(name).stat().st_size / 32000
+    runner = PassGate(whisper_runner)
+    server = ServerThread(
+        runner, Limits(context_close_s=300.0), workers=2, governor=GovernorOptions(max_level=Level.NORMAL), context=ContextOptions(settle_window_s=0.0)
+    ).start()
+
+    def held() -> tuple[bool, float]:
+        conns = list(server.server._connections)
+        if len(conns) != 1:
+            return False, 0.0
+        conn = conns[0]
+        owed = any(d.pending_finals for d in conn.session._decoders)
+        return conn._stalled and not owed, conn.session.audio_received_s
+
+    try:
+        before = _context_lag_count(server.server.metrics.render())
+
+        async def main() -> tuple[Any, float]:
+            upload = asyncio.create_task(replay(server.url, name, realtime=False))
+            try:
+                await wait_for(lambda: server.call(held)[0], "the upload to be held for its passes")
+                read_s = server.call(held)[1]
+            finally:
+                runner.gate.set()
+            return await upload, read_s
+
+        r, read_s = asyncio.run(main())
+        decided = _context_lag_count(server.server.metrics.render()) - before
+    finally:
+        runner.gate.set()
+        server.stop()
+    assert read_s < total_s - 20, (read_s, total_s)  # held with most of the file unread
+    msgs = [m.message for m in r.messages]
+    assert msgs[-1]["type"] == "closed" and msgs[-1]["audio_received_s"] == pytest.approx(total_s, abs=0.01) and not r.of_type("error")
+    finals = [m for m in msgs if m["type"] == "final" and m["text"]]
+    assert len(finals) >= 10 and decided == len(finals), (decided, len(finals))
 
 
 def test_a_client_that_stops_reading_is_cut_off_with_results_not_read(whisper_runner):
