@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +19,8 @@ from asr_server.scheduler.governor import GovernorOptions, Level
 from ..harness import FIXTURES, MANIFEST, ServerThread, assert_each_sentence_finalized, fixture_path, replay
 from ..wer import wer
 from .test_resume import wait_for
+from .test_resume_at_close import GatedRunner
+from .test_revisions import _context_lags_counted
 
 pytestmark = pytest.mark.e2e
 
@@ -48,20 +49,8 @@ def test_a_fast_upload_held_back_for_many_keepalive_periods_gets_every_final(whi
     assert b'code="results_not_read"' not in metrics
 
 
-def _context_lag_count(rendered: bytes) -> float:
-    line = next(line for line in rendered.decode().splitlines() if line.startswith("asr_context_lag_seconds_count"))
-    return float(line.split()[-1])
-
-
-class PassGate:
-    """The real model, whose context passes wait while the gate is shut (passes slower than finals)."""
-
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
-        self.gate = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.runner, name)
+class PassGate(GatedRunner):
+    """The real model, whose context passes alone wait while the gate is shut (passes slower than finals)."""
 
     def transcribe_batch(self, requests: Any, retry_later: bool = False) -> Any:
         if any(r.kind is DecodeKind.CONTEXT for r in requests):
@@ -81,6 +70,7 @@ def test_a_file_sent_faster_than_real_time_is_read_only_as_fast_as_its_context_p
     name = "ljspeech_babylon_16k.s16le"
     total_s = fixture_path(name).stat().st_size / 32000
     runner = PassGate(whisper_runner)
+    runner.gate.clear()
     server = ServerThread(
         runner, Limits(context_close_s=300.0), workers=2, governor=GovernorOptions(max_level=Level.NORMAL), context=ContextOptions(settle_window_s=0.0)
     ).start()
@@ -94,7 +84,7 @@ def test_a_file_sent_faster_than_real_time_is_read_only_as_fast_as_its_context_p
         return conn._stalled and not owed, conn.session.audio_received_s
 
     try:
-        before = _context_lag_count(server.server.metrics.render())
+        before = _context_lags_counted(server)
 
         async def main() -> tuple[Any, float]:
             upload = asyncio.create_task(replay(server.url, name, realtime=False))
@@ -106,7 +96,7 @@ def test_a_file_sent_faster_than_real_time_is_read_only_as_fast_as_its_context_p
             return await upload, read_s
 
         r, read_s = asyncio.run(main())
-        decided = _context_lag_count(server.server.metrics.render()) - before
+        decided = _context_lags_counted(server) - before
     finally:
         runner.gate.set()
         server.stop()
