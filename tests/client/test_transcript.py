@@ -129,6 +129,30 @@ def test_turns_are_a_call_in_spoken_order_with_revisions_applied_to_each():
     assert [turn.text for turn in t.turns()] == ["I lost my card,", "Sorry to hear.", "Yesterday.", "Bye."]
 
 
+def test_speaker_turns_join_a_partys_utterances_until_the_other_speaks_or_it_pauses():
+    """``speaker_turns`` (the CLI's ``--turns``): a party's utterances cut at short pauses read as
+    one turn; the other party speaking, a pause of ``gap_s`` or a turn grown to ``max_chars``
+    starts the next. A joined turn starts at its first utterance and ends at its last."""
+    from asr_client import Turn, speaker_turns
+
+    t = Transcript()
+    t.apply(final(0, 0, 0, "I lost my card,", 0.4, 1.9))
+    t.apply(final(0, 1, 16, "yesterday, at the station.", 2.3, 4.0))  # 0.4 s later: the same turn
+    t.apply(final(1, 0, 0, "Sorry to hear.", 4.5, 5.6))
+    t.apply(final(0, 2, 43, "Can you block it?", 6.0, 7.0))
+    t.apply(final(0, 3, 61, "Please.", 9.0, 9.4))  # after a 2 s pause: a turn of its own
+    t.apply(final(1, 1, 15, "Of course.", 9.2, 9.9))  # said over "Please.": it starts later, so it comes after
+    assert speaker_turns(t.turns()) == [
+        Turn(0, 0, 0.4, 4.0, "I lost my card, yesterday, at the station."), Turn(1, 0, 4.5, 5.6, "Sorry to hear."),
+        Turn(0, 2, 6.0, 7.0, "Can you block it?"), Turn(0, 3, 9.0, 9.4, "Please."), Turn(1, 1, 9.2, 9.9, "Of course.")]
+    assert [turn.text for turn in speaker_turns(t.turns(), gap_s=3.0)][2:] == ["Can you block it? Please.", "Of course."]
+    assert [turn.text for turn in speaker_turns(t.turns(), max_chars=10)][:2] == ["I lost my card,", "yesterday, at the station."]
+    # The turns' texts hold every word, once, in order.
+    for channel in (0, 1):
+        assert " ".join(turn.text for turn in speaker_turns(t.turns()) if turn.channel == channel) == t.final_text(channel)
+    assert speaker_turns([]) == []
+
+
 def test_a_revision_that_gives_an_empty_final_words_appends_them_as_its_turn():
     """The server's context pass can hear words in an utterance whose final was empty (a last word
     said alone after a pause): the revision starts where that final stood, one past the end of the

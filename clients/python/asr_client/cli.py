@@ -9,8 +9,9 @@ Options that apply to both (``--url``, ``--json``, ``--transcript``,
 prints the transcript as the stream left it (the server's revisions applied)
 when it ends, and shows the live captions on stderr meanwhile: ``asr-client
 file talk.wav --fast --transcript > talk.txt``. ``--turns`` prints the same
-transcript one utterance a line, in the order they were spoken, each with its
-time (and channel): a call's turns. ``--subtitles srt`` (or ``vtt``) prints
+transcript a turn a line, in the order they were spoken, each with its time
+(and channel): a call's turns, a party's utterances joined until the other
+speaks or it pauses 2 s. ``--subtitles srt`` (or ``vtt``) prints
 it as subtitles, cut for reading by the server: ``asr-client file talk.mp4
 --fast --subtitles srt > talk.srt``. ``--settled`` prints the text as it goes:
 each stretch once the server has settled it (it will not change again), the
@@ -36,7 +37,7 @@ import sys
 from typing import Any, TextIO
 
 from . import __version__
-from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, Transcript, Turn, connect, fetch_transcript, read_pcm, stream_bytes, websocket_url
+from .client import CONTINUING_ERRORS, MODEL_RATE, AudioFileError, ServerError, Transcript, Turn, connect, fetch_transcript, read_pcm, speaker_turns, stream_bytes, websocket_url
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -269,8 +270,8 @@ class Captions:
 
 def finish(args: argparse.Namespace, transcript: Transcript, outcome: Outcome, channels: int, settled: SettledLines | None = None) -> int:
     """With ``--transcript``, print each channel's transcript as the stream left it
-    (revisions applied), one line per channel; with ``--turns``, one line per utterance in
-    spoken order; with ``--settled``, what is not out yet. Then the exit status."""
+    (revisions applied), one line per channel; with ``--turns``, one line per turn in spoken
+    order; with ``--settled``, what is not out yet. Then the exit status."""
     if settled is not None:
         settled.rest(channels)
     if args.transcript:
@@ -278,7 +279,7 @@ def finish(args: argparse.Namespace, transcript: Transcript, outcome: Outcome, c
             label = f"[ch{ch}] " if channels > 1 else ""
             print(label + transcript.final_text(ch), flush=True)
     if args.turns:
-        for turn in transcript.turns():
+        for turn in speaker_turns(transcript.turns()):
             print(turn_line(turn, channels), flush=True)
     status = outcome.status()
     if args.subtitles and outcome.session_id and status == 0:
@@ -415,7 +416,8 @@ def _add_common(p: argparse.ArgumentParser, *, defaults: bool) -> None:
                         "channel (the live captions go to stderr meanwhile)")
     p.add_argument("--turns", action="store_true", default=d(False),
                    help="when the stream ends, print the transcript with the server's revisions applied, one line per "
-                        "utterance in the order they were spoken, each with its start time and channel (a call's turns)")
+                        "turn in the order they were spoken, each with its start time and channel: a call's turns (a "
+                        "party's utterances until the other speaks or it pauses 2 s)")
     p.add_argument("--subtitles", choices=("srt", "vtt"), default=d(None),
                    help="when the stream ends, print the transcript as SubRip or WebVTT subtitles, revisions applied, "
                         "cut into cues by the server (the live captions go to stderr)")

@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.frames import CTRL_OPCODES, Frame
 from websockets.protocol import State
 
-__all__ = ["AsrStream", "connect", "fetch_transcript", "Keepalive", "Transcript", "Turn", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
+__all__ = ["AsrStream", "connect", "fetch_transcript", "Keepalive", "Transcript", "Turn", "speaker_turns", "ServerError", "AudioFileError", "read_pcm", "stream_file", "stream_bytes", "Timed"]
 
 MODEL_RATE = 16000
 
@@ -538,6 +538,30 @@ class Transcript:
         ends = [offset - 1 for _, offset, _, _ in spans[1:]] + [ch.committed]
         return [Turn(channel, utt, start, end, ch.text[offset:stop].strip())
                 for (utt, offset, start, end), stop in zip(spans, ends)]
+
+
+#: A pause this long (seconds) between a party's utterances starts a new turn (:func:`speaker_turns`),
+#: as it starts a paragraph on the captioning page.
+TURN_GAP_S = 2.0
+#: ... and so does an utterance after a turn of this many characters.
+TURN_CHARS = 600
+
+
+def speaker_turns(turns: Sequence[Turn], gap_s: float = TURN_GAP_S, max_chars: int = TURN_CHARS) -> list[Turn]:
+    """Utterances in spoken order (:meth:`Transcript.turns`) joined into turns for a reader: an
+    utterance joins the one before it when the same channel spoke both, nobody else's came
+    between, it starts less than ``gap_s`` after that one ends (unknown times count as no pause)
+    and the turn so far holds fewer than ``max_chars`` characters. A joined turn keeps its first
+    utterance's number and start, and its last one's end."""
+    out: list[Turn] = []
+    for turn in turns:
+        last = out[-1] if out else None
+        paused = last is not None and last.end is not None and turn.start is not None and turn.start - last.end >= gap_s
+        if last is None or last.channel != turn.channel or paused or len(last.text) >= max_chars:
+            out.append(turn)
+        else:
+            out[-1] = Turn(last.channel, last.utterance, last.start, last.end if turn.end is None else turn.end, f"{last.text} {turn.text}")
+    return out
 
 
 def _revised_spans(spans: list[tuple[int, int, float | None, float | None]], message: dict[str, Any]) -> list[tuple[int, int, float | None, float | None]]:
