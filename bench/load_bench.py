@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stream_bench import bucket_quantile, cpu_seconds, first_changes, fixture_names, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, settled_delays, speech_ends, start_server, text_lags, use_fixture_dir  # noqa: E402
+from stream_bench import bucket_quantile, cpu_seconds, first_changes, fixture_names, health, lag_buckets, machine_line, noisy_pcm, pct, revision_delays, settled_delays, speech_ends, start_server, stop_server, text_lags, use_fixture_dir  # noqa: E402
 
 from asr_client import stream_bytes  # noqa: E402
 
@@ -481,8 +481,7 @@ def main() -> None:
             elif row["refused"] == 0:
                 break  # over the latency limit with everyone admitted: no point going higher
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_server(proc)
     print("| streams | final p50 (s) | final p95 (s) | first interim (s) | interim lag p50 / p95 (s) | interims/stream-s | WER finals | WER after revisions | revised utterances (delay p95, s; per revision as before; by context passes alone), again (delay p50, s) | context lag p50 / p95 (s) | server CPU (cores) | time at load level 1+ | model s/audio s (interim + final + context) | final decodes per final | decodes per call (interim / final / context) | finals packed | peak RSS (MiB) | refused | slowest refusal (s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:

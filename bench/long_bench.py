@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 from asr_client import Transcript, connect  # noqa: E402
-from stream_bench import MANIFEST, cpu_seconds, fixture_names, load_channels, machine_line, noisy_pcm, offline_text, one_channel, sentence_latencies, speech_ends, start_server, use_fixture_dir  # noqa: E402
+from stream_bench import MANIFEST, cpu_seconds, fixture_names, load_channels, machine_line, noisy_pcm, offline_text, one_channel, sentence_latencies, speech_ends, start_server, stop_server, use_fixture_dir  # noqa: E402
 
 from tests.wer import errors  # noqa: E402
 
@@ -213,8 +213,7 @@ def main() -> None:
         began, streamed = asyncio.run(stream_all(f"ws://127.0.0.1:{port}", sessions))
     finally:
         done.set()
-        proc.terminate()
-        proc.wait(10)
+        stop_server(proc)
     if os.environ.get("BENCH_MESSAGES"):
         Path(os.environ["BENCH_MESSAGES"]).write_text("".join(json.dumps([k, round(at, 3), m]) + "\n" for k, (messages, _how) in enumerate(streamed) for at, m in messages))
     report([(session, messages, how) for session, (messages, how) in zip(sessions, streamed)], samples, began, args)

@@ -126,6 +126,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM, then wait as long as a clean stop may take (its sessions get up to 10 s, then the
+    model calls under way finish: docs/operations.md); one that takes longer is killed."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def metric(port: int, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + "{") or l.startswith(name + " "))
@@ -645,8 +656,7 @@ def main() -> None:
     try:
         print(machine_line(port), flush=True)
     except BaseException:  # stop the server: a crash here left one running
-        proc.terminate()
-        proc.wait(10)
+        stop_server(proc)
         raise
     url = f"ws://127.0.0.1:{port}"
     rows, latencies, first_interims, delays, again, per_revision, by_passes = [], [], [], [], [], [], []
@@ -707,8 +717,7 @@ def main() -> None:
         cpu = cpu_seconds(proc.pid) - cpu0
         model1, lag1 = model_seconds(port), lag_buckets(port)
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_server(proc)
     rows = [(*row, by_fixture.get(row[0], [])) for row in rows]
     lag = (bucket_quantile(lag0, lag1, 0.5), bucket_quantile(lag0, lag1, 0.95))
     report(args, rows, totals, latencies, (first_interims, text_lag), (delays, again, per_revision, by_passes, settled), lag, cpu, audio_s, {k: model1.get(k, 0.0) - model0.get(k, 0.0) for k in model1}, texts, slow)
