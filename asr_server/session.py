@@ -146,9 +146,13 @@ class Session:
 
     def held_for_passes(self, elapsed_s: float) -> bool:
         """True while the shell should stop reading an upload (``elapsed_s``: wall-clock seconds
-        since its first audio) for its context passes to catch up (:data:`PACE_PASSES_S`)."""
+        since its first audio) for its context passes to catch up (:data:`PACE_PASSES_S`). A stream
+        found ahead of real time has its passes take its finals in order from then on
+        (``ChannelDecoder.in_order_passes``): none is left to its first pass."""
         if self.audio_received_s - elapsed_s <= PACE_AHEAD_S:
             return False
+        for d in self._decoders:
+            d.in_order_passes = True
         return any(d.passes_behind_s > PACE_PASSES_S for d in self._decoders)
 
     @property

@@ -252,12 +252,18 @@ class Span:
     end: float
 
 
-def plan_window(done: Sequence[Finalized], options: ContextOptions, fresh: int | None = None) -> list[Finalized]:
+def plan_window(done: Sequence[Finalized], options: ContextOptions, fresh: int | None = None, in_order: bool = False) -> list[Finalized]:
     """The latest finalized utterances that fit one window together (always at least the newest).
 
     ``fresh``: how many of the latest are not yet decided; of the ones before
-    them, only ``back_s`` of audio is taken (None: no such limit).
+    them, only ``back_s`` of audio is taken (None: no such limit). Where the fresh
+    ones do not all fit, the newest of them are taken and the oldest left undecided
+    by any pass; ``in_order``: the oldest are taken instead (as many as fit from the
+    first fresh one on), and the window ends short of the newest, for the next one.
     """
+    if in_order and fresh:
+        end = _in_order_end(done, len(done) - fresh, options)
+        done, fresh = done[:end], end - (len(done) - fresh)
     chosen: list[Finalized] = []
     total = back = 0.0
     for n, record in enumerate(reversed(done)):
@@ -271,6 +277,17 @@ def plan_window(done: Sequence[Finalized], options: ContextOptions, fresh: int |
         chosen.append(record)
         total += need
     return chosen[::-1]
+
+
+def _in_order_end(done: Sequence[Finalized], first: int, options: ContextOptions) -> int:
+    """Where a window that starts with ``done[first]`` ends (exclusive): as many records on from
+    it as fit ``window_s`` with what goes between them (always the first)."""
+    total = done[first].seconds
+    for k in range(first + 1, len(done)):
+        total += len(joint(done[k - 1], done[k], options)) / MODEL_RATE + done[k].seconds
+        if total > options.window_s:
+            return k
+    return len(done)
 
 
 def settle_window(done: Sequence[Finalized], decided_to: int, options: ContextOptions, ending: bool) -> list[Finalized]:

@@ -235,6 +235,11 @@ class ChannelDecoder:
     # Faults in planning a pass so far, and the newest record when the last came (see PLAN_FAULTS_MAX).
     _plan_faults = 0
     _plan_failed_at: int | None = None
+    # Passes take the oldest undecided finals first where more are waiting than one window
+    # holds, so that a pass decides every final: an upload sent ahead of real time (the session
+    # sets it; Session.held_for_passes). A live stream's passes take the newest, and the older
+    # ones keep their first-pass text: what was just said is revised while it is on screen.
+    in_order_passes = False
 
     def __init__(self, channel: int, options: StreamOptions, context: ContextOptions | None = None, background_db: float = 0.0) -> None:
         self.channel = channel
@@ -1101,13 +1106,15 @@ class ChannelDecoder:
         self._context_late = self.late_context
         options = replace(self.context, back_s=back_s)
         ahead = self._lookahead()
-        records = plan_window(self._done if ahead is None else [*self._done, ahead], options, self._unrevised + int(ahead is not None))
-        if ahead is not None and len(records) < 2:  # the newest final fills the window alone
-            ahead, records = None, plan_window(self._done, options, self._unrevised)
+        records = plan_window(self._done if ahead is None else [*self._done, ahead], options, self._unrevised + int(ahead is not None), self.in_order_passes)
+        if ahead is not None and records[-1] is not ahead:  # in order, the window ends short of it
+            ahead = None
+        elif ahead is not None and len(records) < 2:  # the newest final fills the window alone
+            ahead, records = None, plan_window(self._done, options, self._unrevised, self.in_order_passes)
         elif ahead is not None:
             records.pop()
         late = self.late_context and not self.lean_context  # the late shape (_pass_shape), not the loaded one
-        prompt = self._pass_prompt(self._done[: len(self._done) - len(records)], late)
+        prompt = self._pass_prompt([r for r in self._done if r.index < records[0].index], late)
         window = records if ahead is None else [*records, ahead]
         request, spans = window_request(window, self.context, self.options.language, prompt, lean, self.gain_db)
         request = replace(request, long_prompt=late, vocabulary=self.options.prompt)
@@ -1115,7 +1122,8 @@ class ChannelDecoder:
         self._context_ahead = None if ahead is None else spans[-1]
         self._context_ahead_text = self._ahead_text() if ahead is not None else ""
         self._context_fresh = self._done[-self._unrevised].index if self._unrevised else records[-1].index + 1
-        settled = self._settled() or ahead is not None
+        # A window ending short of the newest final (in order) leaves its last utterance to the next.
+        settled = records[-1] is self._done[-1] and (self._settled() or ahead is not None)
         self._context_decide_to = records[-1].index if settled or len(records) < 2 else records[-2].index
         if ahead is not None:  # its words are dropped: a decode that stops in it need not go on (the runner's rule)
             request = replace(request, needed_s=spans[-1].start)

@@ -483,6 +483,17 @@ def test_a_window_takes_the_new_utterances_and_only_back_s_of_decided_ones_befor
     assert [r.index for r in window] == list(range(first, 7))
 
 
+def test_a_window_in_order_takes_the_oldest_undecided_utterances_where_not_all_fit():
+    from asr_server.decoding.context import plan_window
+
+    done = [_record(i, 4.0) for i in range(8)]  # seven not yet decided: 4 s each, five fit in 24 s with their gaps
+    options = ContextOptions(window_s=24.0, gap_s=0.5, back_s=24.0)
+    assert [r.index for r in plan_window(done, options, fresh=7)] == [3, 4, 5, 6, 7]  # the newest; 1 and 2 left out
+    assert [r.index for r in plan_window(done, options, fresh=7, in_order=True)] == [1, 2, 3, 4, 5]  # the next window goes on from 5
+    assert [r.index for r in plan_window(done, options, fresh=2, in_order=True)] == [3, 4, 5, 6, 7]  # all fit: the same either way
+    assert [r.index for r in plan_window([_record(0, 3.0), _record(1, 28.0), _record(2, 3.0)], options, fresh=2, in_order=True)] == [1]
+
+
 def test_a_window_always_holds_the_newest_utterance_even_when_it_alone_is_longer():
     from asr_server.decoding.context import plan_window
 
@@ -1414,3 +1425,34 @@ def test_only_an_upload_ahead_of_real_time_is_held_for_its_context_passes(monkey
         d.apply(d.session.job_done(job, d.model.context(job.request)))
         assert d.session.held_for_passes(0.0) == (decoder.passes_behind_s > PACE_PASSES_S)
     assert decoder.passes_behind_s == 0.0 and not d.session.held_for_passes(elapsed_s=0.0)
+
+
+@pytest.mark.parametrize("upload", [False, True])
+def test_an_uploads_passes_decide_every_final_in_order_where_a_live_streams_take_the_newest(upload):
+    """Every sentence is final while the first pass is still in flight: more finalized speech
+    waits than one window holds (8 s here). A live stream's next pass takes the newest sentences
+    that fit, and those before them keep their first-pass text (no pass hears them: what was just
+    said is revised while it is on screen). A stream found ahead of real time (an upload) has its
+    passes take them in order, window after window, so that a pass decides every final."""
+    together = [t + " too" for t in ALONE]
+    d = Driver(TwoPassModel(ALONE, together), context=passes(min_new_s=0.1, ahead_s=0.0, window_s=8.0, back_s=0.0))
+    audio = speech()
+    if upload:
+        d.feed(audio[:16000])
+        assert not d.session.held_for_passes(elapsed_s=0.0)  # a second of audio: not ahead yet, so not held
+        d.feed(audio[16000:])
+        d.session.held_for_passes(elapsed_s=1.0)  # 15 s ahead of the wall clock
+    else:
+        d.feed(audio)
+    assert len(d.context_jobs) == 1 and len(d.model.lengths) == 5  # the first pass waits; five finals made
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    heard = sorted({n for window in d.model.windows for n in window if n != AHEAD})
+    decided = [r.text.endswith(" too") for r in d.session._decoders[0]._done]
+    if upload:
+        assert heard == [0, 1, 2, 3, 4] and all(decided)
+        assert d.client.final_text() == " ".join(together)
+    else:
+        assert heard != [0, 1, 2, 3, 4] and not all(decided)
+    assert d.client.final_text() == server_transcript(d)
+    check_rules(d)
