@@ -106,12 +106,16 @@ class Settled:
 
 @dataclass(frozen=True)
 class ContextDecided:
-    """A context pass has decided these finalized ``utterances`` of the channel (whether or not
-    it changed their text): the pass has caught up with them. Not sent to the client; the
-    transport times it against each final (``asr_context_lag_seconds``)."""
+    """A context pass has decided these finalized ``utterances`` of the channel, having heard them
+    (whether or not it changed their text): the pass has caught up with them. ``passed_over``: finals
+    it let go unheard, which keep their first-pass text (more waited than one window holds and a
+    live stream's pass took the newest, or the pass was skipped or failed). Not sent to the client;
+    the transport times the first against each final (``asr_context_lag_seconds``) and counts the
+    others (``asr_finals_passed_over_total``)."""
 
     channel: int
     utterances: tuple[int, ...]
+    passed_over: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

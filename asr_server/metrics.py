@@ -107,6 +107,11 @@ class Metrics:
             "a pass waits for about 5 s of new speech and decides a final with a later one in its window)",
             buckets=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 30, 45, 60, 120), registry=r,
         )
+        self.finals_passed_over = Counter(
+            "asr_finals_passed_over_total",
+            "Finals no context pass heard, which keep their first-pass text: more waited than one window holds and a live "
+            "stream's pass took the newest (its passes fell behind), or their pass was skipped or failed", registry=r,
+        )
         self.answer_failures = Counter(
             "asr_answer_failures_total",
             "Decodes whose answer the server failed to handle (a bug, logged with its traceback as event=answer_failed), "

@@ -1223,8 +1223,7 @@ class ChannelDecoder:
             self._last_pass = (_window_key(job.request, spans), intended, hypothesis)
         waiting = self._done[-self._unrevised :] if self._unrevised else []
         self._unrevised = sum(1 for r in self._done if r.index > self._context_decide_to)
-        decided = tuple(r.index for r in waiting if r.index <= self._context_decide_to)
-        out: list[PipelineEvent] = [ContextDecided(self.channel, decided)] if decided else []
+        out = self._decided(waiting, spans[0].index if groups is not None else None)
         if groups is not None and trusted(covered, groups, self._context_fresh, self._context_decide_to):
             if not repeat:
                 count_votes(covered, groups, spans, self._context_decide_to, ahead=self._context_ahead is not None)
@@ -1233,6 +1232,15 @@ class ChannelDecoder:
             out.extend(self._revise(covered, spans, _mended_seams(covered, groups, spans, texts)))
         self._trim()
         return out + self._newly_settled() + self._dispatch_context()
+
+    def _decided(self, waiting: list[Finalized], heard_from: int | None) -> list[PipelineEvent]:
+        """:class:`ContextDecided` for the ``waiting`` finals a pass has now decided: heard, from
+        ``heard_from`` on (None: it heard none), or passed over (before its window)."""
+        decided = [r.index for r in waiting if r.index <= self._context_decide_to]
+        if not decided:
+            return []
+        heard = tuple(i for i in decided if heard_from is not None and i >= heard_from)
+        return [ContextDecided(self.channel, heard, tuple(i for i in decided if i not in heard))]
 
     def _newly_settled(self) -> list[PipelineEvent]:
         """A :class:`Settled` event where more of the channel's finals are final for good than the

@@ -865,12 +865,16 @@ class Connection:
         )
 
     def _observe_context(self, event: ContextDecided) -> None:
-        """How long each final the pass decided had shown its first-pass text: how far passes lag."""
+        """How long each final the pass decided had shown its first-pass text (how far passes lag),
+        and how many it passed over unheard."""
         now = time.monotonic()
         for utterance in event.utterances:
             shown = self._finals_shown.pop((event.channel, utterance), None)
             if shown is not None:
                 self.metrics.context_lag.observe(max(0.0, now - shown), exemplar=self._exemplar())
+        for utterance in event.passed_over:
+            if self._finals_shown.pop((event.channel, utterance), None) is not None:
+                self.metrics.finals_passed_over.inc()
 
     def _observe_timing(self, event: SpeechStart | Interim | Final, now: float) -> None:
         """Time from an utterance's first speech to its first result, and how fresh an interim is."""

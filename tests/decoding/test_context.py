@@ -94,6 +94,7 @@ class Driver:
         self.client = Transcript()
         self.context_jobs: list = []
         self.decided: list[int] = []  # utterances, as each ContextDecided told them
+        self.passed_over: list[int] = []  # ... and those it told were let go unheard
         self.close = None
         self.apply(self.session.start())
 
@@ -107,6 +108,7 @@ class Driver:
                 (self.context_jobs if out.job.request.kind is DecodeKind.CONTEXT else first_pass).append(out.job)
             elif isinstance(out, ContextDecided):
                 self.decided.extend(out.utterances)
+                self.passed_over.extend(out.passed_over)
             elif isinstance(out, AnswerFailed):
                 self.failed(out)
             elif isinstance(out, Close):
@@ -1452,7 +1454,10 @@ def test_an_uploads_passes_decide_every_final_in_order_where_a_live_streams_take
     if upload:
         assert heard == [0, 1, 2, 3, 4] and all(decided)
         assert d.client.final_text() == " ".join(together)
+        assert sorted(d.decided) == [0, 1, 2, 3, 4] and not d.passed_over
     else:
         assert heard != [0, 1, 2, 3, 4] and not all(decided)
+        # Those no pass heard are told apart (asr_finals_passed_over_total), not timed as decided.
+        assert sorted(d.passed_over) == [n for n in range(5) if n not in heard] and sorted(d.decided) == heard
     assert d.client.final_text() == server_transcript(d)
     check_rules(d)
