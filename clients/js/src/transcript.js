@@ -168,6 +168,26 @@ export function paragraphs(turns, { gapS = PARAGRAPH_GAP_S, maxChars = PARAGRAPH
   return out;
 }
 
+/**
+ * Utterances in spoken order (`Transcript.turns()`) joined into turns for a reader, as
+ * `asr-client --turns` prints them: an utterance joins the one before it when the same channel
+ * spoke both, nobody else's came between, it starts less than `gapS` seconds after that one ends
+ * (unknown times count as no pause) and the turn so far holds fewer than `maxChars` characters. A
+ * joined turn keeps its first utterance's number and start, and its last one's end.
+ * @param {Turn[]} turns
+ * @returns {Turn[]}
+ */
+export function speakerTurns(turns, { gapS = PARAGRAPH_GAP_S, maxChars = PARAGRAPH_CHARS } = {}) {
+  const out = [];
+  for (const turn of turns) {
+    const last = out.at(-1);
+    const paused = last !== undefined && last.end !== null && turn.start !== null && turn.start - last.end >= gapS;
+    if (last === undefined || last.channel !== turn.channel || paused || last.text.length >= maxChars) out.push({ ...turn });
+    else out[out.length - 1] = { ...last, end: turn.end ?? last.end, text: `${last.text} ${turn.text}` };
+  }
+  return out;
+}
+
 /** A pause this long (seconds) between utterances starts a paragraph (`paragraphs`). */
 export const PARAGRAPH_GAP_S = 2.0;
 /** ... and so does an utterance after a paragraph of this many characters. */

@@ -4,7 +4,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import { Transcript, paragraphs } from "../src/transcript.js";
+import { Transcript, paragraphs, speakerTurns } from "../src/transcript.js";
 
 const recorded = (name) => JSON.parse(readFileSync(new URL(`./fixtures/${name}`, import.meta.url), "utf8"));
 
@@ -274,6 +274,29 @@ test("paragraphs break at a pause of two seconds between utterances and after a 
   assert.ok(long.length > 5 && long.every((r) => r.end - r.start < 100 + 30));
   assert.deepEqual(paragraphs([]), []);
   assert.equal(paragraphs(talk, { gapS: 0.4 }).length, 30); // every pause counts when asked to
+});
+
+test("speakerTurns join a party's utterances until the other speaks or it pauses", () => {
+  const t = new Transcript();
+  t.apply(timedFinal(0, 0, 0, "I lost my card,", 0.4, 1.9));
+  t.apply(timedFinal(0, 1, 16, "yesterday, at the station.", 2.3, 4.0)); // 0.4 s later: the same turn
+  t.apply(timedFinal(1, 0, 0, "Sorry to hear.", 4.5, 5.6));
+  t.apply(timedFinal(0, 2, 43, "Can you block it?", 6.0, 7.0));
+  t.apply(timedFinal(0, 3, 61, "Please.", 9.0, 9.4)); // after a 2 s pause: a turn of its own
+  t.apply(timedFinal(1, 1, 15, "Of course.", 9.2, 9.9)); // said over "Please.": it starts later
+  assert.deepEqual(speakerTurns(t.turns()), [
+    { channel: 0, utterance: 0, start: 0.4, end: 4.0, text: "I lost my card, yesterday, at the station." },
+    { channel: 1, utterance: 0, start: 4.5, end: 5.6, text: "Sorry to hear." },
+    { channel: 0, utterance: 2, start: 6.0, end: 7.0, text: "Can you block it?" },
+    { channel: 0, utterance: 3, start: 9.0, end: 9.4, text: "Please." },
+    { channel: 1, utterance: 1, start: 9.2, end: 9.9, text: "Of course." },
+  ]);
+  assert.deepEqual(speakerTurns(t.turns(), { gapS: 3 }).slice(2).map((x) => x.text), ["Can you block it? Please.", "Of course."]);
+  assert.deepEqual(speakerTurns(t.turns(), { maxChars: 10 }).slice(0, 2).map((x) => x.text), ["I lost my card,", "yesterday, at the station."]);
+  for (const channel of [0, 1]) {
+    assert.equal(speakerTurns(t.turns()).filter((x) => x.channel === channel).map((x) => x.text).join(" "), t.finalText(channel));
+  }
+  assert.deepEqual(speakerTurns([]), []);
 });
 
 test("the view says when the open utterance's interim was heard from", () => {
