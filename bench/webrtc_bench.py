@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.stream_bench import pct, start_server  # noqa: E402
+from bench.stream_bench import pct, start_server, stop_server  # noqa: E402
 from asr_server.transport.webrtc import restrict_host_addresses  # noqa: E402
 from tests.harness import MANIFEST, load_mono, replay  # noqa: E402
 from tests.rtc_client import ArrayTrack, run_rtc, to_48k  # noqa: E402
@@ -72,8 +72,7 @@ def main() -> None:
                 print(f"{name:22s} {transport:9s} finals {len(finals)}/{len(spans)}  latency p50 {pct(lat, 0.5):.2f} s  "
                       f"max {max(lat):.2f} s  WER {e / n:.3f}", flush=True)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_server(proc)
     print()
     print("| transport | final latency p50 | p95 | pooled WER |")
     print("|---|---|---|---|")

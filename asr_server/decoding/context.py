@@ -262,8 +262,9 @@ def plan_window(done: Sequence[Finalized], options: ContextOptions, fresh: int |
     first fresh one on), and the window ends short of the newest, for the next one.
     """
     if in_order and fresh:
-        end = _in_order_end(done, len(done) - fresh, options)
-        done, fresh = done[:end], end - (len(done) - fresh)
+        first = len(done) - fresh
+        end = _in_order_end(done, first, options)
+        done, fresh = done[:end], end - first
     chosen: list[Finalized] = []
     total = back = 0.0
     for n, record in enumerate(reversed(done)):
