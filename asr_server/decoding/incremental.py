@@ -171,6 +171,8 @@ PROMPT_CONTEXT_S = 10.0
 # Planning a pass that raises (a bug) is tried again once another final has come (what planning
 # reads has changed), this many times in a stream; then the channel's passes are given up.
 PLAN_FAULTS_MAX = 3
+# Passes' windows kept with their results: the same window again is not decoded again.
+HEARD_WINDOWS_KEPT = 4
 
 
 def _heard_nothing(hyp: Hypothesis) -> bool:
@@ -260,7 +262,7 @@ class ChannelDecoder:
         self._settled_sent = -1  # the last utterance a Settled event has named
         self._settling = False  # the context job in flight is a settle decode (ContextOptions.settle_window_s)
         self._settle_to = -1  # the last record the settle decode in flight may decide (the one after it: lookahead)
-        self._last_pass: tuple[tuple, int, Hypothesis] | None = None  # the latest pass's window (its key), last utterance decided, result
+        self._heard_windows: OrderedDict[tuple, tuple[int, Hypothesis]] = OrderedDict()  # latest passes' windows (keys): utterance each was to decide to, result
         self._draining = False  # no more audio: one last pass over what is unrevised
         self._position = 0  # stream samples received
         self._last_final_end = 0  # stream sample where the latest final's audio ends
@@ -1036,11 +1038,19 @@ class ChannelDecoder:
         if not decidable or not (enough or quiet or (self._draining and not self._utterances)):
             return []
         job = self._context_job = self._context_window()
-        key = (_window_key(job.request, self._context_spans), self._context_decide_to)
-        if self._last_pass is not None and self._last_pass[0] == key[0] and self._last_pass[1] < key[1]:
-            # The same window as the last pass (the speaker stopped after it, and now its newest
-            # utterance may be decided): the same decode, so its result serves again, at no cost.
-            return self._context_ended(job, self._last_pass[2], repeat=True)
+        heard = self._heard_windows.get(_window_key(job.request, self._context_spans))
+        if heard is not None and heard[0] >= self._context_decide_to:
+            # The same window as a pass before, which left its last utterances undecided (its
+            # words stopped short of them): heard again, it would stop there again. The window
+            # starts at the first of them instead, as offline transcription goes on from where a
+            # window's words end.
+            job = self._context_job = self._context_window(back=False)
+            heard = self._heard_windows.get(_window_key(job.request, self._context_spans))
+        if heard is not None:
+            # The same decode as before (the speaker stopped after it, and now its newest utterance
+            # may be decided; or nothing was left to put before the rest): its result serves again,
+            # at no cost, and decides at least one more utterance (:func:`reached`).
+            return self._context_ended(job, heard[1], repeat=True)
         return [SubmitJob(job)]
 
     def _dispatch_settle(self) -> list[PipelineEvent]:
@@ -1101,8 +1111,10 @@ class ChannelDecoder:
             return min(self.context.back_s, self.context.late_back_s), True
         return self.context.back_s, False
 
-    def _context_window(self) -> DecodeJob:
+    def _context_window(self, back: bool = True) -> DecodeJob:
+        """The next pass's window (``back``: with decided audio before its first undecided utterance)."""
         back_s, lean = self._pass_shape()
+        back_s = back_s if back else 0.0
         self._context_late = self.late_context
         options = replace(self.context, back_s=back_s)
         ahead = self._lookahead()
@@ -1113,7 +1125,7 @@ class ChannelDecoder:
             ahead, records = None, plan_window(self._done, options, self._unrevised, self.in_order_passes)
         elif ahead is not None:
             records.pop()
-        late = self.late_context and not self.lean_context  # the late shape (_pass_shape), not the loaded one
+        late = (self.late_context and not self.lean_context) or not back  # the late shape (_pass_shape), not the loaded one; or no decided audio
         prompt = self._pass_prompt([r for r in self._done if r.index < records[0].index], late)
         window = records if ahead is None else [*records, ahead]
         request, spans = window_request(window, self.context, self.options.language, prompt, lean, self.gain_db)
@@ -1220,7 +1232,7 @@ class ChannelDecoder:
             hyp = guard(hypothesis, job.request.duration, sum(r.seconds for r in covered) + ahead_s)
             groups = self._pass_groups(hyp.words, spans, covered)
             intended, self._context_decide_to = self._context_decide_to, reached(covered, groups, spans, self._context_fresh, self._context_decide_to)
-            self._last_pass = (_window_key(job.request, spans), intended, hypothesis)
+            self._heard(_window_key(job.request, spans), intended, hypothesis)
         waiting = self._done[-self._unrevised :] if self._unrevised else []
         self._unrevised = sum(1 for r in self._done if r.index > self._context_decide_to)
         out = self._decided(waiting, spans[0].index if groups is not None else None)
@@ -1232,6 +1244,13 @@ class ChannelDecoder:
             out.extend(self._revise(covered, spans, _mended_seams(covered, groups, spans, texts)))
         self._trim()
         return out + self._newly_settled() + self._dispatch_context()
+
+    def _heard(self, key: tuple, intended: int, hypothesis: Hypothesis) -> None:
+        """Keep a pass's window and result (:meth:`_dispatch_pass`), the latest ``HEARD_WINDOWS_KEPT``."""
+        self._heard_windows[key] = (intended, hypothesis)
+        self._heard_windows.move_to_end(key)
+        while len(self._heard_windows) > HEARD_WINDOWS_KEPT:
+            self._heard_windows.popitem(last=False)
 
     def _decided(self, waiting: list[Finalized], heard_from: int | None) -> list[PipelineEvent]:
         """:class:`ContextDecided` for the ``waiting`` finals a pass has now decided: heard, from
@@ -1483,8 +1502,9 @@ def _last_word(text: str) -> str:
 
 
 def _window_key(request: DecodeRequest, spans: list[Span]) -> tuple:
-    """What makes two context decodes the same: the utterances in the window, where they sit, the prompt."""
-    return tuple(spans), len(request.audio), request.prompt, request.language
+    """What makes two context decodes the same: the utterances in the window, where they sit, the
+    prompt, and the encoder window (lean or whole)."""
+    return tuple(spans), len(request.audio), request.prompt, request.long_prompt, request.short_window, request.language
 
 
 def _starts_sentence(word: str) -> bool:

@@ -867,6 +867,39 @@ def test_a_decode_that_stops_early_leaves_what_it_never_reached_to_the_next_pass
     assert d.client.final_text() == " ".join(together) == server_transcript(d)
 
 
+def test_a_window_whose_words_stop_short_is_not_heard_again_the_rest_get_a_window_of_their_own():
+    """The same window heard again stops where it stopped (the model is deterministic): the
+    utterances it never reached are heard in a window that starts with them, as offline
+    transcription goes on from where a window's words end. Seen on a 232 s upload: at its close
+    the last window was decoded five times, each deciding one more utterance with its first-pass
+    text ("Look what it kill Republicans", where offline heard "Look, would it kill")."""
+    together = [t + " too" for t in ALONE]
+    model = VaryingModel(ALONE, lambda n, call: together[n])
+    model.heard = lambda n, call: None if model.windows[-1][0] == 0 and n >= 3 else together[n]
+    prompts: list[str] = []
+    context = model.context
+    model.context = lambda request: (prompts.append(request.prompt), context(request))[1]
+    d = Driver(model, context=passes())
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert model.windows == [[0, 1, 2, 3, 4], [3, 4]]
+    assert prompts[1] == " ".join(together[:3])  # no decided audio before: all the text before as the prompt
+    assert d.client.final_text() == " ".join(together) == server_transcript(d)
+
+
+def test_an_utterance_no_window_reaches_is_decided_as_it_was_without_hearing_a_window_twice():
+    model = VaryingModel(ALONE, lambda n, call: None if n == 4 else ALONE[n] + " too")
+    d = Driver(model, context=passes())
+    d.feed(speech())
+    d.apply(d.session.end_of_stream())
+    d.run_context()
+    check_rules(d)
+    assert model.windows == [[0, 1, 2, 3, 4], [4]] and d.messages[-1]["type"] == "closed"
+    assert d.client.final_text() == " ".join([*(t + " too" for t in ALONE[:4]), ALONE[4]]) == server_transcript(d)
+
+
 def test_the_newest_final_is_decided_from_the_last_window_when_the_speaker_stops_after_it():
     """The last pass held the newest final as lookahead; once it may be decided (the speaker
     stopped), the same window would be decoded again: its result is used, with no new decode."""
