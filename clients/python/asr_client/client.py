@@ -8,7 +8,7 @@ import ssl as ssl_module
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Iterator
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
@@ -560,7 +560,7 @@ def speaker_turns(turns: Sequence[Turn], gap_s: float = TURN_GAP_S, max_chars: i
         if last is None or last.channel != turn.channel or paused or len(last.text) >= max_chars:
             out.append(turn)
         else:
-            out[-1] = Turn(last.channel, last.utterance, last.start, last.end if turn.end is None else turn.end, f"{last.text} {turn.text}")
+            out[-1] = replace(last, end=last.end if turn.end is None else turn.end, text=f"{last.text} {turn.text}")
     return out
 
 
