@@ -34,6 +34,7 @@ _FORMATS = {
     "audio/pcmu": ("mulaw", 8000), "g711_ulaw": ("mulaw", 8000),
     "audio/pcma": ("alaw", 8000), "g711_alaw": ("alaw", 8000),
 }
+_CONTINUED = ("sentence", "max_length")  # final reasons after which the next utterance continues the talk
 _MANUAL_ENDPOINT_MS = 5000  # turn_detection null: commits end utterances (and pauses of 5 s)
 
 
@@ -209,6 +210,13 @@ class OpenAiDialect:
             "item_id": item, "content_index": 0, "transcript": text, "usage": {"type": "duration", "seconds": seconds},
         }))
         self._emitted.pop(utterance, None)
+        if message.get("reason") in _CONTINUED:
+            # The talk goes on in the next utterance, which gets no speech_start of ours: its item starts here, so
+            # that every item has its speech_started and a commit finalizes it.
+            self._open = utterance + 1
+            if not self.manual:
+                started = {"audio_start_ms": int(message["end"] * 1000), "item_id": self._item(utterance + 1)}
+                out.append(self._event("input_audio_buffer.speech_started", started))
         return out
 
     def _delta(self, utterance: int, text: str) -> list[dict[str, Any]]:

@@ -98,3 +98,21 @@ def test_results_become_speech_events_append_only_deltas_and_completed_items():
     (error,) = d.outgoing({"type": "error", "code": "overloaded", "message": "busy", "retryable": True, "retry_after": 5.0})
     assert error["error"] == {"type": "server_error", "code": "overloaded", "message": "busy", "param": None, "event_id": None, "retry_after": 5.0}
     assert d.outgoing({"type": "revision"}) == [] and d.outgoing({"type": "closed", "audio_received_s": 1.0}) == []
+
+
+def test_an_utterance_that_continues_a_cut_gets_an_item_of_its_own_that_a_commit_finalizes():
+    """Our session sends no speech_start when an utterance goes on from a sentence or max_length cut:
+    its item is started at the cut, so that every item a client sees opens with speech_started, and
+    a commit while it is being said finalizes it (it answered input_audio_buffer_commit_empty, and
+    the last sentence of a turn came only at its endpoint)."""
+    d = dialect()
+    d.outgoing({"type": "speech_start", "channel": 0, "utterance": 0, "at": 0.25})
+    out = d.outgoing({"type": "final", "channel": 0, "utterance": 0, "text": "Eight of spades.", "start": 0.3, "end": 2.0, "reason": "sentence"})
+    assert [e["type"] for e in out][-2:] == ["conversation.item.input_audio_transcription.completed", "input_audio_buffer.speech_started"]
+    assert out[-1]["item_id"] == "item_s1_1" and out[-1]["audio_start_ms"] == 2000
+    assert d.incoming(event("input_audio_buffer.commit")) == ['{"type": "finalize"}']
+    out = d.outgoing({"type": "final", "channel": 0, "utterance": 1, "text": "Seven of hearts.", "start": 2.0, "end": 3.0, "reason": "finalize"})
+    assert [e["type"] for e in out][-1] == "conversation.item.input_audio_transcription.completed" and out[-1]["item_id"] == "item_s1_1"
+    assert not any(e["type"] == "input_audio_buffer.speech_started" for e in out)
+    (empty,) = d.incoming(event("input_audio_buffer.commit"))
+    assert empty["error"]["code"] == "input_audio_buffer_commit_empty"
